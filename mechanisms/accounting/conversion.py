@@ -1,0 +1,81 @@
+"""RDP → (ε, δ) conversions and the filter's capacity per order.
+
+* ``epsilon_at_delta``: Mironov 2017 Prop. 3 / Ghazi et al. Lemma 7(ii): ε = ε(α) + log(1/δ)/(α−1),
+  minimised over the grid. The only conversion proven for ex-post quantities.
+* ``epsilon_at_delta_tight``: Balle et al. 2020 Thm. 21 (as in Google's dp-accounting):
+  ε = ε(α) + log((α−1)/α) − (log δ + log α)/(α−1). Valid for **ex-ante** RDP only.
+* ``capacity_units``: the filter's per-slot capacity B(α) = ε − log(|A|/δ)/(α−1) (DESIGN §4), rounded
+  down, with the pure slot (α = ∞) at capacity ε. ``None`` marks an unusable slot (B(α) ≤ 0, or every
+  finite order when δ = 0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from decimal import ROUND_FLOOR, Decimal
+
+import numpy as np
+
+from mechanisms.accounting.curve import RdpCurve, _pad_up
+from mechanisms.accounting.fixed_point import UnitsVector, units_down
+
+
+def _check_delta(delta: float, allow_zero: bool) -> float:
+    if not (math.isfinite(delta) and (0.0 <= delta < 1.0)) or (delta == 0.0 and not allow_zero):
+        raise ValueError(f"delta must be in {'[0, 1)' if allow_zero else '(0, 1)'}, got {delta!r}")
+    return float(delta)
+
+
+def epsilon_at_delta(curve: RdpCurve, delta: float) -> float:
+    """Smallest ε over the grid with the conversion valid ex-post (Lemma 7(ii)); pure bound at δ = 0."""
+    _check_delta(delta, allow_zero=True)
+    if delta == 0.0:
+        return curve.pure
+    alphas = np.asarray(curve.orders)
+    eps = np.asarray(curve.values) + math.log(1.0 / delta) / (alphas - 1.0)
+    return _pad_up(min(float(np.min(eps)), curve.pure))
+
+
+def epsilon_at_delta_tight(curve: RdpCurve, delta: float) -> float:
+    """Balle et al. 2020 Thm. 21; for ex-ante curves only (never for ex-post charges)."""
+    _check_delta(delta, allow_zero=False)
+    alphas = np.asarray(curve.orders)
+    eps = (
+        np.asarray(curve.values)
+        + np.log((alphas - 1.0) / alphas)
+        - (math.log(delta) + np.log(alphas)) / (alphas - 1.0)
+    )
+    return _pad_up(max(0.0, min(float(np.min(eps)), curve.pure)))
+
+
+def union_bound_term(orders: Sequence[float], delta: float, alpha: float) -> float:
+    """log(|A|/δ)/(α−1), padded up."""
+    return _pad_up(math.log(len(orders) / delta) / (alpha - 1.0))
+
+
+def capacity_units(epsilon: float, delta: float, orders: Sequence[float]) -> tuple[int | None, ...]:
+    """Per-slot capacity in units: B(α) for each order (rounded down), then the pure slot at ε."""
+    if not (math.isfinite(epsilon) and epsilon >= 0.0):
+        raise ValueError(f"epsilon must be finite and ≥ 0, got {epsilon!r}")
+    _check_delta(delta, allow_zero=True)
+    slots: list[int | None] = []
+    for alpha in orders:
+        if delta == 0.0:
+            slots.append(None)
+            continue
+        bound = Decimal(repr(float(epsilon))) - Decimal(repr(union_bound_term(orders, delta, alpha)))
+        units = int(bound.scaleb(12).to_integral_value(rounding=ROUND_FLOOR))
+        slots.append(units if units > 0 else None)
+    slots.append(units_down(epsilon))
+    return tuple(slots)
+
+
+def filter_epsilon(total: UnitsVector, delta: float, orders: Sequence[float]) -> float:
+    """The ε the filter currently guarantees at δ for a total: min over usable slots (pure slot exact)."""
+    candidates = [total.epsilon(len(orders))]
+    if delta > 0.0:
+        for j, alpha in enumerate(orders):
+            if not total.is_infinite(j):
+                candidates.append(total.epsilon(j) + union_bound_term(orders, delta, alpha))
+    return min(candidates)

@@ -1,0 +1,157 @@
+"""The immutable Rényi-DP curve: the privacy loss of one release or of a whole transcript.
+
+A curve holds ε(α) for every order α of a fixed grid, plus ``pure``: a pure-DP bound ε_∞ that holds for the
+same release (``inf`` when the mechanism has none). Lemma 7(i) of Ghazi et al. (ex-post ε̃-DP ⇒ ex-post
+(α, ε̃)-RDP at every α) makes ``pure`` an upper bound on every ε(α), so values are clamped to it on
+construction. The pure bound is treated as the order α = ∞ by the filter.
+
+Curves computed with floating point are padded upwards by a few ulps (``_pad_up``) so that rounding can
+only over-charge. Pure values given by the caller are kept exactly as given.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mechanisms.accounting.orders import validate_orders
+
+_RELATIVE_PAD = 16 * np.finfo(float).eps
+
+
+def _pad_up(value: float) -> float:
+    """Upper bound for a value computed with a handful of correctly rounded float operations."""
+    if value == 0.0 or not math.isfinite(value):
+        return value
+    return math.nextafter(value * (1.0 + _RELATIVE_PAD), math.inf)
+
+
+def laplace_scale(l1_sensitivity: float, epsilon: float) -> float:
+    """Laplace scale b with Δ₁/b ≤ ε, where ε is read as its shortest decimal (the charged value).
+
+    fl(Δ₁/ε) is within half an ulp of Δ₁/ε and repr(ε) within half an ulp of ε; four ulps up cover both.
+    """
+    if not (epsilon > 0.0 and math.isfinite(epsilon)):
+        raise ValueError("epsilon must be finite and > 0")
+    if not (l1_sensitivity >= 0.0 and math.isfinite(l1_sensitivity)):
+        raise ValueError("the l1 sensitivity must be finite and ≥ 0")
+    scale = l1_sensitivity / epsilon
+    for _ in range(4):
+        scale = math.nextafter(scale, math.inf)
+    return scale
+
+
+def _check_loss(value: float, what: str) -> float:
+    value = float(value)
+    if math.isnan(value) or value < 0.0:
+        raise ValueError(f"{what} must be ≥ 0 or +inf, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RdpCurve:
+    """ε(α) on a finite order grid, with an optional pure-DP bound. Values are ≥ 0 or +∞."""
+
+    orders: tuple[float, ...]
+    values: tuple[float, ...]
+    pure: float = math.inf
+
+    def __post_init__(self) -> None:
+        orders = validate_orders(self.orders)
+        if len(self.values) != len(orders):
+            raise ValueError(f"{len(self.values)} values for {len(orders)} orders")
+        pure = _check_loss(self.pure, "the pure bound")
+        values = tuple(min(_check_loss(v, "an RDP value"), pure) for v in self.values)
+        object.__setattr__(self, "orders", orders)
+        object.__setattr__(self, "values", values)
+        object.__setattr__(self, "pure", pure)
+
+    # ----- constructors -------------------------------------------------------------------------
+    @classmethod
+    def zero(cls, orders: Sequence[float]) -> RdpCurve:
+        return cls(tuple(orders), (0.0,) * len(orders), 0.0)
+
+    @classmethod
+    def from_pure(cls, epsilon: float, orders: Sequence[float]) -> RdpCurve:
+        """A pure (ex-post or ex-ante) ε is the constant curve ε (Lemma 7(i), Ghazi et al.)."""
+        eps = _check_loss(epsilon, "epsilon")
+        return cls(tuple(orders), (eps,) * len(orders), eps)
+
+    @classmethod
+    def gaussian(cls, l2_sensitivity: float, sigma: float, orders: Sequence[float]) -> RdpCurve:
+        """Gaussian mechanism: ε(α) = α·Δ₂²/(2σ²) (Mironov 2017, Prop. 7). No pure bound."""
+        if not (sigma > 0.0 and math.isfinite(sigma)):
+            raise ValueError("sigma must be finite and > 0")
+        if not (l2_sensitivity >= 0.0 and math.isfinite(l2_sensitivity)):
+            raise ValueError("the l2 sensitivity must be finite and ≥ 0")
+        alphas = np.asarray(orders, dtype=float)
+        values = alphas * l2_sensitivity**2 / (2.0 * sigma**2)
+        return cls(tuple(orders), tuple(_pad_up(float(v)) for v in values))
+
+    @classmethod
+    def laplace(cls, shifts: Iterable[float], epsilon: float, orders: Sequence[float]) -> RdpCurve:
+        """Laplace noise of scale ``laplace_scale(Σ shifts, ε)`` on coordinates moving by ≤ ``shifts``.
+
+        Per coordinate with ε_j = shift_j/scale (Mironov 2017, Prop. 6):
+        ε_j(α) = log(α/(2α−1)·e^{(α−1)ε_j} + (α−1)/(2α−1)·e^{−αε_j}) / (α−1).
+        Independent coordinates add. The pure bound is Δ₁/scale ≤ ε, kept exactly as the given ε.
+        """
+        shift_array = np.asarray([_check_loss(s, "a shift") for s in shifts], dtype=float)
+        scale = laplace_scale(math.fsum(shift_array), epsilon)
+        eps = shift_array / scale
+        alphas = np.asarray(orders, dtype=float)[:, None]
+        per_coordinate = np.logaddexp(
+            np.log(alphas / (2 * alphas - 1)) + (alphas - 1) * eps,
+            np.log((alphas - 1) / (2 * alphas - 1)) - alphas * eps,
+        ) / (alphas - 1)
+        values = np.maximum(per_coordinate, 0.0).sum(axis=1)
+        return cls(tuple(orders), tuple(_pad_up(float(v)) for v in values), float(epsilon))
+
+    # ----- algebra -------------------------------------------------------------------------------
+    def _same_grid(self, other: RdpCurve) -> None:
+        if self.orders != other.orders:
+            raise ValueError("curves are on different order grids")
+
+    def __add__(self, other: RdpCurve) -> RdpCurve:
+        """Adaptive composition: RDP values add order by order, pure bounds add."""
+        self._same_grid(other)
+        values = tuple(_pad_up(a + b) for a, b in zip(self.values, other.values, strict=True))
+        return RdpCurve(self.orders, values, _pad_up(self.pure + other.pure))
+
+    def maximum(self, other: RdpCurve) -> RdpCurve:
+        """Pointwise maximum: a bound valid for either release."""
+        self._same_grid(other)
+        values = tuple(max(a, b) for a, b in zip(self.values, other.values, strict=True))
+        return RdpCurve(self.orders, values, max(self.pure, other.pure))
+
+    def __le__(self, other: RdpCurve) -> bool:
+        """Pointwise ≤ at every order and for the pure bound."""
+        self._same_grid(other)
+        return self.pure <= other.pure and all(
+            a <= b for a, b in zip(self.values, other.values, strict=True)
+        )
+
+    def __ge__(self, other: RdpCurve) -> bool:
+        return other <= self
+
+    @property
+    def is_pure(self) -> bool:
+        return math.isfinite(self.pure)
+
+    def at(self, alpha: float) -> float:
+        return self.values[self.orders.index(alpha)]
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-friendly form; +∞ becomes the string "inf"."""
+        return {
+            "orders": list(self.orders),
+            "values": [_json_loss(v) for v in self.values],
+            "pure": _json_loss(self.pure),
+        }
+
+
+def _json_loss(value: float) -> float | str:
+    return "inf" if math.isinf(value) else value

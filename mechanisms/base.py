@@ -1,0 +1,110 @@
+"""The mechanism seam (DESIGN §3): what every mechanism exposes to the service.
+
+* ``params_model``: frozen, validated pydantic model of **public** inputs (no seeds, no data).
+* ``check(params, ctx)``: schema-dependent validation (unknown column, wrong type); raises ``ParamsError``
+  before anything is reserved.
+* ``worst_case(params, ctx)``: the largest ex-post loss any outcome can have, from public information only.
+* ``run(params, ctx, table, rng)``: the DP release and its realized ex-post curve, ``realized <= worst_case``.
+* ``cost_parameter``/``with_cost``: the main cost knob (ε or σ), so a refusal can say what is affordable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+from pydantic import BaseModel
+
+from mechanisms.accounting import RdpCurve
+from mechanisms.schema import DatasetSchema
+
+Table = Mapping[str, np.ndarray]
+
+
+class ParamsError(ValueError):
+    """Public parameters that cannot be run on this dataset: names the offending field and why."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class PublicContext:
+    """What a mechanism may know about a dataset without reading it.
+
+    ``n_rows`` is public only under replace-one neighbouring (neighbours have the same size), else None.
+    """
+
+    schema: DatasetSchema
+    n_rows: int | None
+    orders: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Release:
+    """A DP output (JSON-serialisable) and the ex-post loss of exactly that output."""
+
+    output: dict[str, Any]
+    realized: RdpCurve
+
+
+class Mechanism(Protocol):
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    params_model: ClassVar[type[BaseModel]]
+    cost_parameter: ClassVar[str]
+    cost_increases_with_parameter: ClassVar[bool]
+
+    def check(self, params: BaseModel, ctx: PublicContext) -> None: ...
+
+    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve: ...
+
+    def run(
+        self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator
+    ) -> Release: ...
+
+
+def with_cost(params: BaseModel, name: str, value: float) -> BaseModel:
+    """A copy of ``params`` with its cost parameter set to ``value`` (re-validated)."""
+    return type(params).model_validate({**params.model_dump(), name: value})
+
+
+def best_affordable_cost(
+    mechanism: Mechanism,
+    params: BaseModel,
+    ctx: PublicContext,
+    admissible: Callable[[RdpCurve], bool],
+    iterations: int = 60,
+) -> float | None:
+    """The most expensive value of the cost parameter that ``admissible`` still accepts, or None.
+
+    Bisection in log space over [1e-9, 1e9] assuming the worst case is monotone in the parameter; the
+    returned value is on the admissible side of the bracket (checked again before returning).
+    """
+    name = mechanism.cost_parameter
+
+    def ok(value: float) -> bool:
+        try:
+            return admissible(mechanism.worst_case(with_cost(params, name, value), ctx))
+        except (ValueError, ParamsError):
+            return False
+
+    cheap, dear = (1e-9, 1e9) if mechanism.cost_increases_with_parameter else (1e9, 1e-9)
+    if not ok(cheap):
+        return None
+    if ok(dear):
+        return dear
+    lo, hi = math.log(cheap), math.log(dear)
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        if ok(math.exp(mid)):
+            lo = mid
+        else:
+            hi = mid
+    best = float(f"{math.exp(lo):.6g}")
+    return best if ok(best) else math.exp(lo)

@@ -1,0 +1,34 @@
+"""Alembic environment: the URL comes from the Config built in service.db.migrate (or EXPOST_DATABASE_URL)."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine
+
+from service.config import get_settings
+from service.db.models import Base
+
+config = context.config
+url = config.get_main_option("sqlalchemy.url") or get_settings().database_url
+is_sqlite = url.startswith("sqlite")
+
+
+def run_offline() -> None:
+    context.configure(url=url, target_metadata=Base.metadata, literal_binds=True, render_as_batch=is_sqlite)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_online() -> None:
+    engine = create_engine(url)
+    with engine.connect() as connection:
+        context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=is_sqlite)
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
+
+
+if context.is_offline_mode():
+    run_offline()
+else:
+    run_online()

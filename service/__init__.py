@@ -1,0 +1,1 @@
+"""The expost HTTP service: filter + ledger in the database, mechanisms from ``mechanisms``."""

@@ -1,0 +1,93 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import make_asgi_app
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.config import Settings, get_settings
+from service.context import AppContext
+from service.db.migrate import ensure_migrated
+from service.errors import PROBLEM_JSON, ServiceError
+from service.logs import configure_logging
+from service.routers import datasets, health, keys, mechanisms, requests
+
+log = structlog.get_logger("expost")
+
+
+def problem_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:] if parts[0] == "body" else parts
+    return ".".join(parts) or "body"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        return problem_response(exc.status, exc.problem(request.url.path))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"field": _field(tuple(e["loc"])), "reason": e["msg"]} for e in exc.errors()]
+        first = errors[0] if errors else {"field": "body", "reason": "invalid"}
+        return problem_response(422, {
+            "type": "/problems/invalid-input", "title": "Invalid input", "status": 422,
+            "detail": f"{first['field']}: {first['reason']}", "instance": request.url.path, "errors": errors,
+        })
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return problem_response(exc.status_code, {
+            "type": "about:blank", "title": str(exc.detail), "status": exc.status_code,
+            "detail": str(exc.detail), "instance": request.url.path,
+        }, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", path=request.url.path)
+        return problem_response(500, {
+            "type": "/problems/internal-error", "title": "Internal error", "status": 500,
+            "detail": "an unexpected error occurred; it was logged", "instance": request.url.path,
+        })
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    configure_logging(settings.log_level, settings.log_json)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx = AppContext.build(settings)
+        ensure_migrated(ctx.engine, settings.database_url)
+        app.state.ctx = ctx
+        ctx.start_reaper()
+        log.info("expost started", database=ctx.engine.url.render_as_string(hide_password=True))
+        try:
+            yield
+        finally:
+            ctx.close()
+
+    app = FastAPI(
+        title="expost",
+        version="0.1.0",
+        summary="Privacy budgets as a persistent ex-post Rényi-DP filter",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    for module in (health, keys, datasets, requests, mechanisms):
+        app.include_router(module.router)
+    app.mount("/metrics", make_asgi_app())
+    return app

@@ -1,0 +1,165 @@
+"""The persistent ex-post Rényi filter (DESIGN §4): admission, reservation, commit, budget views.
+
+Slots are the dataset's orders followed by the pure slot (α = ∞). A request with fixed-point charge w is
+admitted by a filter iff some usable slot j has spent[j] + reserved[j] + w[j] ≤ capacity[j]
+(docs/privacy.md §2). Commit replaces the reservation by the realized charge (≤ the reservation); nothing
+else ever lowers a charge. The caller holds the filter's row lock for every mutation.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from mechanisms.accounting import (
+    UnitsVector,
+    capacity_units,
+    filter_epsilon,
+    units_to_epsilon,
+)
+from service import ledger
+from service.db.models import DATASET_SCOPE, Dataset, PrivacyFilter
+from service.db.repositories import FilterRepository
+from service.errors import InvalidInput, NoBudget, NotFound
+
+Loss = float | str  # a loss in ε units for JSON: a number, or "inf"
+
+
+def json_loss(value: float) -> Loss:
+    return "inf" if value == float("inf") else value
+
+
+def new_filter(dataset_id: str, scope: str, slots: int) -> PrivacyFilter:
+    zeros = UnitsVector.zeros(slots).to_json()
+    return PrivacyFilter(
+        dataset_id=dataset_id, scope=scope, capacity=None, spent=zeros, reserved=dict(zeros),
+        last_seq=0, last_hash="", updated_at=datetime.now(UTC),
+    )
+
+
+def totals(flt: PrivacyFilter) -> tuple[UnitsVector, UnitsVector]:
+    return UnitsVector.from_json(flt.spent), UnitsVector.from_json(flt.reserved)
+
+
+def fitting_slots(flt: PrivacyFilter, charge: UnitsVector) -> list[bool]:
+    """Per slot: would spent + reserved + charge stay within capacity?"""
+    if flt.capacity is None:
+        return [False] * len(charge)
+    spent, reserved = totals(flt)
+    return (spent + reserved + charge).fits(flt.capacity)
+
+
+def admits(flt: PrivacyFilter, charge: UnitsVector) -> bool:
+    """Dataset filters need a budget; an analyst filter without a sub-budget only tracks spending."""
+    if flt.capacity is None:
+        if flt.scope == DATASET_SCOPE:
+            raise NoBudget("this dataset has no privacy budget yet; an admin must PUT one first")
+        return True
+    return any(fitting_slots(flt, charge))
+
+
+def reserve(flt: PrivacyFilter, charge: UnitsVector) -> None:
+    spent, reserved = totals(flt)
+    flt.reserved = (reserved + charge).to_json()
+    flt.updated_at = datetime.now(UTC)
+
+
+def settle(flt: PrivacyFilter, reservation: UnitsVector, realized: UnitsVector | None) -> None:
+    """Replace ``reservation`` by ``realized`` (commit), or drop it when ``realized`` is None (abort)."""
+    spent, reserved = totals(flt)
+    flt.reserved = (reserved - reservation).to_json()
+    if realized is not None:
+        flt.spent = (spent + realized).to_json()
+    flt.updated_at = datetime.now(UTC)
+
+
+def validate_budget(epsilon: float, delta: float) -> None:
+    if not (0.0 <= epsilon <= 1e6):
+        raise InvalidInput("epsilon", "must be between 0 and 1e6")
+    if not (0.0 <= delta < 1.0):
+        raise InvalidInput("delta", "must be in [0, 1)")
+
+
+def set_budget(
+    session: Session, dataset: Dataset, scope: str, epsilon: float, delta: float, actor: str
+) -> PrivacyFilter:
+    """Set the (ε, δ) target of the dataset filter or of an analyst's sub-filter (one transaction)."""
+    validate_budget(epsilon, delta)
+    filters = FilterRepository(session)
+    head = filters.lock(dataset.id)
+    assert head is not None, "every dataset has its filter row"
+    target = head if scope == DATASET_SCOPE else filters.lock(dataset.id, scope)
+    if target is None:
+        raise NotFound(f"analyst {scope!r} has no grant on dataset {dataset.id}; grant access first")
+    capacity = list(capacity_units(epsilon, delta, dataset.orders))
+    target.epsilon, target.delta, target.capacity = epsilon, delta, capacity
+    target.updated_at = datetime.now(UTC)
+    ledger.append(
+        session, head, "budget", actor,
+        {"scope": scope, "epsilon": epsilon, "delta": delta, "capacity": capacity},
+    )
+    return target
+
+
+# ----- views (all values in ε units; public information only) ------------------------------------
+
+
+def _slot_row(alpha: float | str, cap: int | None, spent: float, reserved: float) -> dict[str, Any]:
+    capacity = None if cap is None else units_to_epsilon(cap)
+    remaining = None if capacity is None else max(0.0, capacity - spent - reserved)
+    return {
+        "alpha": alpha, "capacity": capacity, "spent": json_loss(spent),
+        "reserved": json_loss(reserved), "remaining": remaining,
+    }
+
+
+def budget_view(flt: PrivacyFilter, orders: list[float]) -> dict[str, Any]:
+    spent, reserved = totals(flt)
+    capacity = flt.capacity or [None] * len(spent)
+    rows = [
+        _slot_row(alpha, capacity[j], spent.epsilon(j), reserved.epsilon(j))
+        for j, alpha in enumerate([*orders, "pure"])
+    ]
+    usable = [r for r in rows if r["remaining"] is not None]
+    best = max(usable, key=lambda r: r["remaining"], default=None)
+    delta = flt.delta if flt.delta is not None else 0.0
+    return {
+        "dataset_id": flt.dataset_id,
+        "scope": "dataset" if flt.scope == DATASET_SCOPE else "analyst",
+        "analyst": None if flt.scope == DATASET_SCOPE else flt.scope,
+        "epsilon": flt.epsilon,
+        "delta": flt.delta,
+        "orders": rows[:-1],
+        "pure": rows[-1],
+        "epsilon_spent": json_loss(filter_epsilon(spent + reserved, delta, orders)),
+        "epsilon_remaining": best["remaining"] if best else None,
+        "binding_alpha": best["alpha"] if best else None,
+        "budget_set": flt.capacity is not None,
+    }
+
+
+def refusal_details(flt: PrivacyFilter, orders: list[float], charge: UnitsVector) -> dict[str, Any]:
+    """Requested vs spent vs reserved vs capacity per slot, and the slot closest to fitting."""
+    spent, reserved = totals(flt)
+    capacity = flt.capacity or [None] * len(charge)
+    rows, best = [], None
+    for j, alpha in enumerate([*orders, "pure"]):
+        row = _slot_row(alpha, capacity[j], spent.epsilon(j), reserved.epsilon(j))
+        row["requested"] = json_loss(charge.epsilon(j))
+        usable = capacity[j] is not None and not (spent + reserved + charge).is_infinite(j)
+        if usable:
+            row["shortfall"] = units_to_epsilon(
+                spent.finite[j] + reserved.finite[j] + charge.finite[j] - int(capacity[j] or 0)
+            )
+            if best is None or row["shortfall"] < best["shortfall"]:
+                best = row
+        rows.append(row)
+    return {
+        "filter": "dataset" if flt.scope == DATASET_SCOPE else f"analyst:{flt.scope}",
+        "orders": rows[:-1],
+        "pure": rows[-1],
+        "binding_alpha": best["alpha"] if best else None,
+        "shortfall": best["shortfall"] if best else None,
+    }

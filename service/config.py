@@ -1,0 +1,31 @@
+"""Settings from the environment (prefix ``EXPOST_``), via pydantic-settings."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="EXPOST_", env_file=".env", extra="ignore")
+
+    database_url: str = Field(
+        "sqlite:///./var/expost.db", description="SQLAlchemy URL; postgresql+psycopg://… in production"
+    )
+    data_dir: Path = Field(Path("./var/data"), description="where uploaded datasets are stored")
+    wait_seconds: float = Field(10.0, ge=0, description="how long a POST waits for its release before 202")
+    max_upload_bytes: int = Field(50 * 1024 * 1024, gt=0)
+    worker_threads: int = Field(4, ge=1, description="in-process executor pool size")
+    lease_seconds: float = Field(300.0, gt=0, description="after this a running request is reaped")
+    reaper_interval_seconds: float = Field(15.0, gt=0)
+    pool_size: int = Field(10, ge=1)
+    log_json: bool = False
+    log_level: str = "INFO"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,137 @@
+"""Datasets: immutable uploads with a public schema, their filters, grants and the loaded-table cache."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections import OrderedDict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from mechanisms.accounting import DEFAULT_ORDERS
+from mechanisms.base import PublicContext
+from mechanisms.schema import DatasetSchema
+from mechanisms.table import TableError, content_hash, load_csv
+from service import budget, ledger
+from service.auth import Principal, Role, validate_name
+from service.db.models import DATASET_SCOPE, Dataset, Grant
+from service.db.repositories import DatasetRepository, FilterRepository, KeyRepository
+from service.errors import InvalidInput, NotFound
+
+
+def parse_schema(raw: Any) -> DatasetSchema:
+    try:
+        return DatasetSchema.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        path = ".".join(str(p) for p in ("schema", *first["loc"]))
+        raise InvalidInput(path, first["msg"]) from None
+
+
+def create_dataset(
+    session: Session, data_dir: Path, name: str, csv_bytes: bytes, schema_raw: Any, actor: str
+) -> Dataset:
+    """Validate and store an upload, create its filter (no budget yet) and the first ledger entry."""
+    if not name.strip() or len(name) > 200:
+        raise InvalidInput("name", "must be 1-200 characters")
+    schema = parse_schema(schema_raw)
+    try:
+        loaded = load_csv(csv_bytes, schema)
+    except TableError as exc:
+        raise InvalidInput(exc.field, exc.reason) from None
+    digest = content_hash(csv_bytes)
+    file_name = f"{digest}.csv"
+    _store(data_dir / file_name, csv_bytes)
+    dataset = Dataset(
+        id="ds_" + uuid.uuid4().hex[:16], name=name, schema_json=schema.model_dump(mode="json"),
+        neighboring=schema.neighboring, n_rows=loaded.n_rows, content_sha256=digest, file_name=file_name,
+        orders=list(DEFAULT_ORDERS), clipped=dict(loaded.clipped), created_by=actor,
+        created_at=datetime.now(UTC),
+    )
+    DatasetRepository(session).add(dataset)
+    head = budget.new_filter(dataset.id, DATASET_SCOPE, len(DEFAULT_ORDERS) + 1)
+    FilterRepository(session).add(head)
+    session.flush()
+    ledger.append(session, head, "dataset", actor, {
+        "name": name, "content_sha256": digest, "orders": dataset.orders,
+        "schema": dataset.schema_json, "n_rows": loaded.n_rows,
+    })
+    return dataset
+
+
+def _store(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        return
+    tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def visible_dataset(session: Session, principal: Principal, dataset_id: str) -> Dataset:
+    """The dataset if this principal may see it; analysts only see datasets they are granted (else 404)."""
+    datasets = DatasetRepository(session)
+    dataset = datasets.get(dataset_id)
+    if dataset is None or (
+        principal.role is Role.analyst and not datasets.is_granted(dataset_id, principal.name)
+    ):
+        raise NotFound(f"no dataset {dataset_id!r}")
+    return dataset
+
+
+def grant(session: Session, dataset: Dataset, analyst: str, actor: str) -> bool:
+    """Grant an analyst key access; creates its tracking sub-filter. Returns False if already granted."""
+    validate_name(analyst)
+    key = KeyRepository(session).by_name(analyst)
+    if key is None or key.role != Role.analyst.value:
+        raise InvalidInput("analyst", f"no analyst key named {analyst!r}")
+    filters = FilterRepository(session)
+    head = filters.lock(dataset.id)
+    assert head is not None
+    datasets = DatasetRepository(session)
+    if datasets.is_granted(dataset.id, analyst):
+        return False
+    datasets.add_grant(Grant(dataset_id=dataset.id, analyst=analyst, created_at=datetime.now(UTC)))
+    filters.add(budget.new_filter(dataset.id, analyst, len(dataset.orders) + 1))
+    ledger.append(session, head, "grant", actor, {"analyst": analyst})
+    return True
+
+
+def public_context(dataset: Dataset) -> PublicContext:
+    schema = DatasetSchema.model_validate(dataset.schema_json)
+    n_rows = dataset.n_rows if dataset.neighboring == "replace_one" else None
+    return PublicContext(schema=schema, n_rows=n_rows, orders=tuple(dataset.orders))
+
+
+class TableCache:
+    """Loaded tables by content hash (datasets are immutable), least recently used evicted."""
+
+    def __init__(self, data_dir: Path, capacity: int = 16) -> None:
+        self.data_dir = data_dir
+        self.capacity = capacity
+        self._tables: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, dataset: Dataset, schema: DatasetSchema) -> dict[str, np.ndarray]:
+        with self._lock:
+            if dataset.content_sha256 in self._tables:
+                self._tables.move_to_end(dataset.content_sha256)
+                return self._tables[dataset.content_sha256]
+        data = (self.data_dir / dataset.file_name).read_bytes()
+        if content_hash(data) != dataset.content_sha256:
+            raise RuntimeError(f"stored file of dataset {dataset.id} does not match its hash")
+        columns = load_csv(data, schema).columns
+        with self._lock:
+            self._tables[dataset.content_sha256] = columns
+            while len(self._tables) > self.capacity:
+                self._tables.popitem(last=False)
+        return columns

@@ -1,0 +1,1 @@
+"""Database layer: models, engine/session setup, repositories (all SQL lives in repositories)."""

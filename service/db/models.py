@@ -1,0 +1,146 @@
+"""SQLAlchemy 2 models. The schema is created and changed only by Alembic migrations (migrations/)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+DATASET_SCOPE = "*"
+"""Scope of the dataset-level filter; analyst sub-filters use the analyst's key name."""
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    role: Mapped[str] = mapped_column(String(20))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class Dataset(Base):
+    __tablename__ = "datasets"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    schema_json: Mapped[dict[str, Any]] = mapped_column(JSON)
+    neighboring: Mapped[str] = mapped_column(String(20))
+    n_rows: Mapped[int] = mapped_column(Integer)
+    content_sha256: Mapped[str] = mapped_column(String(64))
+    file_name: Mapped[str] = mapped_column(String(200))
+    orders: Mapped[list[Any]] = mapped_column(JSON)
+    clipped: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_by: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Grant(Base):
+    __tablename__ = "grants"
+    __table_args__ = (UniqueConstraint("dataset_id", "analyst"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
+    analyst: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class PrivacyFilter(Base):
+    """One ex-post RDP filter: the dataset's (scope "*") or an analyst's sub-filter on that dataset.
+
+    ``capacity`` is per slot (orders, then the pure slot) in units, ``None`` when unusable or unset.
+    ``spent``/``reserved`` are ``UnitsVector`` JSON; they are a cache rebuilt by ``expost ledger verify``.
+    """
+
+    __tablename__ = "filters"
+    __table_args__ = (UniqueConstraint("dataset_id", "scope"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
+    scope: Mapped[str] = mapped_column(String(100))
+    epsilon: Mapped[float | None] = mapped_column(Float, nullable=True)
+    delta: Mapped[float | None] = mapped_column(Float, nullable=True)
+    capacity: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    spent: Mapped[dict[str, Any]] = mapped_column(JSON)
+    reserved: Mapped[dict[str, Any]] = mapped_column(JSON)
+    last_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_hash: Mapped[str] = mapped_column(String(64), default="")
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class LedgerEntry(Base):
+    """Append-only, hash-chained per dataset: hash = sha256(prev_hash ‖ body), body = canonical JSON."""
+
+    __tablename__ = "ledger"
+    __table_args__ = (UniqueConstraint("dataset_id", "seq"),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    event: Mapped[str] = mapped_column(String(20))
+    request_id: Mapped[str | None] = mapped_column(String(40), nullable=True, index=True)
+    actor: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    body: Mapped[str] = mapped_column(Text)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+
+
+class AnalysisRequest(Base):
+    __tablename__ = "requests"
+    __table_args__ = (
+        UniqueConstraint("analyst", "idempotency_key"),
+        Index("ix_requests_state_lease", "state", "lease_expires_at"),
+        Index("ix_requests_dataset_analyst", "dataset_id", "analyst"),
+    )
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
+    analyst: Mapped[str] = mapped_column(String(100))
+    mechanism: Mapped[str] = mapped_column(String(50))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    state: Mapped[str] = mapped_column(String(20))
+    scopes: Mapped[list[Any]] = mapped_column(JSON)
+    worst_case: Mapped[dict[str, Any]] = mapped_column(JSON)
+    realized: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    release: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class SecretState(Base):
+    """Secret mechanism state (noise paths, noisy thresholds): never serialised into responses or logs."""
+
+    __tablename__ = "secret_states"
+    request_id: Mapped[str] = mapped_column(ForeignKey("requests.id"), primary_key=True)
+    state: Mapped[bytes] = mapped_column(LargeBinary)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

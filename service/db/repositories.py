@@ -1,0 +1,172 @@
+"""All SQL of the service. Repositories never commit: the domain's unit of work does."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from service.db.models import (
+    DATASET_SCOPE,
+    AnalysisRequest,
+    ApiKey,
+    Dataset,
+    Grant,
+    LedgerEntry,
+    PrivacyFilter,
+)
+
+
+class KeyRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def by_hash(self, key_hash: str) -> ApiKey | None:
+        return self.session.scalar(
+            select(ApiKey).where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None))
+        )
+
+    def by_name(self, name: str) -> ApiKey | None:
+        return self.session.scalar(select(ApiKey).where(ApiKey.name == name))
+
+    def add(self, key: ApiKey) -> None:
+        self.session.add(key)
+
+    def all(self) -> Sequence[ApiKey]:
+        return self.session.scalars(select(ApiKey).order_by(ApiKey.id)).all()
+
+
+class DatasetRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def get(self, dataset_id: str) -> Dataset | None:
+        return self.session.get(Dataset, dataset_id)
+
+    def add(self, dataset: Dataset) -> None:
+        self.session.add(dataset)
+
+    def visible(self, analyst: str | None) -> Sequence[Dataset]:
+        query = select(Dataset).order_by(Dataset.created_at, Dataset.id)
+        if analyst is not None:
+            query = query.join(Grant, Grant.dataset_id == Dataset.id).where(Grant.analyst == analyst)
+        return self.session.scalars(query).all()
+
+    def is_granted(self, dataset_id: str, analyst: str) -> bool:
+        found = self.session.scalar(
+            select(Grant.id).where(Grant.dataset_id == dataset_id, Grant.analyst == analyst)
+        )
+        return found is not None
+
+    def add_grant(self, grant: Grant) -> None:
+        self.session.add(grant)
+
+    def grants(self, dataset_id: str) -> Sequence[str]:
+        return self.session.scalars(
+            select(Grant.analyst).where(Grant.dataset_id == dataset_id).order_by(Grant.analyst)
+        ).all()
+
+
+class FilterRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def get(self, dataset_id: str, scope: str = DATASET_SCOPE) -> PrivacyFilter | None:
+        return self.session.scalar(
+            select(PrivacyFilter).where(
+                PrivacyFilter.dataset_id == dataset_id, PrivacyFilter.scope == scope
+            )
+        )
+
+    def lock(self, dataset_id: str, scope: str = DATASET_SCOPE) -> PrivacyFilter | None:
+        """The filter row under ``SELECT … FOR UPDATE`` (PostgreSQL); SQLite holds BEGIN IMMEDIATE."""
+        return self.session.scalar(
+            select(PrivacyFilter)
+            .where(PrivacyFilter.dataset_id == dataset_id, PrivacyFilter.scope == scope)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        )
+
+    def add(self, privacy_filter: PrivacyFilter) -> None:
+        self.session.add(privacy_filter)
+
+    def for_dataset(self, dataset_id: str) -> Sequence[PrivacyFilter]:
+        return self.session.scalars(
+            select(PrivacyFilter).where(PrivacyFilter.dataset_id == dataset_id).order_by(PrivacyFilter.id)
+        ).all()
+
+    def all(self) -> Sequence[PrivacyFilter]:
+        return self.session.scalars(select(PrivacyFilter).order_by(PrivacyFilter.id)).all()
+
+
+class LedgerRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def add(self, entry: LedgerEntry) -> None:
+        self.session.add(entry)
+
+    def page(
+        self, dataset_id: str, after_seq: int, limit: int, analyst: str | None = None
+    ) -> Sequence[LedgerEntry]:
+        query = select(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id, LedgerEntry.seq > after_seq)
+        if analyst is not None:
+            own = select(AnalysisRequest.id).where(
+                AnalysisRequest.dataset_id == dataset_id, AnalysisRequest.analyst == analyst
+            )
+            query = query.where(LedgerEntry.request_id.in_(own))
+        return self.session.scalars(query.order_by(LedgerEntry.seq).limit(limit)).all()
+
+    def count(self, dataset_id: str) -> int:
+        return int(
+            self.session.scalar(
+                select(func.count()).select_from(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id)
+            )
+            or 0
+        )
+
+    def dataset_ids(self) -> Sequence[str]:
+        return self.session.scalars(select(Dataset.id).order_by(Dataset.id)).all()
+
+    def chain(self, dataset_id: str, after_seq: int, limit: int) -> Sequence[LedgerEntry]:
+        return self.session.scalars(
+            select(LedgerEntry)
+            .where(LedgerEntry.dataset_id == dataset_id, LedgerEntry.seq > after_seq)
+            .order_by(LedgerEntry.seq)
+            .limit(limit)
+        ).all()
+
+
+class RequestRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def get(self, request_id: str) -> AnalysisRequest | None:
+        return self.session.get(AnalysisRequest, request_id)
+
+    def lock(self, request_id: str) -> AnalysisRequest | None:
+        return self.session.scalar(
+            select(AnalysisRequest)
+            .where(AnalysisRequest.id == request_id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        )
+
+    def by_idempotency_key(self, analyst: str, key: str) -> AnalysisRequest | None:
+        return self.session.scalar(
+            select(AnalysisRequest).where(
+                AnalysisRequest.analyst == analyst, AnalysisRequest.idempotency_key == key
+            )
+        )
+
+    def add(self, request: AnalysisRequest) -> None:
+        self.session.add(request)
+
+    def expired_running(self, now: datetime, limit: int = 100) -> Sequence[AnalysisRequest]:
+        return self.session.scalars(
+            select(AnalysisRequest)
+            .where(AnalysisRequest.state == "running", AnalysisRequest.lease_expires_at < now)
+            .limit(limit)
+        ).all()

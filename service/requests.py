@@ -1,0 +1,288 @@
+"""The request lifecycle (DESIGN §5): validate → worst case → admit + reserve → run → commit → respond.
+
+States: running → committed | failed_charged (and aborted when refused before start, never stored).
+Reservation and commit are separate transactions, each holding the dataset filter's row lock; the
+release is stored in the same transaction that commits the realized charge, so a release never leaves
+before its debit is durable. A request whose worker dies is reaped: its worst case is committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import structlog
+from pydantic import BaseModel, ValidationError
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from mechanisms.accounting import RdpCurve, UnitsVector
+from mechanisms.base import Mechanism, ParamsError, PublicContext, best_affordable_cost
+from mechanisms.catalog import MECHANISMS
+from service import budget, ledger
+from service.auth import Principal
+from service.datasets import TableCache, public_context, visible_dataset
+from service.db.models import DATASET_SCOPE, AnalysisRequest, Dataset, PrivacyFilter
+from service.db.repositories import DatasetRepository, FilterRepository, RequestRepository
+from service.errors import (
+    BudgetExhausted,
+    Forbidden,
+    IdempotencyKeyReused,
+    InvalidInput,
+    NotFound,
+)
+from service.ledger import canonical_json
+
+log = structlog.get_logger("expost.requests")
+
+
+@dataclass(frozen=True)
+class Validated:
+    """A request checked against public information only: nothing has read the data yet."""
+
+    dataset: Dataset
+    mechanism: Mechanism
+    params: BaseModel
+    context: PublicContext
+    worst_case: RdpCurve
+    charge: UnitsVector
+
+
+def validate(session: Session, principal: Principal, dataset_id: str, name: str, raw: Any) -> Validated:
+    dataset = visible_dataset(session, principal, dataset_id)
+    mechanism = MECHANISMS.get(name)
+    if mechanism is None:
+        raise InvalidInput("mechanism", f"unknown mechanism {name!r}; see GET /v1/mechanisms")
+    try:
+        params = mechanism.params_model.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InvalidInput(".".join(str(p) for p in ("params", *first["loc"])), first["msg"]) from None
+    context = public_context(dataset)
+    try:
+        mechanism.check(params, context)
+        worst = mechanism.worst_case(params, context)
+    except ParamsError as exc:
+        raise InvalidInput(f"params.{exc.field}", exc.reason) from None
+    except ValueError as exc:
+        raise InvalidInput("params", str(exc)) from None
+    return Validated(dataset, mechanism, params, context, worst, UnitsVector.charge(worst))
+
+
+def fingerprint(dataset_id: str, mechanism: str, params: BaseModel) -> str:
+    canonical = canonical_json({"dataset": dataset_id, "mechanism": mechanism,
+                                "params": params.model_dump(mode="json")})
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def curve_record(curve: RdpCurve) -> dict[str, Any]:
+    return {"curve": curve.as_dict(), "units": UnitsVector.charge(curve).to_json()}
+
+
+def _lock_filters(session: Session, dataset_id: str, analyst: str) -> list[PrivacyFilter]:
+    """Dataset filter first, then the analyst's: a fixed order, so two transactions never deadlock."""
+    filters = FilterRepository(session)
+    head, own = filters.lock(dataset_id), filters.lock(dataset_id, analyst)
+    if head is None or own is None:
+        raise NotFound(f"no dataset {dataset_id!r}")
+    return [head, own]
+
+
+def _refuse(v: Validated, blocked: PrivacyFilter, filters: list[PrivacyFilter]) -> BudgetExhausted:
+    details = budget.refusal_details(blocked, v.dataset.orders, v.charge)
+
+    def admissible(curve: RdpCurve) -> bool:
+        return all(budget.admits(f, UnitsVector.charge(curve)) for f in filters)
+
+    affordable = best_affordable_cost(v.mechanism, v.params, v.context, admissible)
+    details["requested"] = v.worst_case.as_dict()
+    details["affordable"] = (
+        None if affordable is None else {"parameter": v.mechanism.cost_parameter, "value": affordable}
+    )
+    hint = "" if affordable is None else f"; largest affordable {v.mechanism.cost_parameter}: {affordable:g}"
+    return BudgetExhausted(f"the {details['filter']} filter cannot afford this request{hint}", **details)
+
+
+def admission_check(session: Session, principal: Principal, v: Validated) -> dict[str, Any]:
+    """Dry run: would the request be admitted now? Takes no lock and writes nothing."""
+    filters = FilterRepository(session)
+    checked = [f for f in (filters.get(v.dataset.id), filters.get(v.dataset.id, principal.name)) if f]
+    try:
+        blocked = next((f for f in checked if not budget.admits(f, v.charge)), None)
+    except budget.NoBudget as exc:
+        return {"admitted": False, "reason": exc.detail, "worst_case": v.worst_case.as_dict()}
+    result: dict[str, Any] = {"admitted": blocked is None, "worst_case": v.worst_case.as_dict()}
+    if blocked is not None:
+        refusal = _refuse(v, blocked, checked)
+        result["refusal"] = refusal.problem()
+    return result
+
+
+def admit(
+    session: Session, principal: Principal, v: Validated, key: str | None, settings_lease: float
+) -> tuple[AnalysisRequest, bool]:
+    """Admit and reserve in one transaction; returns (request, created). Raises a refusal otherwise."""
+    fp = fingerprint(v.dataset.id, v.mechanism.name, v.params)
+    with session.begin():
+        filters = _lock_filters(session, v.dataset.id, principal.name)
+        if key is not None:
+            existing = RequestRepository(session).by_idempotency_key(principal.name, key)
+            if existing is not None:
+                if existing.fingerprint != fp:
+                    raise IdempotencyKeyReused(
+                        "this Idempotency-Key was used for a different request", idempotency_key=key
+                    )
+                return existing, False
+        blocked = next((f for f in filters if not budget.admits(f, v.charge)), None)
+        if blocked is not None:
+            raise _refuse(v, blocked, filters)
+        now = datetime.now(UTC)
+        request = AnalysisRequest(
+            id="rq_" + uuid.uuid4().hex[:20], dataset_id=v.dataset.id, analyst=principal.name,
+            mechanism=v.mechanism.name, params=v.params.model_dump(mode="json"), fingerprint=fp,
+            idempotency_key=key, state="running", scopes=[DATASET_SCOPE, principal.name],
+            worst_case=curve_record(v.worst_case), created_at=now, updated_at=now,
+            lease_expires_at=now + timedelta(seconds=settings_lease),
+        )
+        RequestRepository(session).add(request)
+        for flt in filters:
+            budget.reserve(flt, v.charge)
+        ledger.append(session, filters[0], "reserve", principal.name, {
+            "scopes": request.scopes, "mechanism": request.mechanism, "params": request.params,
+            "worst_case": v.charge.to_json(),
+        }, request_id=request.id)
+    return request, True
+
+
+def admit_or_replay(
+    sessions: sessionmaker[Session], principal: Principal, v: Validated, key: str | None, lease: float
+) -> tuple[AnalysisRequest, bool]:
+    try:
+        with sessions() as session:
+            return admit(session, principal, v, key, lease)
+    except IntegrityError:
+        # A concurrent request with the same Idempotency-Key (on another dataset) won the race.
+        with sessions() as session:
+            existing = RequestRepository(session).by_idempotency_key(principal.name, key or "")
+            if existing is None:
+                raise
+            if existing.fingerprint != fingerprint(v.dataset.id, v.mechanism.name, v.params):
+                raise IdempotencyKeyReused("this Idempotency-Key was used for a different request") from None
+            return existing, False
+
+
+# ----- running and settling ------------------------------------------------------------------------
+
+
+def settle(
+    session: Session, request_id: str, realized: RdpCurve | None, release: dict[str, Any] | None,
+    error: str | None,
+) -> bool:
+    """Commit the realized charge and store the release, or commit the worst case with an error."""
+    with session.begin():
+        request = RequestRepository(session).get(request_id)
+        if request is None:
+            return False
+        filters = _lock_filters(session, request.dataset_id, request.analyst)
+        request = RequestRepository(session).lock(request_id)
+        if request is None or request.state != "running":
+            return False  # already settled (e.g. reaped): never charge twice
+        reservation = UnitsVector.from_json(request.worst_case["units"])
+        record = request.worst_case if realized is None else curve_record(realized)
+        charge = UnitsVector.from_json(record["units"])
+        for flt in filters:
+            if flt.scope in request.scopes:
+                budget.settle(flt, reservation, charge)
+        ledger.append(session, filters[0], "commit", request.analyst, {
+            "scopes": request.scopes, "worst_case": reservation.to_json(), "realized": charge.to_json(),
+            "outcome": "released" if error is None else "failed",
+        }, request_id=request.id)
+        request.state = "committed" if error is None else "failed_charged"
+        request.realized, request.release, request.error = record, release, error
+        request.updated_at, request.lease_expires_at = datetime.now(UTC), None
+    return True
+
+
+def run_request(sessions: sessionmaker[Session], tables: TableCache, request_id: str) -> None:
+    """Worker body: read the data, draw fresh noise from the OS CSPRNG, then settle."""
+    with sessions() as session:
+        request = RequestRepository(session).get(request_id)
+        if request is None or request.state != "running":
+            return
+        dataset = DatasetRepository(session).get(request.dataset_id)
+        assert dataset is not None
+    mechanism = MECHANISMS[request.mechanism]
+    try:
+        params = mechanism.params_model.model_validate(request.params)
+        context = public_context(dataset)
+        worst = mechanism.worst_case(params, context)
+        table = tables.get(dataset, context.schema)
+        rng = np.random.default_rng(np.random.SeedSequence(secrets.randbits(128)))
+        result = mechanism.run(params, context, table, rng)
+        if not result.realized <= worst:
+            raise AssertionError("realized charge exceeds the worst case")
+    except Exception:
+        log.exception("mechanism failed after reading data; charging the worst case", request_id=request_id)
+        with sessions() as session:
+            settle(session, request_id, None, None, "the mechanism failed; its worst case was charged")
+        return
+    with sessions() as session:
+        settle(session, request_id, result.realized, result.output, None)
+
+
+def reap_expired(sessions: sessionmaker[Session]) -> int:
+    """Commit the worst case of running requests whose lease expired (a crashed worker)."""
+    with sessions() as session:
+        expired = [r.id for r in RequestRepository(session).expired_running(datetime.now(UTC))]
+    reaped = 0
+    for request_id in expired:
+        with sessions() as session:
+            reaped += settle(session, request_id, None, None, "the worker was lost; its worst case was charged")
+    if reaped:
+        log.warning("reaped expired requests", count=reaped)
+    return reaped
+
+
+def wait_settled(sessions: sessionmaker[Session], request_id: str, timeout: float) -> AnalysisRequest:
+    """Poll until the request leaves ``running`` or the timeout passes (for idempotent replays)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with sessions() as session:
+            request = RequestRepository(session).get(request_id)
+            assert request is not None
+        if request.state != "running" or time.monotonic() >= deadline:
+            return request
+        time.sleep(0.05)
+
+
+def get_visible(session: Session, principal: Principal, request_id: str) -> AnalysisRequest:
+    request = RequestRepository(session).get(request_id)
+    if request is None or (principal.role.value == "analyst" and request.analyst != principal.name):
+        raise NotFound(f"no request {request_id!r}")
+    if principal.role.value == "viewer":
+        raise Forbidden("viewers cannot read releases")
+    return request
+
+
+def submit(
+    ctx: Any, principal: Principal, dataset_id: str, mechanism: str, params: Any, key: str | None
+) -> AnalysisRequest:
+    """Validate (read-only), admit + reserve (one transaction), run, and wait up to the wait window."""
+    from concurrent.futures import wait
+
+    started = time.monotonic()
+    with ctx.sessions() as session:
+        validated = validate(session, principal, dataset_id, mechanism, params)
+    request, created = admit_or_replay(ctx.sessions, principal, validated, key, ctx.settings.lease_seconds)
+    log.info("admitted" if created else "replayed", request_id=request.id, dataset_id=dataset_id,
+             mechanism=mechanism, analyst=principal.name)
+    if created:
+        wait([ctx.executor.submit(request.id)], timeout=ctx.settings.wait_seconds)
+    remaining = max(0.0, ctx.settings.wait_seconds - (time.monotonic() - started))
+    return wait_settled(ctx.sessions, request.id, remaining)

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.auth import create_key
+from service.db.repositories import KeyRepository
+from service.deps import Admin, CtxDep
+from service.schemas import KeyIn, KeyOut
+
+router = APIRouter(prefix="/v1/keys", tags=["keys"])
+
+
+@router.post("", status_code=201, summary="Create an API key (the key is shown once)")
+def create(body: KeyIn, ctx: CtxDep, _admin: Admin) -> KeyOut:
+    with ctx.sessions() as session, session.begin():
+        key = create_key(session, body.name, body.role)
+    return KeyOut(name=body.name, role=body.role, prefix=key[:10], key=key)
+
+
+@router.get("", summary="List API keys (never the keys themselves)")
+def list_keys(ctx: CtxDep, _admin: Admin) -> list[KeyOut]:
+    with ctx.sessions() as session:
+        return [KeyOut(name=k.name, role=k.role, prefix=k.prefix) for k in KeyRepository(session).all()]

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Response
+
+from service import requests as lifecycle
+from service.db.models import AnalysisRequest
+from service.deps import AdminOrAnalyst, Analyst, AnyRole, CtxDep, SessionDep
+from service.errors import MechanismFailed
+from service.schemas import RequestIn, RequestOut
+
+router = APIRouter(tags=["requests"])
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", max_length=200, description="retry-safe key: same key, same release"),
+]
+
+
+def _out(request: AnalysisRequest) -> RequestOut:
+    return RequestOut(
+        id=request.id, dataset_id=request.dataset_id, analyst=request.analyst, mechanism=request.mechanism,
+        params=request.params, state=request.state, worst_case=request.worst_case["curve"],
+        realized=request.realized["curve"] if request.realized else None, release=request.release,
+        error=request.error, created_at=request.created_at, updated_at=request.updated_at,
+    )
+
+
+@router.post(
+    "/v1/datasets/{dataset_id}/requests:estimate",
+    summary="Dry run: the worst-case charge and whether it would be admitted now (no charge)",
+)
+def estimate(dataset_id: str, body: RequestIn, session: SessionDep, who: AdminOrAnalyst) -> dict[str, Any]:
+    validated = lifecycle.validate(session, who, dataset_id, body.mechanism, body.params)
+    return lifecycle.admission_check(session, who, validated)
+
+
+@router.post(
+    "/v1/datasets/{dataset_id}/requests",
+    summary="Run a mechanism: 200 with the release and its realized charge, or 202 while running",
+    responses={202: {"description": "still running; poll the Location"}, 409: {"description": "refused"}},
+)
+def submit(
+    dataset_id: str, body: RequestIn, ctx: CtxDep, analyst: Analyst, response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> RequestOut:
+    request = lifecycle.submit(ctx, analyst, dataset_id, body.mechanism, body.params, idempotency_key)
+    if request.state == "failed_charged":
+        raise MechanismFailed(request.error or "failed", request_id=request.id,
+                              charged=request.realized["curve"] if request.realized else None)
+    if request.state == "running":
+        response.status_code = 202
+        response.headers["Location"] = f"/v1/requests/{request.id}"
+    return _out(request)
+
+
+@router.get("/v1/requests/{request_id}", summary="A request, its state and (when committed) its release")
+def get_request(request_id: str, session: SessionDep, who: AnyRole) -> RequestOut:
+    return _out(lifecycle.get_visible(session, who, request_id))

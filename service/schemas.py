@@ -1,0 +1,67 @@
+"""HTTP request and response bodies (pydantic v2)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.auth import Role
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class BudgetIn(StrictModel):
+    epsilon: float = Field(ge=0, le=1e6, description="target ε of the filter")
+    delta: float = Field(ge=0, lt=1, description="target δ; 0 makes a pure filter")
+
+
+class GrantIn(StrictModel):
+    analyst: str = Field(min_length=1, max_length=100, description="name of an analyst key")
+
+
+class KeyIn(StrictModel):
+    name: str = Field(min_length=1, max_length=100)
+    role: Role
+
+
+class KeyOut(BaseModel):
+    name: str
+    role: Role
+    prefix: str
+    key: str | None = Field(None, description="shown once, at creation")
+
+
+class RequestIn(StrictModel):
+    mechanism: str = Field(min_length=1, max_length=50, examples=["laplace"])
+    params: dict[str, Any] = Field(examples=[{"query": {"kind": "count"}, "epsilon": 0.1}])
+
+
+class DatasetOut(BaseModel):
+    id: str
+    name: str
+    schema_: dict[str, Any] = Field(alias="schema")
+    n_rows: int | None = Field(description="public only under replace_one neighbouring")
+    content_sha256: str
+    orders: list[float]
+    clipped: dict[str, int] | None = Field(None, description="values clipped on load (admins only)")
+    created_at: datetime
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class RequestOut(BaseModel):
+    id: str
+    dataset_id: str
+    analyst: str
+    mechanism: str
+    params: dict[str, Any]
+    state: str
+    worst_case: dict[str, Any]
+    realized: dict[str, Any] | None
+    release: dict[str, Any] | None
+    error: str | None
+    created_at: datetime
+    updated_at: datetime

@@ -1,0 +1,293 @@
+"""The query language: validation against the schema, sensitivities from public bounds, true values."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import TypeAdapter, ValidationError
+
+from mechanisms.accounting import DEFAULT_ORDERS
+from mechanisms.base import ParamsError, PublicContext
+from mechanisms.queries import (
+    MEAN_REFUSAL,
+    AnyQuery,
+    CountQuery,
+    HistogramQuery,
+    Query,
+    check_query,
+    evaluate,
+    l1,
+    l2,
+    shifts,
+)
+from mechanisms.schema import DatasetSchema
+from mechanisms.table import LoadedTable
+
+QUERY = TypeAdapter(Query)
+MakeCtx = Callable[..., PublicContext]
+
+
+def q(**fields: Any) -> AnyQuery:
+    return QUERY.validate_python(fields)
+
+
+def where(*conditions: tuple[str, str, Any]) -> list[dict[str, Any]]:
+    return [{"column": c, "op": op, "value": v} for c, op, v in conditions]
+
+
+def ctx_for(columns: list[dict[str, Any]], neighboring: str, n_rows: int = 4) -> PublicContext:
+    schema = DatasetSchema.model_validate({"columns": columns, "neighboring": neighboring})
+    return PublicContext(schema, n_rows if neighboring == "replace_one" else None, DEFAULT_ORDERS)
+
+
+def x_column(low: float, high: float) -> list[dict[str, Any]]:
+    return [{"name": "x", "type": "float", "min": low, "max": high}, {"name": "k", "type": "int", "min": 0, "max": 1}]
+
+
+# ----- parsing -----------------------------------------------------------------------------------------
+def test_parses_each_kind() -> None:
+    assert isinstance(q(kind="count"), CountQuery)
+    hist = q(kind="histogram", column="group", where=where(("age", "in", [1, 2.5])))
+    assert isinstance(hist, HistogramQuery)
+    assert hist.where[0].values == (1, 2.5)
+    assert {type(q(kind=k, column="age")).__name__ for k in ("sum", "mean")} == {"SumQuery", "MeanQuery"}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"kind": "median", "column": "age"},
+        {"kind": "count", "column": "age"},
+        {"kind": "sum"},
+        {"kind": "count", "where": where(("age", "in", 3))},
+        {"kind": "count", "where": where(("age", "in", []))},
+        {"kind": "count", "where": where(("age", "eq", [3]))},
+        {"kind": "count", "where": where(("age", "like", 3))},
+        {"kind": "count", "where": where(("age", "eq", True))},
+        {"kind": "count", "where": where(("age", "eq", float("nan")))},
+        {"kind": "count", "where": where(("age", "eq", None))},
+        {"kind": "count", "where": [{"column": "age", "op": "eq", "value": 1, "or": True}]},
+        {"kind": "count", "where": where(*[("age", "gt", i) for i in range(21)])},
+    ],
+)
+def test_rejects_malformed_queries(fields: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        QUERY.validate_python(fields)
+
+
+def test_twenty_conditions_are_allowed() -> None:
+    assert len(q(kind="count", where=where(*[("age", "gt", i) for i in range(20)])).where) == 20
+
+
+# ----- check_query -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("fields", "field", "reason"),
+    [
+        ({"kind": "sum", "column": "zip"}, "query.column", "unknown column 'zip'"),
+        ({"kind": "sum", "column": "group"}, "query.column", "categorical"),
+        ({"kind": "histogram", "column": "age"}, "query.column", "is float"),
+        ({"kind": "count", "where": where(("zip", "eq", 1))}, "query.where.0.column", "unknown column"),
+        (
+            {"kind": "count", "where": where(("age", "gt", 1), ("group", "lt", "b"))},
+            "query.where.1.op",
+            "categorical",
+        ),
+        ({"kind": "count", "where": where(("group", "eq", "z"))}, "query.where.0.value", "'z' is not a declared"),
+        ({"kind": "count", "where": where(("group", "in", ["a", "y"]))}, "query.where.0.value", "'y'"),
+        ({"kind": "count", "where": where(("group", "eq", 1))}, "query.where.0.value", "not a declared"),
+        ({"kind": "count", "where": where(("age", "ge", "30"))}, "query.where.0.value", "numeric"),
+        ({"kind": "count", "where": where(("n", "in", [1, "2"]))}, "query.where.0.value", "numeric"),
+    ],
+)
+def test_check_query_errors(ctx: PublicContext, fields: dict[str, Any], field: str, reason: str) -> None:
+    with pytest.raises(ParamsError) as caught:
+        check_query(q(**fields), ctx)
+    assert caught.value.field == field
+    assert reason in caught.value.reason
+
+
+def test_mean_refused_under_add_remove(add_remove_ctx: PublicContext) -> None:
+    with pytest.raises(ParamsError) as caught:
+        check_query(q(kind="mean", column="age"), add_remove_ctx)
+    assert (caught.value.field, caught.value.reason) == ("query.kind", MEAN_REFUSAL)
+
+
+def test_mean_refused_with_where(replace_ctx: PublicContext) -> None:
+    with pytest.raises(ParamsError, match="public selection size") as caught:
+        check_query(q(kind="mean", column="age", where=where(("n", "gt", 2))), replace_ctx)
+    assert caught.value.field == "query.kind"
+
+
+def test_mean_refused_without_public_row_count(replace_ctx: PublicContext) -> None:
+    hidden = PublicContext(replace_ctx.schema, None, replace_ctx.orders)
+    with pytest.raises(ParamsError, match="public selection size"):
+        check_query(q(kind="mean", column="age"), hidden)
+    with pytest.raises(ParamsError, match="public selection size"):
+        shifts(q(kind="mean", column="age"), hidden)
+
+
+def test_histogram_bin_limit() -> None:
+    wide = ctx_for([{"name": "k", "type": "int", "min": 0, "max": 10_000}], "add_remove")
+    with pytest.raises(ParamsError, match="more than 10000 integer bins"):
+        check_query(q(kind="histogram", column="k"), wide)
+    just_fits = ctx_for([{"name": "k", "type": "int", "min": 1, "max": 10_000}], "add_remove")
+    check_query(q(kind="histogram", column="k"), just_fits)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"kind": "count"},
+        {"kind": "sum", "column": "age", "where": where(("group", "in", ["a", "c"]), ("n", "le", 4.5))},
+        {"kind": "histogram", "column": "group"},
+        {"kind": "histogram", "column": "n", "where": where(("group", "ne", "b"))},
+    ],
+)
+def test_check_query_accepts(ctx: PublicContext, fields: dict[str, Any]) -> None:
+    check_query(q(**fields), ctx)
+    assert shifts(q(**fields), ctx)
+
+
+def test_mean_accepted_under_replace_one(replace_ctx: PublicContext) -> None:
+    check_query(q(kind="mean", column="n"), replace_ctx)
+    assert shifts(q(kind="mean", column="n"), replace_ctx) == (2.0,)
+
+
+# ----- sensitivities -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("neighboring", ["replace_one", "add_remove"])
+def test_count_shift(make_ctx: MakeCtx, neighboring: str) -> None:
+    ctx = make_ctx(neighboring)
+    assert shifts(q(kind="count"), ctx) == (1.0,)
+    assert shifts(q(kind="count", where=where(("age", "gt", 3))), ctx) == (1.0,)
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "add_remove", "replace_one", "replace_one_where"),
+    [
+        (0.0, 100.0, 100.0, 100.0, 100.0),
+        (10.0, 30.0, 30.0, 20.0, 30.0),
+        (-5.0, 3.0, 5.0, 8.0, 8.0),
+        (-30.0, -10.0, 30.0, 20.0, 30.0),
+        (2.0, 2.0, 2.0, 0.0, 2.0),
+    ],
+)
+def test_sum_shift(low: float, high: float, add_remove: float, replace_one: float, replace_one_where: float) -> None:
+    columns = x_column(low, high)
+    selected = where(("k", "eq", 1))
+    assert shifts(q(kind="sum", column="x"), ctx_for(columns, "add_remove")) == (add_remove,)
+    assert shifts(q(kind="sum", column="x", where=selected), ctx_for(columns, "add_remove")) == (add_remove,)
+    assert shifts(q(kind="sum", column="x"), ctx_for(columns, "replace_one")) == (replace_one,)
+    assert shifts(q(kind="sum", column="x", where=selected), ctx_for(columns, "replace_one")) == (replace_one_where,)
+
+
+def test_sum_shift_of_int_column(make_ctx: MakeCtx) -> None:
+    assert shifts(q(kind="sum", column="n"), make_ctx("replace_one")) == (10.0,)
+    assert shifts(q(kind="sum", column="n"), make_ctx("add_remove")) == (10.0,)
+
+
+def test_mean_shift_divides_by_public_n(make_ctx: MakeCtx) -> None:
+    assert shifts(q(kind="mean", column="age"), make_ctx("replace_one", n_rows=5)) == (20.0,)
+    third = shifts(q(kind="mean", column="age"), make_ctx("replace_one", n_rows=3))[0]
+    assert Fraction(third) >= Fraction(100, 3)
+    assert Fraction(math.nextafter(third, 0.0)) < Fraction(100, 3)
+
+
+def test_inexact_differences_round_up() -> None:
+    (shift,) = shifts(q(kind="sum", column="x"), ctx_for(x_column(0.1, 0.3), "replace_one"))
+    exact = Fraction(0.3) - Fraction(0.1)
+    assert Fraction(shift) >= exact
+    assert Fraction(math.nextafter(shift, 0.0)) < exact
+
+
+@pytest.mark.parametrize(("neighboring", "expected"), [("add_remove", (1.0,)), ("replace_one", (1.0, 1.0))])
+def test_histogram_shifts(make_ctx: MakeCtx, neighboring: str, expected: tuple[float, ...]) -> None:
+    ctx = make_ctx(neighboring)
+    assert shifts(q(kind="histogram", column="group"), ctx) == expected
+    assert shifts(q(kind="histogram", column="n", where=where(("age", "lt", 50))), ctx) == expected
+
+
+def test_l1_and_l2() -> None:
+    assert l1((1.0, 1.0)) == 2.0
+    assert l2((3.0, 4.0)) == 5.0
+    assert l2((1.0,)) == 1.0
+    root_two = l2((1.0, 1.0))
+    assert Fraction(root_two) ** 2 >= 2
+    assert Fraction(math.nextafter(root_two, 0.0)) ** 2 < 2
+    assert l1((0.1, 0.2)) >= 0.3
+    assert Fraction(l1((0.1, 0.2))) >= Fraction(0.1) + Fraction(0.2)
+
+
+# ----- evaluation --------------------------------------------------------------------------------------
+# Clipped rows: (age, n, group) = (20, 1, a), (35.5, 4, b), (100, 3, a), (0, 10, c), (60, 7, b).
+@pytest.mark.parametrize(
+    ("conditions", "expected"),
+    [
+        ([], 5),
+        ([("age", "eq", 100)], 1),
+        ([("age", "eq", 150)], 0),
+        ([("age", "ne", 20)], 4),
+        ([("age", "lt", 35.5)], 2),
+        ([("age", "le", 35.5)], 3),
+        ([("age", "gt", 60)], 1),
+        ([("age", "ge", 60)], 2),
+        ([("age", "in", [0, 60, 61])], 2),
+        ([("n", "in", [1, 10, 5])], 2),
+        ([("n", "lt", 3.5)], 2),
+        ([("n", "eq", 10)], 1),
+        ([("group", "eq", "a")], 2),
+        ([("group", "ne", "a")], 3),
+        ([("group", "in", ["a", "c"])], 3),
+        ([("group", "eq", "b"), ("age", "gt", 40)], 1),
+        ([("group", "in", ["a", "b"]), ("n", "ge", 3), ("age", "lt", 100)], 2),
+    ],
+)
+def test_where_filters_count(
+    replace_ctx: PublicContext, table: LoadedTable, conditions: list[tuple[str, str, Any]], expected: int
+) -> None:
+    values, labels = evaluate(q(kind="count", where=where(*conditions)), replace_ctx, table.columns)
+    assert labels is None
+    np.testing.assert_array_equal(values, [float(expected)])
+
+
+def test_sum_and_mean(replace_ctx: PublicContext, table: LoadedTable) -> None:
+    assert evaluate(q(kind="sum", column="age"), replace_ctx, table.columns)[0].tolist() == [215.5]
+    filtered = q(kind="sum", column="age", where=where(("group", "eq", "a")))
+    assert evaluate(filtered, replace_ctx, table.columns)[0].tolist() == [120.0]
+    assert evaluate(q(kind="sum", column="n"), replace_ctx, table.columns)[0].tolist() == [25.0]
+    mean, labels = evaluate(q(kind="mean", column="age"), replace_ctx, table.columns)
+    assert labels is None
+    assert mean.tolist() == pytest.approx([43.1])
+
+
+def test_categorical_histogram(ctx: PublicContext, table: LoadedTable) -> None:
+    values, labels = evaluate(q(kind="histogram", column="group"), ctx, table.columns)
+    assert labels == ["a", "b", "c"]
+    assert values.tolist() == [2.0, 2.0, 1.0]
+    filtered = q(kind="histogram", column="group", where=where(("age", "ge", 35.5)))
+    assert evaluate(filtered, ctx, table.columns)[0].tolist() == [1.0, 2.0, 0.0]
+
+
+def test_int_histogram(ctx: PublicContext, table: LoadedTable) -> None:
+    values, labels = evaluate(q(kind="histogram", column="n"), ctx, table.columns)
+    assert labels == [str(i) for i in range(11)]
+    expected = np.zeros(11)
+    expected[[1, 3, 4, 7, 10]] = 1.0
+    np.testing.assert_array_equal(values, expected)
+
+
+def test_int_histogram_with_negative_bounds() -> None:
+    ctx = ctx_for([{"name": "t", "type": "int", "min": -2, "max": 1}], "add_remove")
+    table = {"t": np.array([-2, 1, 1, 0], dtype=np.int64)}
+    values, labels = evaluate(q(kind="histogram", column="t"), ctx, table)
+    assert labels == ["-2", "-1", "0", "1"]
+    assert values.tolist() == [1.0, 0.0, 1.0, 2.0]
+
+
+def test_mean_refuses_a_table_of_the_wrong_size(make_ctx: MakeCtx, table: LoadedTable) -> None:
+    with pytest.raises(ValueError, match="public row count"):
+        evaluate(q(kind="mean", column="age"), make_ctx("replace_one", n_rows=6), table.columns)
