@@ -149,12 +149,17 @@ def check_query(query: AnyQuery, ctx: PublicContext) -> None:
         _check_target(query, ctx)
     if isinstance(query, MeanQuery) and not _has_public_size(query, ctx):
         raise ParamsError("query.kind", MEAN_REFUSAL)
+    if not all(math.isfinite(s) for s in shifts(query, ctx)):
+        raise ParamsError("query.column", "the declared bounds are too wide: the sensitivity overflows")
 
 
 # ----- sensitivity -------------------------------------------------------------------------------------
 def _ceil_float(exact: Fraction) -> float:
-    """The smallest float ≥ ``exact``."""
-    rounded = float(exact)
+    """The smallest float ≥ ``exact`` (+inf beyond the float range)."""
+    try:
+        rounded = float(exact)
+    except OverflowError:
+        return math.inf
     return rounded if Fraction(rounded) >= exact else math.nextafter(rounded, math.inf)
 
 

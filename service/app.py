@@ -23,7 +23,9 @@ from service.routers import datasets, health, keys, mechanisms, requests
 log = structlog.get_logger("expost")
 
 
-def problem_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
+def problem_response(
+    status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
@@ -43,25 +45,45 @@ def install_error_handlers(app: FastAPI) -> None:
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [{"field": _field(tuple(e["loc"])), "reason": e["msg"]} for e in exc.errors()]
         first = errors[0] if errors else {"field": "body", "reason": "invalid"}
-        return problem_response(422, {
-            "type": "/problems/invalid-input", "title": "Invalid input", "status": 422,
-            "detail": f"{first['field']}: {first['reason']}", "instance": request.url.path, "errors": errors,
-        })
+        return problem_response(
+            422,
+            {
+                "type": "/problems/invalid-input",
+                "title": "Invalid input",
+                "status": 422,
+                "detail": f"{first['field']}: {first['reason']}",
+                "instance": request.url.path,
+                "errors": errors,
+            },
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return problem_response(exc.status_code, {
-            "type": "about:blank", "title": str(exc.detail), "status": exc.status_code,
-            "detail": str(exc.detail), "instance": request.url.path,
-        }, headers=getattr(exc, "headers", None))
+        return problem_response(
+            exc.status_code,
+            {
+                "type": "about:blank",
+                "title": str(exc.detail),
+                "status": exc.status_code,
+                "detail": str(exc.detail),
+                "instance": request.url.path,
+            },
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", path=request.url.path)
-        return problem_response(500, {
-            "type": "/problems/internal-error", "title": "Internal error", "status": 500,
-            "detail": "an unexpected error occurred; it was logged", "instance": request.url.path,
-        })
+        return problem_response(
+            500,
+            {
+                "type": "/problems/internal-error",
+                "title": "Internal error",
+                "status": 500,
+                "detail": "an unexpected error occurred; it was logged",
+                "instance": request.url.path,
+            },
+        )
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -52,9 +52,11 @@ def create_key(session: Session, name: str, role: Role) -> str:
     if keys.by_name(name) is not None:
         raise Conflict(f"a key named {name!r} already exists")
     key = KEY_PREFIX + secrets.token_urlsafe(32)
-    keys.add(ApiKey(
-        name=name, role=role.value, key_hash=hash_key(key), prefix=key[:10], created_at=datetime.now(UTC)
-    ))
+    keys.add(
+        ApiKey(
+            name=name, role=role.value, key_hash=hash_key(key), prefix=key[:10], created_at=datetime.now(UTC)
+        )
+    )
     return key
 
 

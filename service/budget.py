@@ -25,6 +25,8 @@ from service.db.repositories import FilterRepository
 from service.errors import InvalidInput, NoBudget, NotFound
 
 Loss = float | str  # a loss in ε units for JSON: a number, or "inf"
+PURE = "pure"  # the name of the pure slot (α = ∞) in API bodies
+Slot = float | str
 
 
 def json_loss(value: float) -> Loss:
@@ -34,8 +36,14 @@ def json_loss(value: float) -> Loss:
 def new_filter(dataset_id: str, scope: str, slots: int) -> PrivacyFilter:
     zeros = UnitsVector.zeros(slots).to_json()
     return PrivacyFilter(
-        dataset_id=dataset_id, scope=scope, capacity=None, spent=zeros, reserved=dict(zeros),
-        last_seq=0, last_hash="", updated_at=datetime.now(UTC),
+        dataset_id=dataset_id,
+        scope=scope,
+        capacity=None,
+        spent=zeros,
+        reserved=dict(zeros),
+        last_seq=0,
+        last_hash="",
+        updated_at=datetime.now(UTC),
     )
 
 
@@ -61,7 +69,7 @@ def admits(flt: PrivacyFilter, charge: UnitsVector) -> bool:
 
 
 def reserve(flt: PrivacyFilter, charge: UnitsVector) -> None:
-    spent, reserved = totals(flt)
+    _, reserved = totals(flt)
     flt.reserved = (reserved + charge).to_json()
     flt.updated_at = datetime.now(UTC)
 
@@ -97,7 +105,10 @@ def set_budget(
     target.epsilon, target.delta, target.capacity = epsilon, delta, capacity
     target.updated_at = datetime.now(UTC)
     ledger.append(
-        session, head, "budget", actor,
+        session,
+        head,
+        "budget",
+        actor,
         {"scope": scope, "epsilon": epsilon, "delta": delta, "capacity": capacity},
     )
     return target
@@ -106,12 +117,19 @@ def set_budget(
 # ----- views (all values in ε units; public information only) ------------------------------------
 
 
+def slot_names(orders: list[float]) -> list[Slot]:
+    return [*orders, PURE]
+
+
 def _slot_row(alpha: float | str, cap: int | None, spent: float, reserved: float) -> dict[str, Any]:
     capacity = None if cap is None else units_to_epsilon(cap)
     remaining = None if capacity is None else max(0.0, capacity - spent - reserved)
     return {
-        "alpha": alpha, "capacity": capacity, "spent": json_loss(spent),
-        "reserved": json_loss(reserved), "remaining": remaining,
+        "alpha": alpha,
+        "capacity": capacity,
+        "spent": json_loss(spent),
+        "reserved": json_loss(reserved),
+        "remaining": remaining,
     }
 
 
@@ -120,7 +138,7 @@ def budget_view(flt: PrivacyFilter, orders: list[float]) -> dict[str, Any]:
     capacity = flt.capacity or [None] * len(spent)
     rows = [
         _slot_row(alpha, capacity[j], spent.epsilon(j), reserved.epsilon(j))
-        for j, alpha in enumerate([*orders, "pure"])
+        for j, alpha in enumerate(slot_names(orders))
     ]
     usable = [r for r in rows if r["remaining"] is not None]
     best = max(usable, key=lambda r: r["remaining"], default=None)
@@ -145,7 +163,7 @@ def refusal_details(flt: PrivacyFilter, orders: list[float], charge: UnitsVector
     spent, reserved = totals(flt)
     capacity = flt.capacity or [None] * len(charge)
     rows, best = [], None
-    for j, alpha in enumerate([*orders, "pure"]):
+    for j, alpha in enumerate(slot_names(orders)):
         row = _slot_row(alpha, capacity[j], spent.epsilon(j), reserved.epsilon(j))
         row["requested"] = json_loss(charge.epsilon(j))
         usable = capacity[j] is not None and not (spent + reserved + charge).is_infinite(j)

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import numpy as np
 import typer
+from sqlalchemy.orm import Session, sessionmaker
 
 from service.auth import Role, create_key
 from service.config import get_settings
@@ -28,7 +29,7 @@ app.add_typer(datasets_app, name="datasets")
 app.add_typer(ledger_app, name="ledger")
 
 
-def _sessions():  # type: ignore[no-untyped-def]
+def _sessions() -> sessionmaker[Session]:
     settings = get_settings()
     engine = make_engine(settings.database_url)
     try:
@@ -57,8 +58,15 @@ def serve(
     import uvicorn
 
     _sessions()
-    uvicorn.run("service.app:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level="warning", access_log=False)
+    uvicorn.run(
+        "service.app:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="warning",
+        access_log=False,
+    )
 
 
 @keys_app.command("create")
@@ -93,8 +101,14 @@ def datasets_add(
     sessions = _sessions()
     try:
         with sessions() as session, session.begin():
-            dataset = create_dataset(session, get_settings().data_dir, name or file.stem, file.read_bytes(),
-                                     json.loads(schema.read_text()), actor)
+            dataset = create_dataset(
+                session,
+                get_settings().data_dir,
+                name or file.stem,
+                file.read_bytes(),
+                json.loads(schema.read_text()),
+                actor,
+            )
     except ServiceError as exc:
         typer.echo(f"error: {exc.detail}", err=True)
         raise typer.Exit(1) from None
@@ -110,8 +124,10 @@ def ledger_verify() -> None:
         report = verify(session)
     for problem in report.problems:
         typer.echo(f"MISMATCH {problem}")
-    typer.echo(f"{report.datasets} datasets, {report.entries} entries: "
-               + ("ok" if report.ok else f"{len(report.problems)} problems"))
+    typer.echo(
+        f"{report.datasets} datasets, {report.entries} entries: "
+        + ("ok" if report.ok else f"{len(report.problems)} problems")
+    )
     raise typer.Exit(0 if report.ok else 1)
 
 
@@ -136,7 +152,9 @@ DEMO_SCHEMA = {
 
 @app.command()
 def demo(
-    keys_file: Annotated[Path, typer.Option(help="where the demo keys are kept")] = Path("var/demo-keys.json"),
+    keys_file: Annotated[Path, typer.Option(help="where the demo keys are kept")] = Path(
+        "var/demo-keys.json"
+    ),
 ) -> None:
     """Create a demo dataset with a budget (ε=1, δ=1e-6) and admin/analyst/viewer keys (idempotent)."""
     from service import budget
@@ -149,11 +167,21 @@ def demo(
     else:
         with sessions() as session, session.begin():
             suffix = np.random.default_rng().integers(1 << 30)
-            info = {role: {"name": f"demo-{role}-{suffix}", "key": create_key(session, f"demo-{role}-{suffix}",
-                                                                                Role(role))}
-                    for role in ("admin", "analyst", "viewer")}
-            dataset = create_dataset(session, get_settings().data_dir, "demo: synthetic census", demo_csv(),
-                                     DEMO_SCHEMA, info["admin"]["name"])
+            info = {
+                role: {
+                    "name": f"demo-{role}-{suffix}",
+                    "key": create_key(session, f"demo-{role}-{suffix}", Role(role)),
+                }
+                for role in ("admin", "analyst", "viewer")
+            }
+            dataset = create_dataset(
+                session,
+                get_settings().data_dir,
+                "demo: synthetic census",
+                demo_csv(),
+                DEMO_SCHEMA,
+                info["admin"]["name"],
+            )
             grant(session, dataset, info["analyst"]["name"], info["admin"]["name"])
             budget.set_budget(session, dataset, DATASET_SCOPE, 1.0, 1e-6, info["admin"]["name"])
             info["dataset"] = dataset.id
@@ -168,15 +196,15 @@ def _print_demo(info: dict[str, object]) -> None:
     ds = info["dataset"]
     sys.stdout.write(f"""
 Demo dataset: {ds}   (budget ε = 1, δ = 1e-6; keys kept in var/demo-keys.json)
-  admin key:   {keys['admin']}
-  analyst key: {keys['analyst']}
-  viewer key:  {keys['viewer']}
+  admin key:   {keys["admin"]}
+  analyst key: {keys["analyst"]}
+  viewer key:  {keys["viewer"]}
 
 Try (in another terminal):
-  curl -s -H 'Authorization: Bearer {keys['analyst']}' -H 'Content-Type: application/json' \\
+  curl -s -H 'Authorization: Bearer {keys["analyst"]}' -H 'Content-Type: application/json' \\
        -d '{{"mechanism": "laplace", "params": {{"query": {{"kind": "count"}}, "epsilon": 0.1}}}}' \\
        http://127.0.0.1:8000/v1/datasets/{ds}/requests
-  curl -s -H 'Authorization: Bearer {keys['viewer']}' http://127.0.0.1:8000/v1/datasets/{ds}/budget
+  curl -s -H 'Authorization: Bearer {keys["viewer"]}' http://127.0.0.1:8000/v1/datasets/{ds}/budget
   API docs: http://127.0.0.1:8000/docs
 """)
 

@@ -21,6 +21,11 @@ class Settings(BaseSettings):
     worker_threads: int = Field(4, ge=1, description="in-process executor pool size")
     lease_seconds: float = Field(300.0, gt=0, description="after this a running request is reaped")
     reaper_interval_seconds: float = Field(15.0, gt=0)
+    inline_mechanisms: set[str] = Field(
+        {"laplace", "gaussian"},
+        description="cheap mechanisms run inside the admission transaction (reserve, run, commit at once)",
+    )
+    auth_cache_seconds: float = Field(5.0, ge=0, description="how long a verified API key is cached")
     pool_size: int = Field(10, ge=1)
     log_json: bool = False
     log_level: str = "INFO"

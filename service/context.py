@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 import structlog
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.auth import Principal, hash_key, principal_for
 from service.config import Settings
 from service.datasets import TableCache
 from service.db.session import make_engine, make_sessionmaker
@@ -25,6 +27,21 @@ class AppContext:
     tables: TableCache
     executor: Executor
     stop: threading.Event = field(default_factory=threading.Event)
+    _principals: dict[str, tuple[Principal, float]] = field(default_factory=dict)
+
+    def authenticate(self, key: str) -> Principal | None:
+        """The key's principal, cached for ``auth_cache_seconds`` (keys are looked up by hash)."""
+        digest, now = hash_key(key), time.monotonic()
+        cached = self._principals.get(digest)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        with self.sessions() as session:
+            principal = principal_for(session, key)
+        if principal is not None and self.settings.auth_cache_seconds > 0:
+            if len(self._principals) > 10_000:
+                self._principals.clear()
+            self._principals[digest] = (principal, now + self.settings.auth_cache_seconds)
+        return principal
 
     @classmethod
     def build(cls, settings: Settings) -> AppContext:

@@ -49,19 +49,35 @@ def create_dataset(
     file_name = f"{digest}.csv"
     _store(data_dir / file_name, csv_bytes)
     dataset = Dataset(
-        id="ds_" + uuid.uuid4().hex[:16], name=name, schema_json=schema.model_dump(mode="json"),
-        neighboring=schema.neighboring, n_rows=loaded.n_rows, content_sha256=digest, file_name=file_name,
-        orders=list(DEFAULT_ORDERS), clipped=dict(loaded.clipped), created_by=actor,
+        id="ds_" + uuid.uuid4().hex[:16],
+        name=name,
+        schema_json=schema.model_dump(mode="json"),
+        neighboring=schema.neighboring,
+        n_rows=loaded.n_rows,
+        content_sha256=digest,
+        file_name=file_name,
+        orders=list(DEFAULT_ORDERS),
+        clipped=dict(loaded.clipped),
+        created_by=actor,
         created_at=datetime.now(UTC),
     )
     DatasetRepository(session).add(dataset)
     head = budget.new_filter(dataset.id, DATASET_SCOPE, len(DEFAULT_ORDERS) + 1)
     FilterRepository(session).add(head)
     session.flush()
-    ledger.append(session, head, "dataset", actor, {
-        "name": name, "content_sha256": digest, "orders": dataset.orders,
-        "schema": dataset.schema_json, "n_rows": loaded.n_rows,
-    })
+    ledger.append(
+        session,
+        head,
+        "dataset",
+        actor,
+        {
+            "name": name,
+            "content_sha256": digest,
+            "orders": dataset.orders,
+            "schema": dataset.schema_json,
+            "n_rows": loaded.n_rows,
+        },
+    )
     return dataset
 
 

@@ -9,7 +9,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from service.auth import Principal, Role, principal_for
+from service.auth import Principal, Role
 from service.context import AppContext
 from service.errors import Forbidden, Unauthenticated
 
@@ -38,8 +38,7 @@ def get_principal(
 ) -> Principal:
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise Unauthenticated("send an API key as `Authorization: Bearer <key>`")
-    with ctx.sessions() as session:
-        principal = principal_for(session, credentials.credentials)
+    principal = ctx.authenticate(credentials.credentials)
     if principal is None:
         raise Unauthenticated("unknown or revoked API key")
     return principal
@@ -49,7 +48,9 @@ def require(*roles: Role) -> object:
     def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
         if principal.role not in roles:
             allowed = ", ".join(r.value for r in roles)
-            raise Forbidden(f"this endpoint needs one of the roles: {allowed}", your_role=principal.role.value)
+            raise Forbidden(
+                f"this endpoint needs one of the roles: {allowed}", your_role=principal.role.value
+            )
         return principal
 
     return Depends(check)

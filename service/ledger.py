@@ -55,8 +55,15 @@ def append(
         }
     )
     entry = LedgerEntry(
-        dataset_id=dataset_filter.dataset_id, seq=seq, event=event, request_id=request_id, actor=actor,
-        created_at=now, body=body, prev_hash=prev, hash=chain_hash(prev, body),
+        dataset_id=dataset_filter.dataset_id,
+        seq=seq,
+        event=event,
+        request_id=request_id,
+        actor=actor,
+        created_at=now,
+        body=body,
+        prev_hash=prev,
+        hash=chain_hash(prev, body),
     )
     LedgerRepository(session).add(entry)
     dataset_filter.last_seq = seq
@@ -90,7 +97,9 @@ class VerifyReport:
 def _apply(filters: dict[str, RebuiltFilter], body: dict[str, Any], slots: int) -> None:
     event = body["event"]
     if event == "dataset":
-        filters[DATASET_SCOPE] = RebuiltFilter(spent=UnitsVector.zeros(slots), reserved=UnitsVector.zeros(slots))
+        filters[DATASET_SCOPE] = RebuiltFilter(
+            spent=UnitsVector.zeros(slots), reserved=UnitsVector.zeros(slots)
+        )
     elif event == "grant":
         filters.setdefault(
             body["analyst"], RebuiltFilter(spent=UnitsVector.zeros(slots), reserved=UnitsVector.zeros(slots))
@@ -102,7 +111,8 @@ def _apply(filters: dict[str, RebuiltFilter], body: dict[str, Any], slots: int) 
         worst = UnitsVector.from_json(body["worst_case"])
         for scope in body["scopes"]:
             target = filters[scope]
-            assert target.reserved is not None and target.spent is not None
+            assert target.reserved is not None
+            assert target.spent is not None
             if event == "reserve":
                 target.reserved = target.reserved + worst
                 continue
@@ -121,7 +131,8 @@ def _compare(dataset_id: str, rebuilt: dict[str, RebuiltFilter], rows: list[Priv
         if row is None or want is None:
             problems.append(f"{dataset_id}/{scope}: filter row and ledger disagree on existence")
             continue
-        assert want.spent is not None and want.reserved is not None
+        assert want.spent is not None
+        assert want.reserved is not None
         checks = {
             "spent": (UnitsVector.from_json(row.spent), want.spent),
             "reserved": (UnitsVector.from_json(row.reserved), want.reserved),
@@ -153,7 +164,9 @@ def verify_dataset(session: Session, dataset_id: str, slots: int, report: Verify
                 report.problems.append(f"{where}: hash chain broken")
             body = json.loads(entry.body)
             if (body.get("seq"), body.get("event"), body.get("dataset_id")) != (
-                entry.seq, entry.event, entry.dataset_id,
+                entry.seq,
+                entry.event,
+                entry.dataset_id,
             ):
                 report.problems.append(f"{where}: row columns differ from the hashed body")
             try:

@@ -12,9 +12,11 @@ import hashlib
 import secrets
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import wait
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import structlog
@@ -25,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from mechanisms.accounting import RdpCurve, UnitsVector
 from mechanisms.base import Mechanism, ParamsError, PublicContext, best_affordable_cost
 from mechanisms.catalog import MECHANISMS
-from service import budget, ledger
+from service import budget, ledger, metrics
 from service.auth import Principal
 from service.datasets import TableCache, public_context, visible_dataset
 from service.db.models import DATASET_SCOPE, AnalysisRequest, Dataset, PrivacyFilter
@@ -35,9 +37,13 @@ from service.errors import (
     Forbidden,
     IdempotencyKeyReused,
     InvalidInput,
+    NoBudget,
     NotFound,
 )
 from service.ledger import canonical_json
+
+if TYPE_CHECKING:
+    from service.context import AppContext
 
 log = structlog.get_logger("expost.requests")
 
@@ -76,8 +82,9 @@ def validate(session: Session, principal: Principal, dataset_id: str, name: str,
 
 
 def fingerprint(dataset_id: str, mechanism: str, params: BaseModel) -> str:
-    canonical = canonical_json({"dataset": dataset_id, "mechanism": mechanism,
-                                "params": params.model_dump(mode="json")})
+    canonical = canonical_json(
+        {"dataset": dataset_id, "mechanism": mechanism, "params": params.model_dump(mode="json")}
+    )
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -115,7 +122,7 @@ def admission_check(session: Session, principal: Principal, v: Validated) -> dic
     checked = [f for f in (filters.get(v.dataset.id), filters.get(v.dataset.id, principal.name)) if f]
     try:
         blocked = next((f for f in checked if not budget.admits(f, v.charge)), None)
-    except budget.NoBudget as exc:
+    except NoBudget as exc:
         return {"admitted": False, "reason": exc.detail, "worst_case": v.worst_case.as_dict()}
     result: dict[str, Any] = {"admitted": blocked is None, "worst_case": v.worst_case.as_dict()}
     if blocked is not None:
@@ -124,48 +131,100 @@ def admission_check(session: Session, principal: Principal, v: Validated) -> dic
     return result
 
 
-def admit(
-    session: Session, principal: Principal, v: Validated, key: str | None, settings_lease: float
+def _reserve_locked(
+    session: Session,
+    filters: list[PrivacyFilter],
+    principal: Principal,
+    v: Validated,
+    key: str | None,
+    lease: float,
 ) -> tuple[AnalysisRequest, bool]:
-    """Admit and reserve in one transaction; returns (request, created). Raises a refusal otherwise."""
+    """Inside a transaction holding ``filters``' locks: replay by Idempotency-Key, or admit + reserve."""
     fp = fingerprint(v.dataset.id, v.mechanism.name, v.params)
-    with session.begin():
-        filters = _lock_filters(session, v.dataset.id, principal.name)
-        if key is not None:
-            existing = RequestRepository(session).by_idempotency_key(principal.name, key)
-            if existing is not None:
-                if existing.fingerprint != fp:
-                    raise IdempotencyKeyReused(
-                        "this Idempotency-Key was used for a different request", idempotency_key=key
-                    )
-                return existing, False
-        blocked = next((f for f in filters if not budget.admits(f, v.charge)), None)
-        if blocked is not None:
-            raise _refuse(v, blocked, filters)
-        now = datetime.now(UTC)
-        request = AnalysisRequest(
-            id="rq_" + uuid.uuid4().hex[:20], dataset_id=v.dataset.id, analyst=principal.name,
-            mechanism=v.mechanism.name, params=v.params.model_dump(mode="json"), fingerprint=fp,
-            idempotency_key=key, state="running", scopes=[DATASET_SCOPE, principal.name],
-            worst_case=curve_record(v.worst_case), created_at=now, updated_at=now,
-            lease_expires_at=now + timedelta(seconds=settings_lease),
-        )
-        RequestRepository(session).add(request)
-        for flt in filters:
-            budget.reserve(flt, v.charge)
-        ledger.append(session, filters[0], "reserve", principal.name, {
-            "scopes": request.scopes, "mechanism": request.mechanism, "params": request.params,
+    if key is not None:
+        existing = RequestRepository(session).by_idempotency_key(principal.name, key)
+        if existing is not None:
+            if existing.fingerprint != fp:
+                raise IdempotencyKeyReused(
+                    "this Idempotency-Key was used for a different request", idempotency_key=key
+                )
+            return existing, False
+    blocked = next((f for f in filters if not budget.admits(f, v.charge)), None)
+    if blocked is not None:
+        raise _refuse(v, blocked, filters)
+    now = datetime.now(UTC)
+    request = AnalysisRequest(
+        id="rq_" + uuid.uuid4().hex[:20],
+        dataset_id=v.dataset.id,
+        analyst=principal.name,
+        mechanism=v.mechanism.name,
+        params=v.params.model_dump(mode="json"),
+        fingerprint=fp,
+        idempotency_key=key,
+        state="running",
+        scopes=[DATASET_SCOPE, principal.name],
+        worst_case=curve_record(v.worst_case),
+        created_at=now,
+        updated_at=now,
+        lease_expires_at=now + timedelta(seconds=lease),
+    )
+    RequestRepository(session).add(request)
+    for flt in filters:
+        budget.reserve(flt, v.charge)
+    ledger.append(
+        session,
+        filters[0],
+        "reserve",
+        principal.name,
+        {
+            "scopes": request.scopes,
+            "mechanism": request.mechanism,
+            "params": request.params,
             "worst_case": v.charge.to_json(),
-        }, request_id=request.id)
+        },
+        request_id=request.id,
+    )
     return request, True
 
 
+def admit(
+    session: Session, principal: Principal, v: Validated, key: str | None, lease: float
+) -> tuple[AnalysisRequest, bool]:
+    """Admit and reserve in one transaction; returns (request, created). Raises a refusal otherwise."""
+    with session.begin():
+        filters = _lock_filters(session, v.dataset.id, principal.name)
+        return _reserve_locked(session, filters, principal, v, key, lease)
+
+
+def admit_run_commit(
+    session: Session, tables: TableCache, principal: Principal, v: Validated, key: str | None, lease: float
+) -> tuple[AnalysisRequest, bool]:
+    """The inline path for cheap mechanisms: reserve, run and commit in ONE transaction.
+
+    The filter locks are held while the mechanism runs. If the process dies before the commit, the
+    transaction rolls back and nothing was released, so nothing is owed; if the mechanism raises, the
+    worst case is committed in this same transaction (DESIGN §4 rule 2).
+    """
+    with session.begin():
+        filters = _lock_filters(session, v.dataset.id, principal.name)
+        request, created = _reserve_locked(session, filters, principal, v, key, lease)
+        if created:
+            session.flush()
+            realized, output, error = execute(v.dataset, v.mechanism, v.params, v.context, tables)
+            _settle_locked(session, filters, request, realized, output, error)
+        return request, created
+
+
 def admit_or_replay(
-    sessions: sessionmaker[Session], principal: Principal, v: Validated, key: str | None, lease: float
+    sessions: sessionmaker[Session],
+    principal: Principal,
+    v: Validated,
+    key: str | None,
+    admit_fn: Callable[[Session], tuple[AnalysisRequest, bool]],
 ) -> tuple[AnalysisRequest, bool]:
     try:
         with sessions() as session:
-            return admit(session, principal, v, key, lease)
+            return admit_fn(session)
     except IntegrityError:
         # A concurrent request with the same Idempotency-Key (on another dataset) won the race.
         with sessions() as session:
@@ -180,8 +239,44 @@ def admit_or_replay(
 # ----- running and settling ------------------------------------------------------------------------
 
 
+def _settle_locked(
+    session: Session,
+    filters: list[PrivacyFilter],
+    request: AnalysisRequest,
+    realized: RdpCurve | None,
+    release: dict[str, Any] | None,
+    error: str | None,
+) -> None:
+    """Replace the reservation by the realized charge (or the worst case on error); store the release."""
+    reservation = UnitsVector.from_json(request.worst_case["units"])
+    record = request.worst_case if realized is None else curve_record(realized)
+    charge = UnitsVector.from_json(record["units"])
+    for flt in filters:
+        if flt.scope in request.scopes:
+            budget.settle(flt, reservation, charge)
+    ledger.append(
+        session,
+        filters[0],
+        "commit",
+        request.analyst,
+        {
+            "scopes": request.scopes,
+            "worst_case": reservation.to_json(),
+            "realized": charge.to_json(),
+            "outcome": "released" if error is None else "failed",
+        },
+        request_id=request.id,
+    )
+    request.state = "committed" if error is None else "failed_charged"
+    request.realized, request.release, request.error = record, release, error
+    request.updated_at, request.lease_expires_at = datetime.now(UTC), None
+
+
 def settle(
-    session: Session, request_id: str, realized: RdpCurve | None, release: dict[str, Any] | None,
+    session: Session,
+    request_id: str,
+    realized: RdpCurve | None,
+    release: dict[str, Any] | None,
     error: str | None,
 ) -> bool:
     """Commit the realized charge and store the release, or commit the worst case with an error."""
@@ -193,34 +288,18 @@ def settle(
         request = RequestRepository(session).lock(request_id)
         if request is None or request.state != "running":
             return False  # already settled (e.g. reaped): never charge twice
-        reservation = UnitsVector.from_json(request.worst_case["units"])
-        record = request.worst_case if realized is None else curve_record(realized)
-        charge = UnitsVector.from_json(record["units"])
-        for flt in filters:
-            if flt.scope in request.scopes:
-                budget.settle(flt, reservation, charge)
-        ledger.append(session, filters[0], "commit", request.analyst, {
-            "scopes": request.scopes, "worst_case": reservation.to_json(), "realized": charge.to_json(),
-            "outcome": "released" if error is None else "failed",
-        }, request_id=request.id)
-        request.state = "committed" if error is None else "failed_charged"
-        request.realized, request.release, request.error = record, release, error
-        request.updated_at, request.lease_expires_at = datetime.now(UTC), None
+        _settle_locked(session, filters, request, realized, release, error)
     return True
 
 
-def run_request(sessions: sessionmaker[Session], tables: TableCache, request_id: str) -> None:
-    """Worker body: read the data, draw fresh noise from the OS CSPRNG, then settle."""
-    with sessions() as session:
-        request = RequestRepository(session).get(request_id)
-        if request is None or request.state != "running":
-            return
-        dataset = DatasetRepository(session).get(request.dataset_id)
-        assert dataset is not None
-    mechanism = MECHANISMS[request.mechanism]
+def execute(
+    dataset: Dataset, mechanism: Mechanism, params: BaseModel, context: PublicContext, tables: TableCache
+) -> tuple[RdpCurve | None, dict[str, Any] | None, str | None]:
+    """Read the data and run with fresh noise from the OS CSPRNG: (realized, output, error).
+
+    Any failure after this point is charged the worst case: the data may have been read.
+    """
     try:
-        params = mechanism.params_model.model_validate(request.params)
-        context = public_context(dataset)
         worst = mechanism.worst_case(params, context)
         table = tables.get(dataset, context.schema)
         rng = np.random.default_rng(np.random.SeedSequence(secrets.randbits(128)))
@@ -228,12 +307,24 @@ def run_request(sessions: sessionmaker[Session], tables: TableCache, request_id:
         if not result.realized <= worst:
             raise AssertionError("realized charge exceeds the worst case")
     except Exception:
-        log.exception("mechanism failed after reading data; charging the worst case", request_id=request_id)
-        with sessions() as session:
-            settle(session, request_id, None, None, "the mechanism failed; its worst case was charged")
-        return
+        log.exception("mechanism failed after reading data; charging the worst case", dataset_id=dataset.id)
+        return None, None, "the mechanism failed; its worst case was charged"
+    return result.realized, result.output, None
+
+
+def run_request(sessions: sessionmaker[Session], tables: TableCache, request_id: str) -> None:
+    """Worker body for the two-transaction path: run, then settle (idempotent if already reaped)."""
     with sessions() as session:
-        settle(session, request_id, result.realized, result.output, None)
+        request = RequestRepository(session).get(request_id)
+        if request is None or request.state != "running":
+            return
+        dataset = DatasetRepository(session).get(request.dataset_id)
+        assert dataset is not None
+    mechanism = MECHANISMS[request.mechanism]
+    params = mechanism.params_model.model_validate(request.params)
+    realized, output, error = execute(dataset, mechanism, params, public_context(dataset), tables)
+    with sessions() as session:
+        settle(session, request_id, realized, output, error)
 
 
 def reap_expired(sessions: sessionmaker[Session]) -> int:
@@ -243,7 +334,9 @@ def reap_expired(sessions: sessionmaker[Session]) -> int:
     reaped = 0
     for request_id in expired:
         with sessions() as session:
-            reaped += settle(session, request_id, None, None, "the worker was lost; its worst case was charged")
+            reaped += settle(
+                session, request_id, None, None, "the worker was lost; its worst case was charged"
+            )
     if reaped:
         log.warning("reaped expired requests", count=reaped)
     return reaped
@@ -271,17 +364,35 @@ def get_visible(session: Session, principal: Principal, request_id: str) -> Anal
 
 
 def submit(
-    ctx: Any, principal: Principal, dataset_id: str, mechanism: str, params: Any, key: str | None
+    ctx: AppContext, principal: Principal, dataset_id: str, mechanism: str, params: Any, key: str | None
 ) -> AnalysisRequest:
     """Validate (read-only), admit + reserve (one transaction), run, and wait up to the wait window."""
-    from concurrent.futures import wait
-
     started = time.monotonic()
     with ctx.sessions() as session:
         validated = validate(session, principal, dataset_id, mechanism, params)
-    request, created = admit_or_replay(ctx.sessions, principal, validated, key, ctx.settings.lease_seconds)
-    log.info("admitted" if created else "replayed", request_id=request.id, dataset_id=dataset_id,
-             mechanism=mechanism, analyst=principal.name)
+    lease = ctx.settings.lease_seconds
+    inline = mechanism in ctx.settings.inline_mechanisms
+
+    def admit_fn(session: Session) -> tuple[AnalysisRequest, bool]:
+        if inline:
+            return admit_run_commit(session, ctx.tables, principal, validated, key, lease)
+        return admit(session, principal, validated, key, lease)
+
+    try:
+        request, created = admit_or_replay(ctx.sessions, principal, validated, key, admit_fn)
+    except BudgetExhausted:
+        metrics.REQUESTS.labels(mechanism, "refused").inc()
+        raise
+    metrics.REQUESTS.labels(mechanism, "admitted" if created else "replayed").inc()
+    log.info(
+        "admitted" if created else "replayed",
+        request_id=request.id,
+        dataset_id=dataset_id,
+        mechanism=mechanism,
+        analyst=principal.name,
+    )
+    if request.state in ("committed", "failed_charged"):
+        return request
     if created:
         wait([ctx.executor.submit(request.id)], timeout=ctx.settings.wait_seconds)
     remaining = max(0.0, ctx.settings.wait_seconds - (time.monotonic() - started))

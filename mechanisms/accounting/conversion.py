@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from decimal import ROUND_FLOOR, Decimal
+from decimal import Decimal
+from fractions import Fraction
 
 import numpy as np
 
 from mechanisms.accounting.curve import RdpCurve, _pad_up
-from mechanisms.accounting.fixed_point import UnitsVector, units_down
+from mechanisms.accounting.fixed_point import UNITS_PER_EPSILON, UnitsVector, units_down
+from mechanisms.accounting.orders import validate_orders
 
 
 def _check_delta(delta: float, allow_zero: bool) -> float:
@@ -28,7 +30,11 @@ def _check_delta(delta: float, allow_zero: bool) -> float:
 
 
 def epsilon_at_delta(curve: RdpCurve, delta: float) -> float:
-    """Smallest ε over the grid with the conversion valid ex-post (Lemma 7(ii)); pure bound at δ = 0."""
+    """Smallest ε over the grid by Lemma 7(ii) (Mironov's conversion); the pure bound at δ = 0.
+
+    Minimising over α after the fact is valid for ex-ante curves; for ex-post charges the filter uses
+    δ/|A| per order instead (``filter_epsilon``; Ghazi et al. note §4.3).
+    """
     _check_delta(delta, allow_zero=True)
     if delta == 0.0:
         return curve.pure
@@ -59,13 +65,16 @@ def capacity_units(epsilon: float, delta: float, orders: Sequence[float]) -> tup
     if not (math.isfinite(epsilon) and epsilon >= 0.0):
         raise ValueError(f"epsilon must be finite and ≥ 0, got {epsilon!r}")
     _check_delta(delta, allow_zero=True)
+    orders = validate_orders(orders)
+    exact_epsilon = Fraction(Decimal(repr(float(epsilon))))
     slots: list[int | None] = []
     for alpha in orders:
         if delta == 0.0:
             slots.append(None)
             continue
-        bound = Decimal(repr(float(epsilon))) - Decimal(repr(union_bound_term(orders, delta, alpha)))
-        units = int(bound.scaleb(12).to_integral_value(rounding=ROUND_FLOOR))
+        # Exact rational arithmetic: a 28-digit Decimal context could round B(α) up.
+        bound = exact_epsilon - Fraction(Decimal(repr(union_bound_term(orders, delta, alpha))))
+        units = math.floor(bound * UNITS_PER_EPSILON)
         slots.append(units if units > 0 else None)
     slots.append(units_down(epsilon))
     return tuple(slots)

@@ -1,9 +1,12 @@
 """The immutable Rényi-DP curve: the privacy loss of one release or of a whole transcript.
 
 A curve holds ε(α) for every order α of a fixed grid, plus ``pure``: a pure-DP bound ε_∞ that holds for the
-same release (``inf`` when the mechanism has none). Lemma 7(i) of Ghazi et al. (ex-post ε̃-DP ⇒ ex-post
-(α, ε̃)-RDP at every α) makes ``pure`` an upper bound on every ε(α), so values are clamped to it on
-construction. The pure bound is treated as the order α = ∞ by the filter.
+same release (``inf`` when the mechanism has none). The filter treats the pure bound as the order α = ∞.
+
+Values are **not** clamped to the pure bound. For ex-ante curves min(ε(α), ε_∞) would be valid, but for
+ex-post charges the pointwise minimum of two valid ex-post functions ε̃_α(o), ε̃_∞(o) is not an ex-post
+RDP function in general (Def. 6 of Ghazi et al. can fail; tests/unit/test_accounting.py has a
+counterexample). Each slot of the filter therefore sums its own valid function.
 
 Curves computed with floating point are padded upwards by a few ulps (``_pad_up``) so that rounding can
 only over-charge. Pure values given by the caller are kept exactly as given.
@@ -14,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -27,6 +31,30 @@ def _pad_up(value: float) -> float:
     if value == 0.0 or not math.isfinite(value):
         return value
     return math.nextafter(value * (1.0 + _RELATIVE_PAD), math.inf)
+
+
+def laplace_rdp_upper(alphas: np.ndarray, eps: np.ndarray) -> np.ndarray:
+    """Upper bound on the Rényi divergence of Laplace(0, b) vs Laplace(ε·b, b) at order α.
+
+    min of three upper bounds: ε (pure DP, Lemma 7(i)); αε²/2 (ε-DP ⇒ ε²/2-zCDP, Bun & Steinke 2016
+    Prop. 1.4; tight as ε → 0); and Mironov 2017 Prop. 6,
+    log(α/(2α−1)·e^{(α−1)ε} + (α−1)/(2α−1)·e^{−αε})/(α−1), evaluated with logaddexp plus a margin for
+    its float error (a few ulps of the operands, which cancel for small ε).
+    """
+    a = np.log(alphas / (2 * alphas - 1)) + (alphas - 1) * eps
+    b = np.log((alphas - 1) / (2 * alphas - 1)) - alphas * eps
+    margin = 32 * np.finfo(float).eps * (1.0 + np.abs(a) + np.abs(b)) / (alphas - 1)
+    mironov = np.logaddexp(a, b) / (alphas - 1) + margin
+    bound = np.minimum(np.minimum(eps, alphas * eps * eps / 2), mironov)
+    result: np.ndarray = np.maximum(bound, 0.0)
+    return result
+
+
+def sum_up(values: Iterable[float]) -> float:
+    """A float ≥ the exact sum of ``values`` (exact rational sum, rounded up if inexact)."""
+    exact = sum((Fraction(v) for v in values), Fraction(0))
+    result = float(exact)
+    return math.nextafter(result, math.inf) if Fraction(result) < exact else result
 
 
 def laplace_scale(l1_sensitivity: float, epsilon: float) -> float:
@@ -64,7 +92,7 @@ class RdpCurve:
         if len(self.values) != len(orders):
             raise ValueError(f"{len(self.values)} values for {len(orders)} orders")
         pure = _check_loss(self.pure, "the pure bound")
-        values = tuple(min(_check_loss(v, "an RDP value"), pure) for v in self.values)
+        values = tuple(_check_loss(v, "an RDP value") for v in self.values)
         object.__setattr__(self, "orders", orders)
         object.__setattr__(self, "values", values)
         object.__setattr__(self, "pure", pure)
@@ -100,14 +128,10 @@ class RdpCurve:
         Independent coordinates add. The pure bound is Δ₁/scale ≤ ε, kept exactly as the given ε.
         """
         shift_array = np.asarray([_check_loss(s, "a shift") for s in shifts], dtype=float)
-        scale = laplace_scale(math.fsum(shift_array), epsilon)
-        eps = shift_array / scale
-        alphas = np.asarray(orders, dtype=float)[:, None]
-        per_coordinate = np.logaddexp(
-            np.log(alphas / (2 * alphas - 1)) + (alphas - 1) * eps,
-            np.log((alphas - 1) / (2 * alphas - 1)) - alphas * eps,
-        ) / (alphas - 1)
-        values = np.maximum(per_coordinate, 0.0).sum(axis=1)
+        scale = laplace_scale(sum_up(shift_array), epsilon)
+        eps = np.nextafter(shift_array / scale, np.inf)  # ≥ the exact shift/scale
+        per_coordinate = laplace_rdp_upper(np.asarray(orders, dtype=float)[:, None], eps[None, :])
+        values = per_coordinate.sum(axis=1)
         return cls(tuple(orders), tuple(_pad_up(float(v)) for v in values), float(epsilon))
 
     # ----- algebra -------------------------------------------------------------------------------

@@ -75,9 +75,7 @@ class FilterRepository:
 
     def get(self, dataset_id: str, scope: str = DATASET_SCOPE) -> PrivacyFilter | None:
         return self.session.scalar(
-            select(PrivacyFilter).where(
-                PrivacyFilter.dataset_id == dataset_id, PrivacyFilter.scope == scope
-            )
+            select(PrivacyFilter).where(PrivacyFilter.dataset_id == dataset_id, PrivacyFilter.scope == scope)
         )
 
     def lock(self, dataset_id: str, scope: str = DATASET_SCOPE) -> PrivacyFilter | None:

@@ -21,10 +21,14 @@ router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 
 def _out(dataset: Dataset, principal: Principal) -> DatasetOut:
     return DatasetOut(
-        id=dataset.id, name=dataset.name, schema=dataset.schema_json,
+        id=dataset.id,
+        name=dataset.name,
+        schema_=dataset.schema_json,
         n_rows=dataset.n_rows if dataset.neighboring == "replace_one" or principal.is_admin else None,
-        content_sha256=dataset.content_sha256, orders=dataset.orders,
-        clipped=dataset.clipped if principal.is_admin else None, created_at=dataset.created_at,
+        content_sha256=dataset.content_sha256,
+        orders=dataset.orders,
+        clipped=dataset.clipped if principal.is_admin else None,
+        created_at=dataset.created_at,
     )
 
 

@@ -20,10 +20,18 @@ IdempotencyKey = Annotated[
 
 def _out(request: AnalysisRequest) -> RequestOut:
     return RequestOut(
-        id=request.id, dataset_id=request.dataset_id, analyst=request.analyst, mechanism=request.mechanism,
-        params=request.params, state=request.state, worst_case=request.worst_case["curve"],
-        realized=request.realized["curve"] if request.realized else None, release=request.release,
-        error=request.error, created_at=request.created_at, updated_at=request.updated_at,
+        id=request.id,
+        dataset_id=request.dataset_id,
+        analyst=request.analyst,
+        mechanism=request.mechanism,
+        params=request.params,
+        state=request.state,
+        worst_case=request.worst_case["curve"],
+        realized=request.realized["curve"] if request.realized else None,
+        release=request.release,
+        error=request.error,
+        created_at=request.created_at,
+        updated_at=request.updated_at,
     )
 
 
@@ -42,13 +50,20 @@ def estimate(dataset_id: str, body: RequestIn, session: SessionDep, who: AdminOr
     responses={202: {"description": "still running; poll the Location"}, 409: {"description": "refused"}},
 )
 def submit(
-    dataset_id: str, body: RequestIn, ctx: CtxDep, analyst: Analyst, response: Response,
+    dataset_id: str,
+    body: RequestIn,
+    ctx: CtxDep,
+    analyst: Analyst,
+    response: Response,
     idempotency_key: IdempotencyKey = None,
 ) -> RequestOut:
     request = lifecycle.submit(ctx, analyst, dataset_id, body.mechanism, body.params, idempotency_key)
     if request.state == "failed_charged":
-        raise MechanismFailed(request.error or "failed", request_id=request.id,
-                              charged=request.realized["curve"] if request.realized else None)
+        raise MechanismFailed(
+            request.error or "failed",
+            request_id=request.id,
+            charged=request.realized["curve"] if request.realized else None,
+        )
     if request.state == "running":
         response.status_code = 202
         response.headers["Location"] = f"/v1/requests/{request.id}"

@@ -36,7 +36,9 @@ def _schema(neighboring: str = "replace_one") -> DatasetSchema:
 
 
 def _ctx(neighboring: str = "replace_one", n_rows: int = 5) -> PublicContext:
-    return PublicContext(_schema(neighboring), n_rows if neighboring == "replace_one" else None, DEFAULT_ORDERS)
+    return PublicContext(
+        _schema(neighboring), n_rows if neighboring == "replace_one" else None, DEFAULT_ORDERS
+    )
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from mechanisms.queries import (
     l2,
     shifts,
 )
-from mechanisms.schema import DatasetSchema
+from mechanisms.schema import DatasetSchema, FloatColumn
 from mechanisms.table import LoadedTable
 
 QUERY = TypeAdapter(Query)
@@ -46,7 +46,10 @@ def ctx_for(columns: list[dict[str, Any]], neighboring: str, n_rows: int = 4) ->
 
 
 def x_column(low: float, high: float) -> list[dict[str, Any]]:
-    return [{"name": "x", "type": "float", "min": low, "max": high}, {"name": "k", "type": "int", "min": 0, "max": 1}]
+    return [
+        {"name": "x", "type": "float", "min": low, "max": high},
+        {"name": "k", "type": "int", "min": 0, "max": 1},
+    ]
 
 
 # ----- parsing -----------------------------------------------------------------------------------------
@@ -97,7 +100,11 @@ def test_twenty_conditions_are_allowed() -> None:
             "query.where.1.op",
             "categorical",
         ),
-        ({"kind": "count", "where": where(("group", "eq", "z"))}, "query.where.0.value", "'z' is not a declared"),
+        (
+            {"kind": "count", "where": where(("group", "eq", "z"))},
+            "query.where.0.value",
+            "'z' is not a declared",
+        ),
         ({"kind": "count", "where": where(("group", "in", ["a", "y"]))}, "query.where.0.value", "'y'"),
         ({"kind": "count", "where": where(("group", "eq", 1))}, "query.where.0.value", "not a declared"),
         ({"kind": "count", "where": where(("age", "ge", "30"))}, "query.where.0.value", "numeric"),
@@ -176,13 +183,17 @@ def test_count_shift(make_ctx: MakeCtx, neighboring: str) -> None:
         (2.0, 2.0, 2.0, 0.0, 2.0),
     ],
 )
-def test_sum_shift(low: float, high: float, add_remove: float, replace_one: float, replace_one_where: float) -> None:
+def test_sum_shift(
+    low: float, high: float, add_remove: float, replace_one: float, replace_one_where: float
+) -> None:
     columns = x_column(low, high)
     selected = where(("k", "eq", 1))
     assert shifts(q(kind="sum", column="x"), ctx_for(columns, "add_remove")) == (add_remove,)
     assert shifts(q(kind="sum", column="x", where=selected), ctx_for(columns, "add_remove")) == (add_remove,)
     assert shifts(q(kind="sum", column="x"), ctx_for(columns, "replace_one")) == (replace_one,)
-    assert shifts(q(kind="sum", column="x", where=selected), ctx_for(columns, "replace_one")) == (replace_one_where,)
+    assert shifts(q(kind="sum", column="x", where=selected), ctx_for(columns, "replace_one")) == (
+        replace_one_where,
+    )
 
 
 def test_sum_shift_of_int_column(make_ctx: MakeCtx) -> None:
@@ -209,6 +220,17 @@ def test_histogram_shifts(make_ctx: MakeCtx, neighboring: str, expected: tuple[f
     ctx = make_ctx(neighboring)
     assert shifts(q(kind="histogram", column="group"), ctx) == expected
     assert shifts(q(kind="histogram", column="n", where=where(("age", "lt", 50))), ctx) == expected
+
+
+def test_overflowing_bounds_are_refused() -> None:
+    # The schema refuses such bounds; a schema built without validation must still not yield inf noise.
+    column = FloatColumn.model_construct(name="x", type="float", min=-1.7e308, max=1.7e308)
+    schema = DatasetSchema.model_construct(columns=(column,), neighboring="replace_one")
+    ctx = PublicContext(schema, 4, DEFAULT_ORDERS)
+    assert shifts(q(kind="sum", column="x"), ctx) == (math.inf,)
+    with pytest.raises(ParamsError, match="too wide") as caught:
+        check_query(q(kind="sum", column="x"), ctx)
+    assert caught.value.field == "query.column"
 
 
 def test_l1_and_l2() -> None:

@@ -1,0 +1,131 @@
+"""Shared fixtures: real databases (SQLite file and a fresh PostgreSQL database) and live HTTP servers.
+
+PostgreSQL: ``EXPOST_TEST_POSTGRES_URL`` (default: the local server, database ``test``) is used to
+create a throw-away database per test session. With ``CI=true`` an unreachable server is an error, never
+a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+import uvicorn
+from sqlalchemy.engine import make_url
+
+from service.app import create_app
+from service.auth import Role, create_key
+from service.config import Settings
+from service.db.migrate import upgrade
+from service.db.session import make_engine, make_sessionmaker
+
+POSTGRES_URL = os.environ.get("EXPOST_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def _libpq(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def postgres_available() -> bool:
+    try:
+        with psycopg.connect(_libpq(POSTGRES_URL), connect_timeout=3):
+            return True
+    except psycopg.OperationalError:
+        return False
+
+
+@dataclass
+class FreshDatabase:
+    url: str
+    drop: callable  # type: ignore[valid-type]
+
+
+def fresh_postgres_database() -> FreshDatabase:
+    if not postgres_available():
+        message = f"PostgreSQL is not reachable at {POSTGRES_URL}"
+        if IN_CI:
+            pytest.fail(f"{message} (CI=true: PostgreSQL tests must run)", pytrace=False)
+        pytest.skip(f"{message}; start it with pg_ctlcluster (see README)")
+    name = f"expost_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(_libpq(POSTGRES_URL), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        with psycopg.connect(_libpq(POSTGRES_URL), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    return FreshDatabase(make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False), drop)
+
+
+@pytest.fixture(scope="session", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A migrated database on each backend (SQLite file, fresh PostgreSQL database)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'expost.db'}"
+        upgrade(url)
+        yield url
+        return
+    fresh = fresh_postgres_database()
+    upgrade(fresh.url)
+    yield fresh.url
+    fresh.drop()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LiveServer:
+    base_url: str
+    settings: Settings
+
+    def client(self, key: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30)
+
+    def create_key(self, role: Role, name: str | None = None) -> tuple[str, str]:
+        """A new key straight in the database (as `expost keys create` does): (name, key)."""
+        name = name or f"{role.value}-{secrets.token_hex(4)}"
+        engine = make_engine(self.settings.database_url)
+        try:
+            with make_sessionmaker(engine)() as session, session.begin():
+                key = create_key(session, name, role)
+        finally:
+            engine.dispose()
+        return name, key
+
+
+@pytest.fixture(scope="session")
+def live_server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """uvicorn serving the real app on a real port, in a thread of the test process."""
+    settings = Settings(
+        database_url=database_url, data_dir=Path(tmp_path_factory.mktemp("data")), wait_seconds=20,
+        reaper_interval_seconds=0.5,
+    )
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.05)
+    yield LiveServer(f"http://127.0.0.1:{port}", settings)
+    server.should_exit = True
+    thread.join(10)

@@ -1,0 +1,179 @@
+"""Helpers shared by the integration tests: a small world of keys, a dataset, grants and budgets."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from sqlalchemy.orm import Session
+
+from service.app import create_app
+from service.auth import Role
+from service.config import Settings
+from service.db.migrate import upgrade
+from service.db.session import is_sqlite, make_engine, make_sessionmaker
+from tests.conftest import LiveServer, free_port, fresh_postgres_database
+
+CSV = b"age,income,region\n" + b"".join(
+    f"{20 + (i % 60)},{1000 * (i % 50)},{['north', 'south', 'east', 'west'][i % 4]}\n".encode()
+    for i in range(200)
+)
+SCHEMA: dict[str, Any] = {
+    "columns": [
+        {"name": "age", "type": "float", "min": 18, "max": 90},
+        {"name": "income", "type": "float", "min": 0, "max": 100000},
+        {"name": "region", "type": "categorical", "values": ["north", "south", "east", "west"]},
+    ],
+    "neighboring": "replace_one",
+}
+
+
+@dataclass
+class World:
+    server: LiveServer
+    admin: httpx.Client
+    admin_name: str
+    analyst: httpx.Client
+    analyst_name: str
+    viewer: httpx.Client
+    dataset_id: str
+
+    def new_key(self, role: Role) -> tuple[str, httpx.Client]:
+        response = self.admin.post("/v1/keys", json={"name": f"{role.value}-{secrets.token_hex(4)}",
+                                                     "role": role.value})
+        assert response.status_code == 201, response.text
+        body = response.json()
+        return body["name"], self.server.client(body["key"])
+
+    def request(self, client: httpx.Client, params: dict[str, Any], mechanism: str = "laplace",
+                key: str | None = None, dataset_id: str | None = None) -> httpx.Response:
+        headers = {"Idempotency-Key": key} if key else {}
+        return client.post(f"/v1/datasets/{dataset_id or self.dataset_id}/requests",
+                           json={"mechanism": mechanism, "params": params}, headers=headers)
+
+
+def upload(admin: httpx.Client, csv: bytes = CSV, schema: dict[str, Any] | None = None) -> httpx.Response:
+    return admin.post("/v1/datasets", files={"file": ("data.csv", csv, "text/csv")},
+                      data={"schema": json.dumps(schema or SCHEMA), "name": "test data"})
+
+
+PURE_BUDGET: dict[str, float] = {"epsilon": 1.0, "delta": 0.0}
+
+
+def make_world(server: LiveServer, budget: dict[str, float] | None = PURE_BUDGET) -> World:
+    admin_name, admin_key = server.create_key(Role.admin)
+    admin = server.client(admin_key)
+    created = upload(admin)
+    assert created.status_code == 201, created.text
+    dataset_id = created.json()["id"]
+    world = World(server, admin, admin_name, admin, "", admin, dataset_id)
+    world.analyst_name, world.analyst = world.new_key(Role.analyst)
+    _, world.viewer = world.new_key(Role.viewer)
+    granted = admin.post(f"/v1/datasets/{dataset_id}/grants", json={"analyst": world.analyst_name})
+    assert granted.status_code == 201, granted.text
+    if budget is not None:
+        response = admin.put(f"/v1/datasets/{dataset_id}/budget", json=budget)
+        assert response.status_code == 200, response.text
+    return world
+
+
+# ----- assertions and views shared by the integration tests ------------------------------------------------
+
+
+def assert_problem(response: httpx.Response, status: int, type_: str | None = None) -> dict[str, Any]:
+    """``response`` is an RFC 9457 problem with this status (and type); returns its body."""
+    assert response.status_code == status, (response.status_code, response.text)
+    assert response.headers["content-type"].startswith("application/problem+json"), response.headers
+    body = response.json()
+    for member in ("type", "title", "status", "detail"):
+        assert member in body, (member, body)
+    assert body["status"] == status, body
+    assert isinstance(body["title"], str)
+    assert body["title"]
+    assert isinstance(body["detail"], str)
+    assert body["detail"]
+    if type_ is not None:
+        assert body["type"] == type_, body
+    return body
+
+
+def ledger_items(client: httpx.Client, dataset_id: str, page: int = 1000) -> list[dict[str, Any]]:
+    """Every ledger entry the caller may see, walking the pagination to its end."""
+    items: list[dict[str, Any]] = []
+    after = 0
+    while True:
+        response = client.get(f"/v1/datasets/{dataset_id}/ledger", params={"after": after, "limit": page})
+        assert response.status_code == 200, response.text
+        body = response.json()
+        items += body["items"]
+        if body["next_after"] is None:
+            return items
+        assert body["next_after"] > after
+        after = body["next_after"]
+
+
+def get_budget(client: httpx.Client, dataset_id: str, analyst: str | None = None) -> dict[str, Any]:
+    path = f"/v1/datasets/{dataset_id}/budget" if analyst is None else (
+        f"/v1/datasets/{dataset_id}/analysts/{analyst}/budget")
+    response = client.get(path)
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+@contextmanager
+def db_session(database_url: str) -> Iterator[Session]:
+    """A session on ``database_url`` from the test process (its own engine, disposed afterwards)."""
+    engine = make_engine(database_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            yield session
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def running_server(settings: Settings) -> Iterator[LiveServer]:
+    """Another real uvicorn server (same pattern as the ``live_server`` fixture) for the ``with`` block."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
+                                          log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the extra test server did not start")
+        time.sleep(0.05)
+    try:
+        yield LiveServer(f"http://127.0.0.1:{port}", settings)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@contextmanager
+def fresh_database(like_url: str, directory: Path, migrated: bool = True) -> Iterator[str]:
+    """A brand-new database on the same backend as ``like_url`` (migrated unless told otherwise)."""
+    if is_sqlite(like_url):
+        url = f"sqlite:///{directory / f'fresh-{secrets.token_hex(4)}.db'}"
+        if migrated:
+            upgrade(url)
+        yield url
+        return
+    fresh = fresh_postgres_database()
+    try:
+        if migrated:
+            upgrade(fresh.url)
+        yield fresh.url
+    finally:
+        fresh.drop()

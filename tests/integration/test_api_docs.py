@@ -1,0 +1,35 @@
+"""docs/api.md's examples are run, in order, as one shell session against a live server."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import LiveServer
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "api.md"
+
+
+def test_every_curl_example_in_the_api_docs_works(live_server: LiveServer) -> None:
+    blocks = re.findall(r"```bash\n(.*?)```", DOCS.read_text(), flags=re.S)
+    assert len(blocks) >= 6
+    script = "set -euo pipefail\n" + "\n".join(blocks)
+    env = {
+        **os.environ,
+        "BASE": live_server.base_url,
+        "EXPOST_DATABASE_URL": live_server.settings.database_url,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr + done.stdout
+    out = done.stdout
+    assert re.search(r"(?i)etag: \"[0-9a-f]+\"", out)
+    assert "'value':" in out  # the Laplace release
+    assert "committed" in out
+    assert "False" in out  # the dry run over the analyst's sub-budget
+    assert "cannot afford" in out  # the refusal
+    assert '"status":"ok"' in out
+    assert '"status":"ready"' in out
