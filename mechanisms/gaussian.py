@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import PublicContext, Release, Table
@@ -28,7 +28,9 @@ class GaussianParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     query: Query
-    sigma: float = Field(gt=0, le=1e9, allow_inf_nan=False, description="standard deviation of the noise")
+    sigma: StrictFloat = Field(
+        gt=0, le=1e9, allow_inf_nan=False, description="standard deviation of the noise"
+    )
 
 
 def _gaussian_params(params: BaseModel) -> GaussianParams:

@@ -4,7 +4,8 @@ Noise Lap(b) with b = ``laplace_scale(Δ₁, ε)`` ≥ Δ₁/ε is added to each
 where Δ₁ is the ℓ1 sensitivity derived from the public schema (``mechanisms.queries.shifts``). This is
 ε-DP (Dwork, McSherry, Nissim, Smith 2006, "Calibrating noise to sensitivity", Prop. 1 / Thm. 1); its
 Rényi curve is Mironov 2017 ("Rényi differential privacy", Prop. 6), summed over the coordinates that can
-move (``RdpCurve.laplace``), and clamped by the pure bound ε (Lemma 7(i), Ghazi et al.).
+move (``RdpCurve.laplace``, with the αε²/2 zCDP bound of Bun & Steinke where it is smaller); the pure slot
+is charged ε itself.
 
 Ex-post: the Laplace privacy loss of an outcome is bounded by ε for **every** outcome, and the ex-ante RDP
 bound is what is charged, so realized = worst case (nothing about the output lowers the charge).
@@ -20,7 +21,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
 from mechanisms.accounting import RdpCurve, laplace_scale
 from mechanisms.base import PublicContext, Release, Table
@@ -31,7 +32,7 @@ class LaplaceParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     query: Query
-    epsilon: float = Field(gt=0, le=100, allow_inf_nan=False, description="pure-DP ε of this release")
+    epsilon: StrictFloat = Field(gt=0, le=100, allow_inf_nan=False, description="pure-DP ε of this release")
 
 
 def _laplace_params(params: BaseModel) -> LaplaceParams:

@@ -39,11 +39,14 @@ def _field(loc: tuple[Any, ...]) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return problem_response(exc.status, exc.problem(request.url.path))
+        return problem_response(exc.status, exc.problem(request.url.path), headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [{"field": _field(tuple(e["loc"])), "reason": e["msg"]} for e in exc.errors()]
+        errors = [
+            {"field": "body" if e["type"] == "json_invalid" else _field(tuple(e["loc"])), "reason": e["msg"]}
+            for e in exc.errors()
+        ]
         first = errors[0] if errors else {"field": "body", "reason": "invalid"}
         return problem_response(
             422,

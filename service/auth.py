@@ -39,9 +39,9 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def validate_name(name: str) -> str:
+def validate_name(name: str, field: str = "name") -> str:
     if name == DATASET_SCOPE or not NAME_PATTERN.match(name):
-        raise InvalidInput("name", "1-100 characters: letters, digits, and _ . @ - (not starting with one)")
+        raise InvalidInput(field, "1-100 characters: letters, digits, and _ . @ - (not starting with one)")
     return name
 
 

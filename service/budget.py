@@ -59,6 +59,11 @@ def fitting_slots(flt: PrivacyFilter, charge: UnitsVector) -> list[bool]:
     return (spent + reserved + charge).fits(flt.capacity)
 
 
+def ever_admissible(flt: PrivacyFilter, charge: UnitsVector) -> bool:
+    """Would an unspent filter with this capacity admit the charge?"""
+    return flt.capacity is not None and any(charge.fits(flt.capacity))
+
+
 def admits(flt: PrivacyFilter, charge: UnitsVector) -> bool:
     """Dataset filters need a budget; an analyst filter without a sub-budget only tracks spending."""
     if flt.capacity is None:

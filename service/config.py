@@ -23,7 +23,7 @@ class Settings(BaseSettings):
     reaper_interval_seconds: float = Field(15.0, gt=0)
     inline_mechanisms: set[str] = Field(
         {"laplace", "gaussian"},
-        description="cheap mechanisms run inside the admission transaction (reserve, run, commit at once)",
+        description="run in the request thread once the reservation commits (no executor hop)",
     )
     auth_cache_seconds: float = Field(5.0, ge=0, description="how long a verified API key is cached")
     pool_size: int = Field(10, ge=1)

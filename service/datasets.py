@@ -106,7 +106,7 @@ def visible_dataset(session: Session, principal: Principal, dataset_id: str) -> 
 
 def grant(session: Session, dataset: Dataset, analyst: str, actor: str) -> bool:
     """Grant an analyst key access; creates its tracking sub-filter. Returns False if already granted."""
-    validate_name(analyst)
+    validate_name(analyst, "analyst")
     key = KeyRepository(session).by_name(analyst)
     if key is None or key.role != Role.analyst.value:
         raise InvalidInput("analyst", f"no analyst key named {analyst!r}")

@@ -12,6 +12,8 @@ class ServiceError(Exception):
     type_slug: str = "internal-error"
     title: str = "Internal error"
 
+    headers: dict[str, str] | None = None
+
     def __init__(self, detail: str, **extensions: Any) -> None:
         super().__init__(detail)
         self.detail = detail
@@ -54,6 +56,7 @@ class Unauthenticated(ServiceError):
     status = 401
     type_slug = "unauthenticated"
     title = "Missing or invalid API key"
+    headers = {"WWW-Authenticate": 'Bearer realm="expost"'}  # noqa: RUF012 (read-only)
 
 
 class Forbidden(ServiceError):
@@ -81,6 +84,13 @@ class BudgetExhausted(Conflict):
     title = "Privacy budget exhausted"
 
 
+class NotAdmissible(BudgetExhausted):
+    """The request exceeds the filter's capacity even with nothing spent."""
+
+    type_slug = "not-admissible"
+    title = "Request can never be admitted under this budget"
+
+
 class NoBudget(Conflict):
     type_slug = "no-budget"
     title = "No privacy budget set"
@@ -96,6 +106,12 @@ class MechanismFailed(ServiceError):
     status = 500
     type_slug = "mechanism-failed"
     title = "The mechanism failed after reading the data; its worst case was charged"
+
+
+class ServiceUnavailable(ServiceError):
+    status = 503
+    type_slug = "unavailable"
+    title = "Service unavailable"
 
 
 class NotReady(ServiceError):

@@ -38,7 +38,9 @@ from service.errors import (
     IdempotencyKeyReused,
     InvalidInput,
     NoBudget,
+    NotAdmissible,
     NotFound,
+    ServiceUnavailable,
 )
 from service.ledger import canonical_json
 
@@ -113,6 +115,12 @@ def _refuse(v: Validated, blocked: PrivacyFilter, filters: list[PrivacyFilter]) 
         None if affordable is None else {"parameter": v.mechanism.cost_parameter, "value": affordable}
     )
     hint = "" if affordable is None else f"; largest affordable {v.mechanism.cost_parameter}: {affordable:g}"
+    if not budget.ever_admissible(blocked, v.charge):
+        return NotAdmissible(
+            f"the {details['filter']} filter can never admit this request, even unspent "
+            f"(e.g. a pure budget admits only mechanisms with a pure-DP bound){hint}",
+            **details,
+        )
     return BudgetExhausted(f"the {details['filter']} filter cannot afford this request{hint}", **details)
 
 
@@ -196,25 +204,6 @@ def admit(
         return _reserve_locked(session, filters, principal, v, key, lease)
 
 
-def admit_run_commit(
-    session: Session, tables: TableCache, principal: Principal, v: Validated, key: str | None, lease: float
-) -> tuple[AnalysisRequest, bool]:
-    """The inline path for cheap mechanisms: reserve, run and commit in ONE transaction.
-
-    The filter locks are held while the mechanism runs. If the process dies before the commit, the
-    transaction rolls back and nothing was released, so nothing is owed; if the mechanism raises, the
-    worst case is committed in this same transaction (DESIGN §4 rule 2).
-    """
-    with session.begin():
-        filters = _lock_filters(session, v.dataset.id, principal.name)
-        request, created = _reserve_locked(session, filters, principal, v, key, lease)
-        if created:
-            session.flush()
-            realized, output, error = execute(v.dataset, v.mechanism, v.params, v.context, tables)
-            _settle_locked(session, filters, request, realized, output, error)
-        return request, created
-
-
 def admit_or_replay(
     sessions: sessionmaker[Session],
     principal: Principal,
@@ -237,6 +226,16 @@ def admit_or_replay(
 
 
 # ----- running and settling ------------------------------------------------------------------------
+
+
+def _lock_running(session: Session, request_id: str) -> tuple[list[PrivacyFilter], AnalysisRequest] | None:
+    """Lock the request's filters (fixed order), then the request; None unless it is still running."""
+    request = RequestRepository(session).get(request_id)
+    if request is None:
+        return None
+    filters = _lock_filters(session, request.dataset_id, request.analyst)
+    request = RequestRepository(session).lock(request_id)
+    return None if request is None or request.state != "running" else (filters, request)
 
 
 def _settle_locked(
@@ -281,14 +280,34 @@ def settle(
 ) -> bool:
     """Commit the realized charge and store the release, or commit the worst case with an error."""
     with session.begin():
-        request = RequestRepository(session).get(request_id)
-        if request is None:
-            return False
-        filters = _lock_filters(session, request.dataset_id, request.analyst)
-        request = RequestRepository(session).lock(request_id)
-        if request is None or request.state != "running":
+        locked = _lock_running(session, request_id)
+        if locked is None:
             return False  # already settled (e.g. reaped): never charge twice
-        _settle_locked(session, filters, request, realized, release, error)
+        _settle_locked(session, *locked, realized, release, error)
+    return True
+
+
+def abort(session: Session, request_id: str, reason: str) -> bool:
+    """Release a reservation without charge. Only for requests whose data was provably never read."""
+    with session.begin():
+        locked = _lock_running(session, request_id)
+        if locked is None:
+            return False
+        filters, request = locked
+        reservation = UnitsVector.from_json(request.worst_case["units"])
+        for flt in filters:
+            if flt.scope in request.scopes:
+                budget.settle(flt, reservation, None)
+        ledger.append(
+            session,
+            filters[0],
+            "abort",
+            request.analyst,
+            {"scopes": request.scopes, "worst_case": reservation.to_json(), "reason": reason},
+            request_id=request.id,
+        )
+        request.state, request.error = "aborted", reason
+        request.updated_at, request.lease_expires_at = datetime.now(UTC), None
     return True
 
 
@@ -355,27 +374,28 @@ def wait_settled(sessions: sessionmaker[Session], request_id: str, timeout: floa
 
 
 def get_visible(session: Session, principal: Principal, request_id: str) -> AnalysisRequest:
+    if principal.role.value == "viewer":
+        raise Forbidden("viewers cannot read releases")
     request = RequestRepository(session).get(request_id)
     if request is None or (principal.role.value == "analyst" and request.analyst != principal.name):
         raise NotFound(f"no request {request_id!r}")
-    if principal.role.value == "viewer":
-        raise Forbidden("viewers cannot read releases")
     return request
 
 
 def submit(
     ctx: AppContext, principal: Principal, dataset_id: str, mechanism: str, params: Any, key: str | None
 ) -> AnalysisRequest:
-    """Validate (read-only), admit + reserve (one transaction), run, and wait up to the wait window."""
+    """Validate (read-only), admit + reserve (one durable transaction), run, settle, respond.
+
+    Cheap mechanisms (``settings.inline_mechanisms``) run in the request's thread; others go to the
+    executor and the response waits up to the wait window (else 202).
+    """
     started = time.monotonic()
     with ctx.sessions() as session:
         validated = validate(session, principal, dataset_id, mechanism, params)
     lease = ctx.settings.lease_seconds
-    inline = mechanism in ctx.settings.inline_mechanisms
 
     def admit_fn(session: Session) -> tuple[AnalysisRequest, bool]:
-        if inline:
-            return admit_run_commit(session, ctx.tables, principal, validated, key, lease)
         return admit(session, principal, validated, key, lease)
 
     try:
@@ -391,9 +411,19 @@ def submit(
         mechanism=mechanism,
         analyst=principal.name,
     )
-    if request.state in ("committed", "failed_charged"):
-        return request
-    if created:
-        wait([ctx.executor.submit(request.id)], timeout=ctx.settings.wait_seconds)
+    if created and mechanism in ctx.settings.inline_mechanisms:
+        # The reservation is durable; run in this thread (no executor hop), then settle.
+        v = validated
+        realized, output, error = execute(v.dataset, v.mechanism, v.params, v.context, ctx.tables)
+        with ctx.sessions() as session:
+            settle(session, request.id, realized, output, error)
+    elif created:
+        try:
+            future = ctx.executor.submit(request.id)
+        except RuntimeError:  # the executor is shutting down: the data was never read
+            with ctx.sessions() as session:
+                abort(session, request.id, "the service was shutting down; nothing was charged")
+            raise ServiceUnavailable("the service is shutting down; retry later") from None
+        wait([future], timeout=ctx.settings.wait_seconds)
     remaining = max(0.0, ctx.settings.wait_seconds - (time.monotonic() - started))
     return wait_settled(ctx.sessions, request.id, remaining)

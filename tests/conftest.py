@@ -13,7 +13,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def postgres_available() -> bool:
 @dataclass
 class FreshDatabase:
     url: str
-    drop: callable  # type: ignore[valid-type]
+    drop: Callable[[], None]
 
 
 def fresh_postgres_database() -> FreshDatabase:
@@ -109,16 +110,13 @@ class LiveServer:
         return name, key
 
 
-@pytest.fixture(scope="session")
-def live_server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+@contextmanager
+def running_server(settings: Settings) -> Iterator[LiveServer]:
     """uvicorn serving the real app on a real port, in a thread of the test process."""
-    settings = Settings(
-        database_url=database_url, data_dir=Path(tmp_path_factory.mktemp("data")), wait_seconds=20,
-        reaper_interval_seconds=0.5,
-    )
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -126,6 +124,26 @@ def live_server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> 
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the test server did not start")
         time.sleep(0.05)
-    yield LiveServer(f"http://127.0.0.1:{port}", settings)
-    server.should_exit = True
-    thread.join(10)
+    try:
+        yield LiveServer(f"http://127.0.0.1:{port}", settings)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def server_settings(database_url: str, data_dir: Path, **overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "database_url": database_url,
+        "data_dir": data_dir,
+        "wait_seconds": 20,
+        "reaper_interval_seconds": 0.5,
+        **overrides,
+    }
+    return Settings.model_validate(values)
+
+
+@pytest.fixture(scope="session")
+def live_server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The shared test server of a backend (one per test session and backend)."""
+    with running_server(server_settings(database_url, tmp_path_factory.mktemp("data"))) as server:
+        yield server

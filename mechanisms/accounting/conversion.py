@@ -81,10 +81,25 @@ def capacity_units(epsilon: float, delta: float, orders: Sequence[float]) -> tup
 
 
 def filter_epsilon(total: UnitsVector, delta: float, orders: Sequence[float]) -> float:
-    """The ε the filter currently guarantees at δ for a total: min over usable slots (pure slot exact)."""
-    candidates = [total.epsilon(len(orders))]
+    """The ε the filter currently guarantees at δ for a total: min over usable slots, rounded up.
+
+    Computed exactly (units are integers, the union-bound term is already padded up), then rounded up.
+    """
+    candidates = [
+        math.inf if total.is_infinite(len(orders)) else Fraction(total.finite[-1], UNITS_PER_EPSILON)
+    ]
     if delta > 0.0:
         for j, alpha in enumerate(orders):
             if not total.is_infinite(j):
-                candidates.append(total.epsilon(j) + union_bound_term(orders, delta, alpha))
-    return min(candidates)
+                term = Fraction(Decimal(repr(union_bound_term(orders, delta, alpha))))
+                candidates.append(Fraction(total.finite[j], UNITS_PER_EPSILON) + term)
+    best = min(candidates)
+    return math.inf if best == math.inf else _float_up(Fraction(best))
+
+
+def _float_up(value: Fraction) -> float:
+    """The nearest float whose shortest decimal (how floats are read as amounts here) is ≥ ``value``."""
+    result = float(value)
+    while Fraction(Decimal(repr(result))) < value:
+        result = math.nextafter(result, math.inf)
+    return result

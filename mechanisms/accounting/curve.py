@@ -72,6 +72,12 @@ def laplace_scale(l1_sensitivity: float, epsilon: float) -> float:
     return scale
 
 
+def _positive_if(values: np.ndarray, positive: bool) -> np.ndarray:
+    """A positive loss must never be charged 0 (underflow): raise such values to the smallest float."""
+    result: np.ndarray = np.maximum(values, np.nextafter(0.0, 1.0)) if positive else values
+    return result
+
+
 def _check_loss(value: float, what: str) -> float:
     value = float(value)
     if math.isnan(value) or value < 0.0:
@@ -117,6 +123,7 @@ class RdpCurve:
             raise ValueError("the l2 sensitivity must be finite and ≥ 0")
         alphas = np.asarray(orders, dtype=float)
         values = alphas * l2_sensitivity**2 / (2.0 * sigma**2)
+        values = _positive_if(values, l2_sensitivity > 0.0)
         return cls(tuple(orders), tuple(_pad_up(float(v)) for v in values))
 
     @classmethod
@@ -131,7 +138,7 @@ class RdpCurve:
         scale = laplace_scale(sum_up(shift_array), epsilon)
         eps = np.nextafter(shift_array / scale, np.inf)  # ≥ the exact shift/scale
         per_coordinate = laplace_rdp_upper(np.asarray(orders, dtype=float)[:, None], eps[None, :])
-        values = per_coordinate.sum(axis=1)
+        values = _positive_if(per_coordinate.sum(axis=1), bool(np.any(shift_array > 0.0)))
         return cls(tuple(orders), tuple(_pad_up(float(v)) for v in values), float(epsilon))
 
     # ----- algebra -------------------------------------------------------------------------------
@@ -154,9 +161,7 @@ class RdpCurve:
     def __le__(self, other: RdpCurve) -> bool:
         """Pointwise ≤ at every order and for the pure bound."""
         self._same_grid(other)
-        return self.pure <= other.pure and all(
-            a <= b for a, b in zip(self.values, other.values, strict=True)
-        )
+        return self.pure <= other.pure and all(a <= b for a, b in zip(self.values, other.values, strict=True))
 
     def __ge__(self, other: RdpCurve) -> bool:
         return other <= self

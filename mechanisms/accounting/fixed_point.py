@@ -107,6 +107,19 @@ class UnitsVector:
     def to_json(self) -> dict[str, list[int]]:
         return {"finite": list(self.finite), "infinite": list(self.infinite)}
 
+    def __le__(self, other: UnitsVector) -> bool:
+        """Slot by slot: an infinite value is ≤ only another infinite one."""
+        return all(
+            (b_inf > 0) or (a_inf == 0 and a <= b)
+            for a, a_inf, b, b_inf in zip(
+                self.finite, self.infinite, other.finite, other.infinite, strict=True
+            )
+        )
+
     @classmethod
     def from_json(cls, data: dict[str, list[int]]) -> UnitsVector:
-        return cls(tuple(int(x) for x in data["finite"]), tuple(int(x) for x in data["infinite"]))
+        """Strict: every entry must be an int (never a float that ``int()`` would truncate)."""
+        finite, infinite = data["finite"], data["infinite"]
+        if not all(type(x) is int for x in (*finite, *infinite)):
+            raise ValueError("units must be integers")
+        return cls(tuple(finite), tuple(infinite))

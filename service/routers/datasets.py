@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile
 
 from service import budget, datasets
-from service.auth import Principal, Role
+from service.auth import Principal, Role, validate_name
 from service.budget import budget_view
 from service.db.models import DATASET_SCOPE, Dataset
 from service.db.repositories import DatasetRepository, FilterRepository, LedgerRepository
@@ -98,7 +98,7 @@ def put_budget(dataset_id: str, body: BudgetIn, ctx: CtxDep, admin: Admin) -> di
 def put_analyst_budget(
     dataset_id: str, analyst: str, body: BudgetIn, ctx: CtxDep, admin: Admin
 ) -> dict[str, Any]:
-    return _set_budget(ctx, admin, dataset_id, analyst, body)
+    return _set_budget(ctx, admin, dataset_id, validate_name(analyst, "analyst"), body)
 
 
 def _budget_response(
@@ -129,7 +129,7 @@ def get_analyst_budget(
 ) -> Any:
     if who.role is Role.analyst and who.name != analyst:
         raise Forbidden("analysts can read only their own sub-budget")
-    return _budget_response(session, who, dataset_id, analyst, request, response)
+    return _budget_response(session, who, dataset_id, validate_name(analyst, "analyst"), request, response)
 
 
 @router.get("/{dataset_id}/ledger", summary="Ledger entries in order (analysts: their own requests)")
@@ -137,7 +137,7 @@ def get_ledger(
     dataset_id: str,
     session: SessionDep,
     who: AnyRole,
-    after: Annotated[int, Query(ge=0, description="return entries with seq > after")] = 0,
+    after: Annotated[int, Query(ge=0, le=2**62, description="return entries with seq > after")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     datasets.visible_dataset(session, who, dataset_id)

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
+from sqlalchemy.exc import IntegrityError
 
 from service.auth import create_key
 from service.db.repositories import KeyRepository
 from service.deps import Admin, CtxDep
+from service.errors import Conflict
 from service.schemas import KeyIn, KeyOut
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
@@ -12,8 +14,11 @@ router = APIRouter(prefix="/v1/keys", tags=["keys"])
 
 @router.post("", status_code=201, summary="Create an API key (the key is shown once)")
 def create(body: KeyIn, ctx: CtxDep, _admin: Admin) -> KeyOut:
-    with ctx.sessions() as session, session.begin():
-        key = create_key(session, body.name, body.role)
+    try:
+        with ctx.sessions() as session, session.begin():
+            key = create_key(session, body.name, body.role)
+    except IntegrityError:  # a concurrent request created the same name first
+        raise Conflict(f"a key named {body.name!r} already exists") from None
     return KeyOut(name=body.name, role=body.role, prefix=key[:10], key=key)
 
 

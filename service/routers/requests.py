@@ -14,7 +14,12 @@ router = APIRouter(tags=["requests"])
 
 IdempotencyKey = Annotated[
     str | None,
-    Header(alias="Idempotency-Key", max_length=200, description="retry-safe key: same key, same release"),
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=200,
+        description="retry-safe key: same key, same release",
+    ),
 ]
 
 

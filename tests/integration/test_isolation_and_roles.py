@@ -222,8 +222,6 @@ class TestRoleMatrix:
         with httpx.Client(base_url=live_server.base_url, headers={"Authorization": f"Basic {key}"}) as client:
             assert_problem(client.get("/v1/datasets"), 401, "/problems/unauthenticated")
 
-    @pytest.mark.xfail(strict=True,
-                       reason="BUG: 401 responses carry no WWW-Authenticate header (RFC 9110 §11.6.1)")
     def test_401_names_the_auth_scheme(self, matrix: Matrix) -> None:
         response = matrix.callers["no key"].get("/v1/datasets")
         assert response.status_code == 401

@@ -5,9 +5,9 @@ Independent references used here (never the code under test):
 * 60-digit ``decimal`` evaluation of Mironov 2017 Prop. 6 and of log(|A|/δ)/(α−1);
 * scipy quadrature of the Rényi integral ∫ p^α q^{1−α} between Laplace(0, b) and Laplace(μ, b).
 
-Tests marked ``xfail(strict=True)`` document bugs in ``mechanisms/accounting`` found while writing this suite
-(see each reason). They must fail today; once the bug is fixed they XPASS, strict mode turns that into a
-failure, and the marker has to be removed.
+Tests under "regression" headings pin bugs found in ``mechanisms/accounting`` while this suite was written
+(small-ε Laplace cancellation, clamping ex-post values to the pure bound, 28-digit Decimal capacities, no
+grid validation in ``capacity_units``); each failed on the code before its fix.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
+from collections.abc import Callable
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from fractions import Fraction
 
@@ -93,6 +94,13 @@ def exact_sub(a: Decimal, b: Decimal) -> Decimal:
         return a - b
 
 
+def finite_units(x: float) -> int:
+    """The ledger charge of a finite value."""
+    units = units_up(x)
+    assert units is not None
+    return units
+
+
 def ceil_units(x: Decimal) -> int:
     with localcontext() as ctx:
         ctx.prec = PRECISION
@@ -135,16 +143,18 @@ def test_gaussian_closed_form(l2: float, sigma: float) -> None:
         assert Fraction(value) >= exact  # never under the exact real value of the float inputs
         assert value == pytest.approx(float(exact), rel=1e-14)
         # and the ledger charge is at least the exact value in units
-        assert units_up(value) >= ceil_units(dec(exact))
+        assert finite_units(value) >= ceil_units(dec(exact))
 
 
 def test_gaussian_zero_sensitivity_is_free() -> None:
     assert RdpCurve.gaussian(0.0, 2.3, ORDERS) == RdpCurve(ORDERS, (0.0,) * len(ORDERS))
 
 
-@pytest.mark.parametrize(("l2", "sigma"), [(-1.0, 1.0), (math.nan, 1.0), (1.0, 0.0), (1.0, -2.0), (1.0, math.inf)])
+@pytest.mark.parametrize(
+    ("l2", "sigma"), [(-1.0, 1.0), (math.nan, 1.0), (1.0, 0.0), (1.0, -2.0), (1.0, math.inf)]
+)
 def test_gaussian_invalid(l2: float, sigma: float) -> None:
-    with pytest.raises(ValueError, match="sigma|sensitivity"):
+    with pytest.raises(ValueError, match=r"sigma|sensitivity"):
         RdpCurve.gaussian(l2, sigma, ORDERS)
 
 
@@ -168,7 +178,7 @@ def test_laplace_never_below_exact_prop6(l1: float, epsilon: float) -> None:
         exact = laplace_rdp_exact(eps_true, alpha)
         assert dec(value) >= exact
         assert value == pytest.approx(float(exact), rel=1e-13)
-        assert units_up(value) >= ceil_units(exact)
+        assert finite_units(value) >= ceil_units(exact)
     assert curve.pure == epsilon
     assert max(curve.values) <= epsilon
 
@@ -195,18 +205,10 @@ def test_laplace_coordinates_add() -> None:
     assert curve.pure == single.pure == epsilon
 
 
-# Small ε: Prop. 6 is evaluated as logaddexp(log(α/(2α−1)) + (α−1)ε, log((α−1)/(2α−1)) − αε)/(α−1).
-# Both arguments are O(1) while the result is ≈ α(α−1)ε²/2: catastrophic cancellation. The relative error
-# exceeds the 16-eps pad for ε ≲ 0.1 and the value underflows to 0.0 for ε ≲ 1e-8.
-LAPLACE_CANCELLATION = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG mechanisms/accounting/curve.py RdpCurve.laplace: cancellation for small ε under-charges",
-)
-
-
-@LAPLACE_CANCELLATION
-@pytest.mark.parametrize("epsilon", [1e-9, 1e-6, 1e-3, 0.01, 0.1])
+# Regression (small ε): Prop. 6 evaluated as logaddexp(log(α/(2α−1)) + (α−1)ε, log((α−1)/(2α−1)) − αε)/(α−1)
+# cancels catastrophically (both arguments O(1), result ≈ αε²/2): the relative error exceeded the 16-eps pad
+# for ε ≲ 0.1 and the value underflowed to 0.0 for ε ≲ 1e-8 (ε = 1e-9 was free at α ≤ 10).
+@pytest.mark.parametrize("epsilon", [1e-12, 1e-9, 1e-6, 1e-3, 0.01, 0.1])
 def test_laplace_small_epsilon_never_below_exact(epsilon: float) -> None:
     curve = RdpCurve.laplace([1.0], epsilon, ORDERS)
     eps_true = Fraction(1) / Fraction(laplace_scale(1.0, epsilon))
@@ -216,27 +218,45 @@ def test_laplace_small_epsilon_never_below_exact(epsilon: float) -> None:
         if dec(value) < laplace_rdp_exact(eps_true, alpha)
     ]
     assert below == []
+    # and not absurdly loose
+    for alpha, value in zip(ORDERS, curve.values, strict=True):
+        assert value == pytest.approx(float(laplace_rdp_exact(eps_true, alpha)), rel=1e-6)
 
 
-@LAPLACE_CANCELLATION
 def test_laplace_tiny_epsilon_is_not_free() -> None:
     # ε = 1e-9 (accepted by LaplaceParams: gt=0) is charged 0.0 at α ∈ {1.25, …, 10}: the slot never fills.
     curve = RdpCurve.laplace([1.0], 1e-9, ORDERS)
-    assert all(units_up(v) >= 1 for v in curve.values)
+    assert all(finite_units(v) >= 1 for v in curve.values)
 
 
-@LAPLACE_CANCELLATION
-def test_laplace_ledger_charge_below_exact_units() -> None:
+def test_laplace_ledger_charge_never_below_exact_units() -> None:
     # Found by bisection on ε so that the exact RDP lies just above a unit boundary.
     epsilon, alpha = 0.012259096142433935, 2.0
     curve = RdpCurve.laplace([1.0], epsilon, (alpha,))
     exact = laplace_rdp_exact(Fraction(1) / Fraction(laplace_scale(1.0, epsilon)), alpha)
-    assert units_up(curve.values[0]) >= ceil_units(exact)  # 149665740 < 149665741 today
+    assert finite_units(curve.values[0]) >= ceil_units(exact)  # was 149665740 < 149665741
 
 
-@pytest.mark.parametrize(("l1", "epsilon"), [(1.0, 0.0), (1.0, -1.0), (1.0, math.inf), (-1.0, 1.0), (math.nan, 1.0)])
+def test_laplace_random_values_never_below_exact() -> None:
+    rng = random.Random(31337)
+    for _ in range(300):
+        shifts = [
+            float(f"{10 ** rng.uniform(-3, 2):.{rng.randint(1, 17)}g}") for _ in range(rng.randint(1, 3))
+        ]
+        epsilon = float(f"{10 ** rng.uniform(-12, 1.7):.{rng.randint(1, 17)}g}")
+        orders = tuple(sorted({1.0 + 10 ** rng.uniform(-3, 3) for _ in range(3)}))
+        curve = RdpCurve.laplace(shifts, epsilon, orders)
+        scale = laplace_scale(math.fsum(shifts), epsilon)
+        for alpha, value in zip(orders, curve.values, strict=True):
+            exact = sum(laplace_rdp_exact(Fraction(s) / Fraction(scale), alpha) for s in shifts)
+            assert dec(value) >= exact, (shifts, epsilon, alpha)
+
+
+@pytest.mark.parametrize(
+    ("l1", "epsilon"), [(1.0, 0.0), (1.0, -1.0), (1.0, math.inf), (-1.0, 1.0), (math.nan, 1.0)]
+)
 def test_laplace_invalid(l1: float, epsilon: float) -> None:
-    with pytest.raises(ValueError, match="epsilon|sensitivity|shift"):
+    with pytest.raises(ValueError, match=r"epsilon|sensitivity|shift"):
         RdpCurve.laplace([l1], epsilon, ORDERS)
 
 
@@ -287,11 +307,14 @@ def test_zero_curve() -> None:
     assert UnitsVector.charge(zero) == UnitsVector.zeros(len(ORDERS) + 1)
 
 
-def test_values_are_clamped_to_pure() -> None:
+def test_values_are_not_clamped_to_pure() -> None:
+    # Each slot keeps its own valid function; see the coin-mechanism regression below for why.
     curve = RdpCurve((1.5, 2.0, 9.0), (0.2, 5.0, math.inf), 0.9)
-    assert curve.values == (0.2, 0.9, 0.9)
+    assert curve.values == (0.2, 5.0, math.inf)
     assert curve.pure == 0.9
-    assert RdpCurve((2.0,), (math.inf,)).values == (math.inf,)
+    charge = UnitsVector.charge(curve)
+    assert charge.finite == (2 * 10**11, 5 * 10**12, 0, 9 * 10**11)
+    assert charge.infinite == (0, 0, 1, 0)
 
 
 def test_as_dict_serialises_infinity() -> None:
@@ -496,34 +519,29 @@ def test_union_bound_term_is_an_upper_bound() -> None:
             )
 
 
-@pytest.mark.parametrize(("epsilon", "delta"), [(-1.0, 1e-5), (math.inf, 1e-5), (math.nan, 1e-5), (1.0, -1e-5), (1.0, 1.0), (1.0, math.nan)])
+@pytest.mark.parametrize(
+    ("epsilon", "delta"),
+    [(-1.0, 1e-5), (math.inf, 1e-5), (math.nan, 1e-5), (1.0, -1e-5), (1.0, 1.0), (1.0, math.nan)],
+)
 def test_capacity_invalid(epsilon: float, delta: float) -> None:
-    with pytest.raises(ValueError, match="epsilon|delta"):
+    with pytest.raises(ValueError, match=r"epsilon|delta"):
         capacity_units(epsilon, delta, ORDERS)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG conversion.capacity_units: Decimal subtraction in the default 28-digit context rounds B(α) "
-    "up to ε when log(|A|/δ)/(α−1) is tiny (huge orders or huge ε): capacity one unit above B(α)",
-)
 def test_capacity_is_rounded_down_for_huge_orders() -> None:
+    # Regression: B(α) was computed in the default 28-digit Decimal context, which rounded 1 − 1.4e-30 to 1.
     orders = (2.0, 1e30)
     caps = capacity_units(1.0, 0.5, orders)
     exact = exact_sub(Decimal(1), union_term_exact(len(orders), 0.5, 1e30))
     assert caps[1] is not None
-    assert caps[1] <= floor_units(exact)  # 10**12 > 10**12 − 1 today
+    assert caps[1] <= floor_units(exact)  # was 10**12 > 10**12 − 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG conversion.capacity_units does not validate the grid: an order ≤ 1 makes log(|A|/δ)/(α−1) "
-    "negative and the capacity exceeds ε",
-)
-def test_capacity_rejects_invalid_orders() -> None:
+@pytest.mark.parametrize("orders", [(0.5,), (1.0,), (3.0, 2.0), (2.0, 2.0), ()])
+def test_capacity_rejects_invalid_orders(orders: tuple[float, ...]) -> None:
+    # Regression: (0.5,) used to give a capacity of 24 ε (log(|A|/δ)/(α−1) < 0 for α < 1).
     with pytest.raises(ValueError, match="order"):
-        capacity_units(1.0, 1e-5, (0.5,))  # returns (24025850929940, 10**12) today: 24 ε at α = 0.5
+        capacity_units(1.0, 1e-5, orders)
 
 
 # ----- conversions and the filter's ε ------------------------------------------------------------------
@@ -584,7 +602,7 @@ def test_filter_epsilon() -> None:
     expected = min(
         units_to_epsilon(gauss.finite[j]) + union_bound_term(ORDERS, 1e-5, a) for j, a in enumerate(ORDERS)
     )
-    assert eps == expected
+    assert expected <= eps <= math.nextafter(math.nextafter(expected, math.inf), math.inf)  # rounded up
     assert eps >= epsilon_at_delta(RdpCurve.gaussian(1.0, 9.0, ORDERS), 1e-5)  # the union bound costs
     assert filter_epsilon(gauss, 0.0, ORDERS) == math.inf  # δ = 0: only the pure slot counts
     pure = UnitsVector.charge(RdpCurve.from_pure(0.25, ORDERS))
@@ -608,14 +626,14 @@ def test_filter_epsilon_at_capacity_is_at_most_epsilon() -> None:
             assert filter_epsilon(total, delta, ORDERS) <= epsilon * (1 + 1e-15)
 
 
-# ----- soundness of the clamp to the pure bound ---------------------------------------------------------
+# ----- regression: no clamping of ex-post values to the pure bound -------------------------------------
 # A legitimate mechanism: a public fair coin c ∈ {1, 2} picks randomized response with ε_c (ε₁ = 0.05,
 # ε₂ = 3). Two valid ex-post statements hold for every output (c, y):
 #   * ex-post pure DP with ε̃(c, y) = ε_c (P(o) ≤ e^{ε_c} Q(o), both directions), and
 #   * ex-post RDP with the constant function c_α = D_α(M(D) ‖ M(D′)) (Def. 6 with a constant is ex-ante RDP).
-# ``RdpCurve(orders, c_α, pure=ε_c)`` clamps c_α to ε₁ on coin-1 outputs. The pointwise minimum of two valid
-# ex-post functions is not a valid ex-post function, so the clamped charge violates Def. 6, and the filter
-# built on it over-admits.
+# ``RdpCurve(orders, c_α, pure=ε_c)`` used to clamp c_α to ε₁ on coin-1 outputs. The pointwise minimum of two
+# valid ex-post functions is not a valid ex-post function: the clamped charge violated Def. 6 (sum 1.427) and
+# a (50, 1e-3) filter fed these curves had true δ ≥ 0.405.
 COIN_EPS = (0.05, 3.0)
 
 
@@ -637,36 +655,37 @@ def _coin_curve(orders: tuple[float, ...], coin: int) -> RdpCurve:
     return RdpCurve(orders, tuple(_mixture_rdp(a) for a in orders), COIN_EPS[coin])
 
 
-def test_coin_mechanism_statements_are_valid_separately() -> None:
-    alpha = 2.0
-    c_alpha = _mixture_rdp(alpha)
-    for charge in (lambda coin: c_alpha, lambda coin: COIN_EPS[coin]):
-        total = 0.0
-        for coin, eps in enumerate(COIN_EPS):
-            p, q = _rr(eps)
-            for pp, qq in ((p, q), (q, p)):
-                total += (0.5 * pp) ** alpha / (math.exp(charge(coin)) * 0.5 * qq) ** (alpha - 1)
-        assert total <= 1.0 + 1e-12  # Def. 6 holds for each statement on its own
+def _clamped_coin_curve(orders: tuple[float, ...], coin: int) -> RdpCurve:
+    """What the old clamp produced: min(c_α, ε_c) at every order."""
+    return RdpCurve(orders, tuple(min(_mixture_rdp(a), COIN_EPS[coin]) for a in orders), COIN_EPS[coin])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG curve.RdpCurve.__post_init__ clamps output-dependent RDP values to an output-dependent pure "
-    "bound; min(ε̃_α(o), ε̃_∞(o)) is not an ex-post RDP function (Def. 6 sum = 1.427 > 1 here)",
-)
-def test_clamped_charge_satisfies_def6() -> None:
-    alpha = 2.0
+def _def6_sum(alpha: float, charge_of_coin: Callable[[int], float]) -> float:
     total = 0.0
     for coin, eps in enumerate(COIN_EPS):
-        charge = _coin_curve((alpha,), coin).values[0]  # what the filter's α-slot is charged
         p, q = _rr(eps)
         for pp, qq in ((p, q), (q, p)):
-            total += (0.5 * pp) ** alpha / (math.exp(charge) * 0.5 * qq) ** (alpha - 1)
-    assert total <= 1.0
+            total += (0.5 * pp) ** alpha / (math.exp(charge_of_coin(coin)) * 0.5 * qq) ** (alpha - 1)
+    return total
 
 
-def _filter_delta_for_coin_mechanism() -> tuple[float, float]:
+@pytest.mark.parametrize("alpha", [1.5, 2.0, 8.0])
+def test_coin_mechanism_statements_are_valid_separately(alpha: float) -> None:
+    c_alpha = _mixture_rdp(alpha)
+    assert _def6_sum(alpha, lambda coin: c_alpha) <= 1.0 + 1e-12
+    assert _def6_sum(alpha, lambda coin: COIN_EPS[coin]) <= 1.0 + 1e-12
+    # ... but their pointwise minimum is not an ex-post RDP function
+    assert _def6_sum(alpha, lambda coin: min(c_alpha, COIN_EPS[coin])) > 1.1
+
+
+@pytest.mark.parametrize("alpha", [1.5, 2.0, 8.0])
+def test_curve_charge_satisfies_def6(alpha: float) -> None:
+    assert _def6_sum(alpha, lambda coin: _coin_curve((alpha,), coin).values[0]) <= 1.0 + 1e-12
+
+
+def _filter_delta_for_coin_mechanism(
+    make_curve: Callable[[tuple[float, ...], int], RdpCurve],
+) -> tuple[float, float]:
     """Run the filter (ε = 50, δ = 1e-3, A = {2}) on repeated coin-mechanism requests; exact computation.
 
     Charges only depend on the public coin, so admission depends on (n₁, n₂), the numbers of each coin; the
@@ -677,8 +696,8 @@ def _filter_delta_for_coin_mechanism() -> tuple[float, float]:
 
     orders, epsilon, delta = (2.0,), 50.0, 1e-3
     caps = capacity_units(epsilon, delta, orders)
-    worst = UnitsVector.charge(_coin_curve(orders, 1))
-    charges = [UnitsVector.charge(_coin_curve(orders, c)) for c in (0, 1)]
+    worst = UnitsVector.charge(make_curve(orders, 1))
+    charges = [UnitsVector.charge(make_curve(orders, c)) for c in (0, 1)]
     final: dict[tuple[int, int], float] = defaultdict(float)
     frontier: dict[tuple[int, int], float] = {(0, 0): 1.0}
     while frontier:
@@ -705,12 +724,41 @@ def _filter_delta_for_coin_mechanism() -> tuple[float, float]:
     return p_d, p_d - math.exp(epsilon) * p_d_prime
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG curve.RdpCurve clamp: a (50, 1e-3) filter fed clamped coin-mechanism curves releases a "
-    "transcript with P_D(L > 50) = 0.418 and true δ ≥ 0.405",
-)
-def test_filter_with_clamped_curves_keeps_delta() -> None:
-    _, delta_true = _filter_delta_for_coin_mechanism()
+def test_filter_with_coin_mechanism_keeps_delta() -> None:
+    p_tail, delta_true = _filter_delta_for_coin_mechanism(_coin_curve)
+    assert p_tail <= 1e-3
     assert delta_true <= 1e-3
+
+
+def test_clamping_would_break_the_filter() -> None:
+    # Documents the size of the old bug: same filter, clamped curves.
+    p_tail, delta_true = _filter_delta_for_coin_mechanism(_clamped_coin_curve)
+    assert p_tail > 0.4
+    assert delta_true > 0.4
+
+
+# ----- regressions: positive losses are never free; the displayed ε is an upper bound ------------
+@pytest.mark.parametrize("kind", ["gaussian", "laplace"])
+def test_positive_loss_is_never_free(kind: str) -> None:
+    orders = (2.0, 16.0)
+    if kind == "gaussian":
+        curve = RdpCurve.gaussian(1e-170, 1.0, orders)
+    else:
+        curve = RdpCurve.laplace([1.0], 1e-170, orders)
+    assert all(finite_units(v) >= 1 for v in curve.values)
+
+
+def test_filter_epsilon_is_an_upper_bound() -> None:
+    orders, delta = (2.0, 16.0), 1e-5
+    total = UnitsVector((8549180827234, 6298469024260, 10**15), (0, 0, 0))
+    with localcontext() as ctx:
+        ctx.prec = PRECISION
+        exact = min(
+            [Decimal(total.finite[-1]) / UNITS_PER_EPSILON]
+            + [
+                Decimal(total.finite[j]) / UNITS_PER_EPSILON
+                + Decimal(repr(union_bound_term(orders, delta, a)))
+                for j, a in enumerate(orders)
+            ]
+        )
+    assert Decimal(repr(filter_epsilon(total, delta, orders))) >= exact  # 7.112207200628681 < …6813

@@ -1,0 +1,86 @@
+"""Both execution paths: inline (reserve, run, commit in one transaction) and reserve → worker → commit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import BaseModel
+
+from mechanisms.base import PublicContext, Release, Table
+from mechanisms.catalog import MECHANISMS
+from mechanisms.laplace import Laplace
+from service.db.session import make_engine, make_sessionmaker
+from service.ledger import verify
+from tests.conftest import LiveServer, running_server, server_settings
+from tests.integration.helpers import make_world
+
+COUNT = {"query": {"kind": "count"}, "epsilon": 0.25}
+
+
+class ExplodingLaplace(Laplace):
+    """Reads the data, then fails: the service must charge the worst case."""
+
+    name = "exploding_laplace"
+
+    def run(self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator) -> Release:
+        assert len(next(iter(table.values()))) > 0  # the data was read
+        raise RuntimeError("boom after reading the data")
+
+
+@pytest.fixture
+def exploding_mechanism() -> Iterator[None]:
+    MECHANISMS["exploding_laplace"] = ExplodingLaplace()
+    yield
+    del MECHANISMS["exploding_laplace"]
+
+
+@pytest.fixture(params=["inline", "worker"])
+def server(request: pytest.FixtureRequest, database_url: str, tmp_path: Any) -> Iterator[LiveServer]:
+    inline = {"laplace", "exploding_laplace"} if request.param == "inline" else set()
+    with running_server(server_settings(database_url, tmp_path, inline_mechanisms=inline)) as live:
+        yield live
+
+
+def verify_clean(server: LiveServer) -> None:
+    engine = make_engine(server.settings.database_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            report = verify(session)
+    finally:
+        engine.dispose()
+    assert report.ok, report.problems
+
+
+class TestExecutionPaths:
+    def test_release_commits_its_realized_charge(self, server: LiveServer) -> None:
+        world = make_world(server, {"epsilon": 1.0, "delta": 0.0})
+        response = world.request(world.analyst, COUNT)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["state"] == "committed"
+        assert body["realized"]["pure"] == 0.25
+        budget = world.viewer.get(f"/v1/datasets/{world.dataset_id}/budget").json()
+        assert budget["pure"]["spent"] == 0.25
+        assert budget["pure"]["reserved"] == 0.0
+        events = [e["event"] for e in world.viewer.get(f"/v1/datasets/{world.dataset_id}/ledger").json()["items"]]
+        assert events[-2:] == ["reserve", "commit"]
+        verify_clean(server)
+
+    @pytest.mark.usefixtures("exploding_mechanism")
+    def test_failure_after_reading_data_charges_the_worst_case(self, server: LiveServer) -> None:
+        world = make_world(server, {"epsilon": 1.0, "delta": 0.0})
+        response = world.request(world.analyst, COUNT, mechanism="exploding_laplace")
+        assert response.status_code == 500
+        problem = response.json()
+        assert problem["type"] == "/problems/mechanism-failed"
+        assert "boom" not in response.text  # no internals leak into the response
+        state = world.analyst.get(f"/v1/requests/{problem['request_id']}").json()
+        assert state["state"] == "failed_charged"
+        assert state["release"] is None
+        budget = world.viewer.get(f"/v1/datasets/{world.dataset_id}/budget").json()
+        assert budget["pure"]["spent"] == 0.25
+        assert budget["pure"]["reserved"] == 0.0
+        verify_clean(server)

@@ -1,0 +1,95 @@
+"""The filter's transitions as domain functions on real databases: reserve, abort, reap, verify."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from service import budget, requests
+from service.auth import Principal, Role, create_key
+from service.datasets import create_dataset, grant
+from service.db.models import DATASET_SCOPE
+from service.db.repositories import FilterRepository, RequestRepository
+from service.db.session import make_engine, make_sessionmaker
+from service.ledger import verify
+from tests.integration.helpers import CSV, SCHEMA
+
+
+@pytest.fixture
+def sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(database_url)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def setup(sessions: sessionmaker[Session], tmp_path: Path) -> tuple[str, Principal]:
+    with sessions() as session, session.begin():
+        create_key(session, name := f"analyst-{datetime.now(UTC).timestamp()}", Role.analyst)
+        dataset = create_dataset(session, tmp_path, "d", CSV, SCHEMA, "admin")
+        grant(session, dataset, name, "admin")
+        budget.set_budget(session, dataset, DATASET_SCOPE, 1.0, 0.0, "admin")
+    return dataset.id, Principal(name, Role.analyst)
+
+
+def reserved_pure(sessions: sessionmaker[Session], dataset_id: str) -> tuple[int, int]:
+    with sessions() as session:
+        flt = FilterRepository(session).get(dataset_id)
+        assert flt is not None
+        return flt.reserved["finite"][-1], flt.spent["finite"][-1]
+
+
+def admitted(sessions: sessionmaker[Session], setup: tuple[str, Principal]) -> str:
+    dataset_id, principal = setup
+    with sessions() as session:
+        validated = requests.validate(session, principal, dataset_id, "laplace",
+                                      {"query": {"kind": "count"}, "epsilon": 0.3})
+    with sessions() as session:
+        request, created = requests.admit(session, principal, validated, None, 300.0)
+    assert created
+    return request.id
+
+
+def verified(sessions: sessionmaker[Session]) -> list[str]:
+    with sessions() as session:
+        return verify(session).problems
+
+
+class TestTransitions:
+    def test_abort_releases_the_reservation_without_charge(
+        self, sessions: sessionmaker[Session], setup: tuple[str, Principal]
+    ) -> None:
+        request_id = admitted(sessions, setup)
+        assert reserved_pure(sessions, setup[0]) == (300_000_000_000, 0)
+        with sessions() as session:
+            assert requests.abort(session, request_id, "never started")
+        assert reserved_pure(sessions, setup[0]) == (0, 0)
+        with sessions() as session:
+            assert not requests.abort(session, request_id, "twice")  # only once
+            request = RequestRepository(session).get(request_id)
+            assert request is not None
+            assert request.state == "aborted"
+        assert verified(sessions) == []
+
+    def test_reaper_commits_the_worst_case_of_an_expired_lease_once(
+        self, sessions: sessionmaker[Session], setup: tuple[str, Principal]
+    ) -> None:
+        request_id = admitted(sessions, setup)
+        with sessions() as session, session.begin():
+            request = RequestRepository(session).get(request_id)
+            assert request is not None
+            request.lease_expires_at = datetime.now(UTC) - timedelta(seconds=1)
+        assert requests.reap_expired(sessions) >= 1
+        assert reserved_pure(sessions, setup[0]) == (0, 300_000_000_000)
+        with sessions() as session:
+            # a late worker finishing now must not charge again
+            assert not requests.settle(session, request_id, None, {"value": 1.0}, None)
+            request = RequestRepository(session).get(request_id)
+            assert request is not None
+            assert (request.state, request.release) == ("failed_charged", None)
+        assert reserved_pure(sessions, setup[0]) == (0, 300_000_000_000)
+        assert verified(sessions) == []
