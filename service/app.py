@@ -92,6 +92,11 @@ def install_error_handlers(app: FastAPI) -> None:
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     configure_logging(settings.log_level, settings.log_json)
+    import os
+    import sys
+
+    if os.environ.get("EXPOST_SWITCH"):
+        sys.setswitchinterval(float(os.environ["EXPOST_SWITCH"]))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -8,8 +8,9 @@ else ever lowers a charge. The caller holds the filter's row lock for every muta
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
@@ -47,11 +48,36 @@ def new_filter(dataset_id: str, scope: str, slots: int) -> PrivacyFilter:
     )
 
 
-def totals(flt: PrivacyFilter) -> tuple[UnitsVector, UnitsVector]:
+class FilterLike(Protocol):
+    """What admission reads of a filter: a database row, or a snapshot taken under its lock."""
+
+    @property
+    def scope(self) -> str: ...
+    @property
+    def capacity(self) -> list[Any] | None: ...
+    @property
+    def spent(self) -> dict[str, Any]: ...
+    @property
+    def reserved(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class FilterSnapshot:
+    scope: str
+    capacity: list[Any] | None
+    spent: dict[str, Any]
+    reserved: dict[str, Any]
+
+
+def snapshot(flt: PrivacyFilter) -> FilterSnapshot:
+    return FilterSnapshot(flt.scope, flt.capacity, dict(flt.spent), dict(flt.reserved))
+
+
+def totals(flt: FilterLike) -> tuple[UnitsVector, UnitsVector]:
     return UnitsVector.from_json(flt.spent), UnitsVector.from_json(flt.reserved)
 
 
-def fitting_slots(flt: PrivacyFilter, charge: UnitsVector) -> list[bool]:
+def fitting_slots(flt: FilterLike, charge: UnitsVector) -> list[bool]:
     """Per slot: would spent + reserved + charge stay within capacity?"""
     if flt.capacity is None:
         return [False] * len(charge)
@@ -59,12 +85,12 @@ def fitting_slots(flt: PrivacyFilter, charge: UnitsVector) -> list[bool]:
     return (spent + reserved + charge).fits(flt.capacity)
 
 
-def ever_admissible(flt: PrivacyFilter, charge: UnitsVector) -> bool:
+def ever_admissible(flt: FilterLike, charge: UnitsVector) -> bool:
     """Would an unspent filter with this capacity admit the charge?"""
     return flt.capacity is not None and any(charge.fits(flt.capacity))
 
 
-def admits(flt: PrivacyFilter, charge: UnitsVector) -> bool:
+def admits(flt: FilterLike, charge: UnitsVector) -> bool:
     """Dataset filters need a budget; an analyst filter without a sub-budget only tracks spending."""
     if flt.capacity is None:
         if flt.scope == DATASET_SCOPE:
@@ -163,7 +189,7 @@ def budget_view(flt: PrivacyFilter, orders: list[float]) -> dict[str, Any]:
     }
 
 
-def refusal_details(flt: PrivacyFilter, orders: list[float], charge: UnitsVector) -> dict[str, Any]:
+def refusal_details(flt: FilterLike, orders: list[float], charge: UnitsVector) -> dict[str, Any]:
     """Requested vs spent vs reserved vs capacity per slot, and the slot closest to fitting."""
     spent, reserved = totals(flt)
     capacity = flt.capacity or [None] * len(charge)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
 from sqlalchemy import Engine
@@ -16,6 +17,9 @@ from service.datasets import TableCache
 from service.db.session import make_engine, make_sessionmaker
 from service.executor import Executor, InProcessExecutor
 
+if TYPE_CHECKING:
+    from service.writer import WriteBatcher
+
 log = structlog.get_logger("expost")
 
 
@@ -26,6 +30,7 @@ class AppContext:
     sessions: sessionmaker[Session]
     tables: TableCache
     executor: Executor
+    writer: WriteBatcher
     stop: threading.Event = field(default_factory=threading.Event)
     _principals: dict[str, tuple[Principal, float]] = field(default_factory=dict)
 
@@ -46,12 +51,13 @@ class AppContext:
     @classmethod
     def build(cls, settings: Settings) -> AppContext:
         from service.requests import run_request
+        from service.writer import WriteBatcher
 
         engine = make_engine(settings.database_url, settings.pool_size)
         sessions = make_sessionmaker(engine)
         tables = TableCache(settings.data_dir)
         executor = InProcessExecutor(lambda rid: run_request(sessions, tables, rid), settings.worker_threads)
-        return cls(settings, engine, sessions, tables, executor)
+        return cls(settings, engine, sessions, tables, executor, WriteBatcher(sessions))
 
     def start_reaper(self) -> threading.Thread:
         from service.requests import reap_expired
@@ -71,4 +77,5 @@ class AppContext:
     def close(self) -> None:
         self.stop.set()
         self.executor.shutdown()
+        self.writer.stop()
         self.engine.dispose()

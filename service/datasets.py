@@ -93,12 +93,44 @@ def _store(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+class _ImmutableCache:
+    """Datasets never change and grants are never revoked, so both are cached once seen.
+
+    (A future revoke endpoint must clear ``granted``.) Ids are random, so one cache serves any database.
+    """
+
+    def __init__(self) -> None:
+        self.datasets: dict[str, Dataset] = {}
+        self.granted: set[tuple[str, str]] = set()
+
+
+_cache = _ImmutableCache()
+
+
+def _dataset(session: Session, dataset_id: str) -> Dataset | None:
+    dataset = _cache.datasets.get(dataset_id)
+    if dataset is None:
+        dataset = DatasetRepository(session).get(dataset_id)
+        if dataset is not None:
+            session.expunge(dataset)
+            _cache.datasets[dataset_id] = dataset
+    return dataset
+
+
+def _is_granted(session: Session, dataset_id: str, analyst: str) -> bool:
+    if (dataset_id, analyst) in _cache.granted:
+        return True
+    granted = DatasetRepository(session).is_granted(dataset_id, analyst)
+    if granted:
+        _cache.granted.add((dataset_id, analyst))
+    return granted
+
+
 def visible_dataset(session: Session, principal: Principal, dataset_id: str) -> Dataset:
     """The dataset if this principal may see it; analysts only see datasets they are granted (else 404)."""
-    datasets = DatasetRepository(session)
-    dataset = datasets.get(dataset_id)
+    dataset = _dataset(session, dataset_id)
     if dataset is None or (
-        principal.role is Role.analyst and not datasets.is_granted(dataset_id, principal.name)
+        principal.role is Role.analyst and not _is_granted(session, dataset_id, principal.name)
     ):
         raise NotFound(f"no dataset {dataset_id!r}")
     return dataset

@@ -95,19 +95,29 @@ def curve_record(curve: RdpCurve) -> dict[str, Any]:
 
 
 def _lock_filters(session: Session, dataset_id: str, analyst: str) -> list[PrivacyFilter]:
-    """Dataset filter first, then the analyst's: a fixed order, so two transactions never deadlock."""
-    filters = FilterRepository(session)
-    head, own = filters.lock(dataset_id), filters.lock(dataset_id, analyst)
-    if head is None or own is None:
+    """[dataset filter, analyst filter], locked together in id order (the dataset's is created first),
+    so two transactions never deadlock. Every state transition of a request holds these locks."""
+    locked = {f.scope: f for f in FilterRepository(session).lock_scopes(dataset_id, [DATASET_SCOPE, analyst])}
+    if DATASET_SCOPE not in locked or analyst not in locked:
         raise NotFound(f"no dataset {dataset_id!r}")
-    return [head, own]
+    return [locked[DATASET_SCOPE], locked[analyst]]
 
 
-def _refuse(v: Validated, blocked: PrivacyFilter, filters: list[PrivacyFilter]) -> BudgetExhausted:
-    details = budget.refusal_details(blocked, v.dataset.orders, v.charge)
+class Refused(Exception):
+    """Raised under the filter locks with snapshots of the filters; the public refusal is built outside
+    the lock (the affordable ε takes ~60 worst-case evaluations)."""
+
+    def __init__(self, blocked: budget.FilterSnapshot, filters: list[budget.FilterSnapshot]) -> None:
+        super().__init__("refused")
+        self.blocked, self.filters = blocked, filters
+
+
+def refusal(v: Validated, refused: Refused) -> BudgetExhausted:
+    """The 409 body: requested vs spent, reserved and capacity per order, and what is affordable."""
+    details = budget.refusal_details(refused.blocked, v.dataset.orders, v.charge)
 
     def admissible(curve: RdpCurve) -> bool:
-        return all(budget.admits(f, UnitsVector.charge(curve)) for f in filters)
+        return all(budget.admits(f, UnitsVector.charge(curve)) for f in refused.filters)
 
     affordable = best_affordable_cost(v.mechanism, v.params, v.context, admissible)
     details["requested"] = v.worst_case.as_dict()
@@ -115,7 +125,7 @@ def _refuse(v: Validated, blocked: PrivacyFilter, filters: list[PrivacyFilter]) 
         None if affordable is None else {"parameter": v.mechanism.cost_parameter, "value": affordable}
     )
     hint = "" if affordable is None else f"; largest affordable {v.mechanism.cost_parameter}: {affordable:g}"
-    if not budget.ever_admissible(blocked, v.charge):
+    if not budget.ever_admissible(refused.blocked, v.charge):
         return NotAdmissible(
             f"the {details['filter']} filter can never admit this request, even unspent "
             f"(e.g. a pure budget admits only mechanisms with a pure-DP bound){hint}",
@@ -134,8 +144,8 @@ def admission_check(session: Session, principal: Principal, v: Validated) -> dic
         return {"admitted": False, "reason": exc.detail, "worst_case": v.worst_case.as_dict()}
     result: dict[str, Any] = {"admitted": blocked is None, "worst_case": v.worst_case.as_dict()}
     if blocked is not None:
-        refusal = _refuse(v, blocked, checked)
-        result["refusal"] = refusal.problem()
+        snapshots = [budget.snapshot(f) for f in checked]
+        result["refusal"] = refusal(v, Refused(budget.snapshot(blocked), snapshots)).problem()
     return result
 
 
@@ -159,7 +169,7 @@ def _reserve_locked(
             return existing, False
     blocked = next((f for f in filters if not budget.admits(f, v.charge)), None)
     if blocked is not None:
-        raise _refuse(v, blocked, filters)
+        raise Refused(budget.snapshot(blocked), [budget.snapshot(f) for f in filters])
     now = datetime.now(UTC)
     request = AnalysisRequest(
         id="rq_" + uuid.uuid4().hex[:20],
@@ -199,9 +209,12 @@ def admit(
     session: Session, principal: Principal, v: Validated, key: str | None, lease: float
 ) -> tuple[AnalysisRequest, bool]:
     """Admit and reserve in one transaction; returns (request, created). Raises a refusal otherwise."""
-    with session.begin():
-        filters = _lock_filters(session, v.dataset.id, principal.name)
-        return _reserve_locked(session, filters, principal, v, key, lease)
+    try:
+        with session.begin():
+            filters = _lock_filters(session, v.dataset.id, principal.name)
+            return _reserve_locked(session, filters, principal, v, key, lease)
+    except Refused as refused:
+        raise refusal(v, refused) from None
 
 
 def admit_or_replay(
@@ -228,13 +241,23 @@ def admit_or_replay(
 # ----- running and settling ------------------------------------------------------------------------
 
 
-def _lock_running(session: Session, request_id: str) -> tuple[list[PrivacyFilter], AnalysisRequest] | None:
-    """Lock the request's filters (fixed order), then the request; None unless it is still running."""
-    request = RequestRepository(session).get(request_id)
-    if request is None:
-        return None
-    filters = _lock_filters(session, request.dataset_id, request.analyst)
-    request = RequestRepository(session).lock(request_id)
+@dataclass(frozen=True)
+class RequestRef:
+    """Which request, and so which filters guard its transitions."""
+
+    id: str
+    dataset_id: str
+    analyst: str
+
+    @classmethod
+    def of(cls, request: AnalysisRequest) -> RequestRef:
+        return cls(request.id, request.dataset_id, request.analyst)
+
+
+def _lock_running(session: Session, ref: RequestRef) -> tuple[list[PrivacyFilter], AnalysisRequest] | None:
+    """Lock the request's filters, then re-read it; None unless it is still running."""
+    filters = _lock_filters(session, ref.dataset_id, ref.analyst)
+    request = RequestRepository(session).fresh(ref.id)
     return None if request is None or request.state != "running" else (filters, request)
 
 
@@ -273,24 +296,27 @@ def _settle_locked(
 
 def settle(
     session: Session,
-    request_id: str,
+    ref: RequestRef,
     realized: RdpCurve | None,
     release: dict[str, Any] | None,
     error: str | None,
-) -> bool:
-    """Commit the realized charge and store the release, or commit the worst case with an error."""
+) -> AnalysisRequest | None:
+    """Commit the realized charge and store the release, or commit the worst case with an error.
+
+    Returns the settled request, or None if it was no longer running (never charge twice).
+    """
     with session.begin():
-        locked = _lock_running(session, request_id)
+        locked = _lock_running(session, ref)
         if locked is None:
-            return False  # already settled (e.g. reaped): never charge twice
+            return None
         _settle_locked(session, *locked, realized, release, error)
-    return True
+    return locked[1]
 
 
-def abort(session: Session, request_id: str, reason: str) -> bool:
+def abort(session: Session, ref: RequestRef, reason: str) -> bool:
     """Release a reservation without charge. Only for requests whose data was provably never read."""
     with session.begin():
-        locked = _lock_running(session, request_id)
+        locked = _lock_running(session, ref)
         if locked is None:
             return False
         filters, request = locked
@@ -343,19 +369,18 @@ def run_request(sessions: sessionmaker[Session], tables: TableCache, request_id:
     params = mechanism.params_model.model_validate(request.params)
     realized, output, error = execute(dataset, mechanism, params, public_context(dataset), tables)
     with sessions() as session:
-        settle(session, request_id, realized, output, error)
+        settle(session, RequestRef.of(request), realized, output, error)
 
 
 def reap_expired(sessions: sessionmaker[Session]) -> int:
     """Commit the worst case of running requests whose lease expired (a crashed worker)."""
     with sessions() as session:
-        expired = [r.id for r in RequestRepository(session).expired_running(datetime.now(UTC))]
+        expired = [RequestRef.of(r) for r in RequestRepository(session).expired_running(datetime.now(UTC))]
     reaped = 0
-    for request_id in expired:
+    for ref in expired:
         with sessions() as session:
-            reaped += settle(
-                session, request_id, None, None, "the worker was lost; its worst case was charged"
-            )
+            lost = "the worker was lost; its worst case was charged"
+            reaped += settle(session, ref, None, None, lost) is not None
     if reaped:
         log.warning("reaped expired requests", count=reaped)
     return reaped
@@ -393,13 +418,8 @@ def submit(
     started = time.monotonic()
     with ctx.sessions() as session:
         validated = validate(session, principal, dataset_id, mechanism, params)
-    lease = ctx.settings.lease_seconds
-
-    def admit_fn(session: Session) -> tuple[AnalysisRequest, bool]:
-        return admit(session, principal, validated, key, lease)
-
     try:
-        request, created = admit_or_replay(ctx.sessions, principal, validated, key, admit_fn)
+        request, created = ctx.writer.admit(principal, validated, key, ctx.settings.lease_seconds)
     except BudgetExhausted:
         metrics.REQUESTS.labels(mechanism, "refused").inc()
         raise
@@ -415,14 +435,15 @@ def submit(
         # The reservation is durable; run in this thread (no executor hop), then settle.
         v = validated
         realized, output, error = execute(v.dataset, v.mechanism, v.params, v.context, ctx.tables)
-        with ctx.sessions() as session:
-            settle(session, request.id, realized, output, error)
+        settled = ctx.writer.settle(RequestRef.of(request), realized, output, error)
+        if settled is not None:
+            return settled
     elif created:
         try:
             future = ctx.executor.submit(request.id)
         except RuntimeError:  # the executor is shutting down: the data was never read
             with ctx.sessions() as session:
-                abort(session, request.id, "the service was shutting down; nothing was charged")
+                abort(session, RequestRef.of(request), "the service was shutting down; nothing was charged")
             raise ServiceUnavailable("the service is shutting down; retry later") from None
         wait([future], timeout=ctx.settings.wait_seconds)
     remaining = max(0.0, ctx.settings.wait_seconds - (time.monotonic() - started))

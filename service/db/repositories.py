@@ -87,6 +87,16 @@ class FilterRepository:
             .execution_options(populate_existing=True)
         )
 
+    def lock_scopes(self, dataset_id: str, scopes: Sequence[str]) -> Sequence[PrivacyFilter]:
+        """Several filter rows of a dataset in one ``SELECT … FOR UPDATE``, locked in id order."""
+        return self.session.scalars(
+            select(PrivacyFilter)
+            .where(PrivacyFilter.dataset_id == dataset_id, PrivacyFilter.scope.in_(scopes))
+            .order_by(PrivacyFilter.id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        ).all()
+
     def add(self, privacy_filter: PrivacyFilter) -> None:
         self.session.add(privacy_filter)
 
@@ -144,13 +154,16 @@ class RequestRepository:
     def get(self, request_id: str) -> AnalysisRequest | None:
         return self.session.get(AnalysisRequest, request_id)
 
-    def lock(self, request_id: str) -> AnalysisRequest | None:
-        return self.session.scalar(
+    def fresh(self, request_id: str) -> AnalysisRequest | None:
+        """Re-read from the database (the caller holds the filter locks that guard every transition)."""
+        return self.session.get(AnalysisRequest, request_id, populate_existing=True)
+
+    def fresh_many(self, request_ids: Sequence[str]) -> Sequence[AnalysisRequest]:
+        return self.session.scalars(
             select(AnalysisRequest)
-            .where(AnalysisRequest.id == request_id)
-            .with_for_update()
+            .where(AnalysisRequest.id.in_(request_ids))
             .execution_options(populate_existing=True)
-        )
+        ).all()
 
     def by_idempotency_key(self, analyst: str, key: str) -> AnalysisRequest | None:
         return self.session.scalar(

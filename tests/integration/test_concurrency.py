@@ -101,18 +101,22 @@ class Service:
             return f.read().decode(errors="replace")
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], base_url: str, log_path: Path, timeout: float = 60) -> None:
+def _wait_ready(
+    proc: subprocess.Popen[bytes], base_url: str, log_path: Path, workers: int, timeout: float = 60
+) -> None:
+    """/readyz answers and every server process has finished its startup (one "expost started" each),
+    so that a race really spreads over all of them."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"expost serve exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
+        with contextlib.suppress(httpx.TransportError):
+            ready = httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200
+            if ready and log_path.read_text(errors="replace").count("expost started") >= workers:
                 return
-        except httpx.TransportError:
-            pass
         time.sleep(0.1)
-    raise RuntimeError(f"expost serve was not ready after {timeout} s:\n{log_path.read_text()[-4000:]}")
+    raise RuntimeError(f"expost serve: /readyz or {workers} startup lines missing after {timeout} s:\n"
+                       f"{log_path.read_text()[-4000:]}")
 
 
 def _create_key(env: dict[str, str], cwd: Path, role: str, name: str) -> subprocess.Popen[str]:
@@ -120,10 +124,11 @@ def _create_key(env: dict[str, str], cwd: Path, role: str, name: str) -> subproc
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _key_from(proc: subprocess.Popen[str]) -> str:
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    return out.strip().splitlines()[-1]
+def _keys_from(*procs: subprocess.Popen[str]) -> list[str]:
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err
+    return [out.strip().splitlines()[-1] for out, _ in outputs]
 
 
 @pytest.fixture(
@@ -150,13 +155,13 @@ def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             "EXPOST_DATABASE_URL": url,
             "EXPOST_DATA_DIR": str(workdir / "data"),
             "EXPOST_WAIT_SECONDS": "60",  # a slow release must not turn into a 202 and blur the counts
-            "EXPOST_LOG_LEVEL": "WARNING",
+            "EXPOST_LOG_LEVEL": "INFO",  # one "expost started" line per server process
         }
         migrated = run_cli(env, workdir, "migrate")
         assert migrated.returncode == 0, migrated.stderr
         admin_proc = _create_key(env, workdir, "admin", "race-admin")
         analyst_proc = _create_key(env, workdir, "analyst", "race-analyst-0")
-        admin_key, analyst_key = _key_from(admin_proc), _key_from(analyst_proc)
+        admin_key, analyst_key = _keys_from(admin_proc, analyst_proc)
 
         port = free_port()
         base_url = f"http://127.0.0.1:{port}"
@@ -165,7 +170,7 @@ def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
                 [EXPOST, "serve", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)],
                 env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
-        _wait_ready(proc, base_url, log_path)
+        _wait_ready(proc, base_url, log_path, workers)
         service = Service(backend, base_url, env, workdir, log_path, admin_key,
                           {"race-analyst-0": analyst_key})
         with service.admin() as admin:

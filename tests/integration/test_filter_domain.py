@@ -43,7 +43,7 @@ def reserved_pure(sessions: sessionmaker[Session], dataset_id: str) -> tuple[int
         return flt.reserved["finite"][-1], flt.spent["finite"][-1]
 
 
-def admitted(sessions: sessionmaker[Session], setup: tuple[str, Principal]) -> str:
+def admitted(sessions: sessionmaker[Session], setup: tuple[str, Principal]) -> requests.RequestRef:
     dataset_id, principal = setup
     with sessions() as session:
         validated = requests.validate(session, principal, dataset_id, "laplace",
@@ -51,7 +51,7 @@ def admitted(sessions: sessionmaker[Session], setup: tuple[str, Principal]) -> s
     with sessions() as session:
         request, created = requests.admit(session, principal, validated, None, 300.0)
     assert created
-    return request.id
+    return requests.RequestRef.of(request)
 
 
 def verified(sessions: sessionmaker[Session]) -> list[str]:
@@ -63,14 +63,14 @@ class TestTransitions:
     def test_abort_releases_the_reservation_without_charge(
         self, sessions: sessionmaker[Session], setup: tuple[str, Principal]
     ) -> None:
-        request_id = admitted(sessions, setup)
+        ref = admitted(sessions, setup)
         assert reserved_pure(sessions, setup[0]) == (300_000_000_000, 0)
         with sessions() as session:
-            assert requests.abort(session, request_id, "never started")
+            assert requests.abort(session, ref, "never started")
         assert reserved_pure(sessions, setup[0]) == (0, 0)
         with sessions() as session:
-            assert not requests.abort(session, request_id, "twice")  # only once
-            request = RequestRepository(session).get(request_id)
+            assert not requests.abort(session, ref, "twice")  # only once
+            request = RequestRepository(session).get(ref.id)
             assert request is not None
             assert request.state == "aborted"
         assert verified(sessions) == []
@@ -78,17 +78,17 @@ class TestTransitions:
     def test_reaper_commits_the_worst_case_of_an_expired_lease_once(
         self, sessions: sessionmaker[Session], setup: tuple[str, Principal]
     ) -> None:
-        request_id = admitted(sessions, setup)
+        ref = admitted(sessions, setup)
         with sessions() as session, session.begin():
-            request = RequestRepository(session).get(request_id)
+            request = RequestRepository(session).get(ref.id)
             assert request is not None
             request.lease_expires_at = datetime.now(UTC) - timedelta(seconds=1)
         assert requests.reap_expired(sessions) >= 1
         assert reserved_pure(sessions, setup[0]) == (0, 300_000_000_000)
         with sessions() as session:
             # a late worker finishing now must not charge again
-            assert not requests.settle(session, request_id, None, {"value": 1.0}, None)
-            request = RequestRepository(session).get(request_id)
+            assert requests.settle(session, ref, None, {"value": 1.0}, None) is None
+            request = RequestRepository(session).get(ref.id)
             assert request is not None
             assert (request.state, request.release) == ("failed_charged", None)
         assert reserved_pure(sessions, setup[0]) == (0, 300_000_000_000)
