@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import signal
 import socket
 import ssl
@@ -94,6 +95,13 @@ def children(pid: int) -> list[int]:
         return []
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds spent not idle by the whole machine (all processes, PostgreSQL included)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / CLK_TCK
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of one process (0 if it is gone)."""
     try:
@@ -119,19 +127,35 @@ class Server:
             )
 
     def wait_ready(self, timeout: float = 60) -> None:
+        """/readyz answers and every server process has logged its startup ("expost started", INFO).
+
+        Clients keep their connections for the whole run, so a connection accepted while only one process
+        listens stays on that process: starting the load before all are up would measure one process.
+        """
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"expost serve exited {self.proc.returncode}: {self.log_tail()}")
             with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{self.base_url}/readyz", timeout=2).status_code == 200:
-                    break
+                ready = httpx.get(f"{self.base_url}/readyz", timeout=2).status_code == 200
+                started = self.log_path.read_text(errors="replace").count("expost started")
+                if ready and started >= self.processes and len(self.server_pids()) >= self.processes:
+                    return
             time.sleep(0.1)
-        else:
-            raise RuntimeError(f"expost serve not ready after {timeout} s: {self.log_tail()}")
-        # with --workers N, wait until the supervisor has all N server processes
-        while len(self.server_pids()) < self.processes and time.monotonic() < deadline:
-            time.sleep(0.1)
+        raise RuntimeError(f"expost serve not ready after {timeout} s: {self.log_tail()}")
+
+    def connections_per_process(self) -> dict[str, int]:
+        """Established client connections held by each server process (from ``ss``; empty if missing)."""
+        try:
+            out = subprocess.run(["ss", "-tnpH", "state", "established", f"( sport = :{self.port} )"],
+                                 capture_output=True, text=True, timeout=10, check=False).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return {}
+        counts = {str(pid): 0 for pid in self.server_pids()}
+        for pid in re.findall(r"pid=(\d+)", out):
+            if pid in counts:
+                counts[pid] += 1
+        return counts
 
     def server_pids(self) -> list[int]:
         """The processes that serve requests: the workers under a supervisor, or the process itself."""
@@ -189,6 +213,8 @@ class Measurement:
     server_cpu_cores_per_process: list[float] = field(default_factory=list)
     client_cpu_cores: float = 0.0
     loadavg_1min_after: float = 0.0  # other work on the machine shows up here
+    connections_per_process: dict[str, int] = field(default_factory=dict)  # pid -> client connections
+    machine_cpu_cores: float = 0.0  # busy cores of the whole machine (server, client, PostgreSQL, others)
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -210,9 +236,15 @@ async def run_load(
     start = time.perf_counter()
     window_start, window_end = start + warmup, start + warmup + duration
 
-    async def loop() -> None:
-        """One client: its own keep-alive connection (a shared httpcore pool costs O(n) per request)."""
+    async def loop(i: int) -> None:
+        """One client: its own keep-alive connection (a shared httpcore pool costs O(n) per request).
+
+        Clients connect one by one (staggered over the first part of the warm-up): a burst of connects is
+        accepted by whichever server process wakes first (asyncio accepts a whole backlog per wake-up),
+        which can leave another process without connections for the whole run.
+        """
         nonlocal sent, failures
+        await asyncio.sleep(i * min(0.05, warmup / (2 * clients)))
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
         async with httpx.AsyncClient(base_url=server.base_url, headers=headers, limits=limits,
                                      timeout=30, verify=TLS) as client:
@@ -231,11 +263,14 @@ async def run_load(
         pids = server.server_pids()
         await asyncio.sleep(max(0.0, window_start - time.perf_counter()))
         cpu["before"] = [cpu_seconds(p) for p in pids], time.process_time(), time.perf_counter()
+        cpu["machine_before"] = machine_busy_seconds()
+        cpu["connections"] = server.connections_per_process()
         await asyncio.sleep(max(0.0, window_end - time.perf_counter()))
         cpu["after"] = [cpu_seconds(p) for p in pids], time.process_time(), time.perf_counter()
+        cpu["machine_after"] = machine_busy_seconds()
         cpu["loadavg"] = os.getloadavg()[0]
 
-    await asyncio.gather(sample_cpu(), *(loop() for _ in range(clients)))
+    await asyncio.gather(sample_cpu(), *(loop(i) for i in range(clients)))
     (server_before, client_before, t0), (server_after, client_after, t1) = cpu["before"], cpu["after"]
     wall = t1 - t0
     per_process = [(b - a) / wall for a, b in zip(server_before, server_after, strict=True)]
@@ -249,6 +284,8 @@ async def run_load(
         total_sent=sent, failures=failures, failure_examples=examples,
         server_cpu_cores=sum(per_process), server_cpu_cores_per_process=per_process,
         client_cpu_cores=(client_after - client_before) / wall, loadavg_1min_after=cpu["loadavg"],
+        connections_per_process=cpu["connections"],
+        machine_cpu_cores=(cpu["machine_after"] - cpu["machine_before"]) / wall,
     )
 
 
@@ -325,12 +362,16 @@ def source_digest(package: Path) -> str:
 
 def print_table(results: list[Measurement]) -> None:
     header = (f"{'endpoint':34} {'procs':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'failures':>8} "
-              f"{'server cpu':>10} {'client cpu':>10}")
+              f"{'server cpu (per process)':>24} {'client cpu':>10} {'machine cpu':>11} "
+              f"{'conns/process':>13}")
     print(header)
     print("-" * len(header))
     for m in results:
+        split = "+".join(f"{c:.2f}" for c in m.server_cpu_cores_per_process)
+        conns = "/".join(str(c) for c in m.connections_per_process.values()) or "?"
         print(f"{m.endpoint:34} {m.processes:>5} {m.requests_per_s:>9.1f} {m.p50_ms:>8.2f} {m.p99_ms:>8.2f} "
-              f"{m.failures:>8} {m.server_cpu_cores:>10.2f} {m.client_cpu_cores:>10.2f}")
+              f"{m.failures:>8} {split:>24} {m.client_cpu_cores:>10.2f} {m.machine_cpu_cores:>11.2f} "
+              f"{conns:>13}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -349,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Measurement] = []
     checks: list[dict[str, Any]] = []
     loadavg_before = os.getloadavg()[0]
+    digest_before = source_digest(ROOT / "service")
     if loadavg_before > 0.5 * (os.cpu_count() or 1):
         print(f"warning: 1-min load average is {loadavg_before:.2f} on {os.cpu_count()} CPUs before the run; "
               "other work on this machine will distort the numbers", file=sys.stderr)
@@ -358,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             **{k: v for k, v in os.environ.items() if not k.startswith("EXPOST_")},
             "EXPOST_DATABASE_URL": url,
             "EXPOST_DATA_DIR": str(workdir / "data"),
-            "EXPOST_LOG_LEVEL": "WARNING",
+            "EXPOST_LOG_LEVEL": "INFO",  # the default; wait_ready needs the startup lines
         }
         cli(env, workdir, "migrate")
         keys = {role: create_key(env, workdir, role) for role in ("admin", "analyst")}
@@ -383,7 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version(), "loadavg_1min_before": loadavg_before},
-        "service_sha256": source_digest(ROOT / "service"),
+        "service_sha256": digest_before,
+        "service_changed_during_run": source_digest(ROOT / "service") != digest_before,
         "note": "load generator and server share the machine; cpu figures are cores used (CPU s / wall s)",
         "settings": {"duration_s": args.duration, "warmup_s": args.warmup, "clients": args.clients,
                      "processes": args.processes, "database": "postgresql",
@@ -407,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     verdict = output.splitlines()[-1] if output else verify.stderr.strip()[-200:]
     print(f"budget checks: {[c['budget']['ok'] for c in checks]}  ledger verify: exit {verify.returncode} "
           f"({verdict})")
+    if report["service_changed_during_run"]:
+        print("warning: service/ changed during the run: rows may measure different code", file=sys.stderr)
     print(f"written: {args.output}")
     return 0 if ok else 1
 

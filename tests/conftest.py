@@ -66,7 +66,8 @@ def fresh_postgres_database() -> FreshDatabase:
         with psycopg.connect(_libpq(POSTGRES_URL), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
-    return FreshDatabase(make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False), drop)
+    url = make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+    return FreshDatabase(url, drop)
 
 
 @pytest.fixture(scope="session", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-21 23:36:11.474345
+Create Date: 2026-11-22 00:13:11.479883
 """
 
 from collections.abc import Sequence
@@ -75,7 +75,6 @@ def upgrade() -> None:
     )
     op.create_table(
         "ledger",
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
         sa.Column("dataset_id", sa.String(length=40), nullable=False),
         sa.Column("seq", sa.BigInteger(), nullable=False),
         sa.Column("event", sa.String(length=20), nullable=False),
@@ -86,8 +85,7 @@ def upgrade() -> None:
         sa.Column("prev_hash", sa.String(length=64), nullable=False),
         sa.Column("hash", sa.String(length=64), nullable=False),
         sa.ForeignKeyConstraint(["dataset_id"], ["datasets.id"], name=op.f("fk_ledger_dataset_id_datasets")),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_ledger")),
-        sa.UniqueConstraint("dataset_id", "seq", name=op.f("uq_ledger_dataset_id")),
+        sa.PrimaryKeyConstraint("dataset_id", "seq", name=op.f("pk_ledger")),
     )
     with op.batch_alter_table("ledger", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_ledger_request_id"), ["request_id"], unique=False)

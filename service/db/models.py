@@ -117,10 +117,8 @@ class LedgerEntry(Base):
     """Append-only, hash-chained per dataset: hash = sha256(prev_hash ‖ body), body = canonical JSON."""
 
     __tablename__ = "ledger"
-    __table_args__ = (UniqueConstraint("dataset_id", "seq"),)
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
-    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
-    seq: Mapped[int] = mapped_column(BigInteger)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     event: Mapped[str] = mapped_column(String(20))
     request_id: Mapped[str | None] = mapped_column(String(40), nullable=True, index=True)
     actor: Mapped[str] = mapped_column(String(100))

@@ -63,7 +63,7 @@ def snapshot(world: World) -> Snapshot:
             for f in session.scalars(select(PrivacyFilter).order_by(PrivacyFilter.id))
         ]
         ledger = session.execute(
-            select(func.count(), func.max(LedgerEntry.id), func.max(LedgerEntry.hash))
+            select(func.count(), func.max(LedgerEntry.seq), func.max(LedgerEntry.hash))
         ).one()
         requests = session.scalar(select(func.count()).select_from(AnalysisRequest))
         datasets = list(session.scalars(select(Dataset.id).order_by(Dataset.id)))

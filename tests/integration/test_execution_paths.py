@@ -65,7 +65,8 @@ class TestExecutionPaths:
         budget = world.viewer.get(f"/v1/datasets/{world.dataset_id}/budget").json()
         assert budget["pure"]["spent"] == 0.25
         assert budget["pure"]["reserved"] == 0.0
-        events = [e["event"] for e in world.viewer.get(f"/v1/datasets/{world.dataset_id}/ledger").json()["items"]]
+        ledger = world.viewer.get(f"/v1/datasets/{world.dataset_id}/ledger").json()["items"]
+        events = [entry["event"] for entry in ledger]
         assert events[-2:] == ["reserve", "commit"]
         verify_clean(server)
 

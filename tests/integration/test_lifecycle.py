@@ -390,6 +390,10 @@ def tamperable(live_server: LiveServer, tmp_path_factory: pytest.TempPathFactory
         yield world
 
 
+def entry_key(dataset_id: str, seq: int) -> tuple[Any, Any]:
+    return LedgerEntry.dataset_id == dataset_id, LedgerEntry.seq == seq
+
+
 class TestLedgerVerify:
     def test_the_live_database_verifies_clean_after_every_flow(
         self, live_server: LiveServer, failing: FailingLaplace
@@ -416,7 +420,7 @@ class TestLedgerVerify:
         body = json.loads(commit.body)
         body["realized"]["finite"] = [0] * len(body["realized"]["finite"])
         with db_session(tamperable.database_url) as session, session.begin():
-            session.execute(update(LedgerEntry).where(LedgerEntry.id == commit.id).values(
+            session.execute(update(LedgerEntry).where(*entry_key(target, commit.seq)).values(
                 body=canonical_json(body)))
         problems = verify_report(tamperable.database_url)
         assert f"{target}#{commit.seq}: hash chain broken" in problems
@@ -442,7 +446,7 @@ class TestLedgerVerify:
         forged = canonical_json(body)
         new_hash = chain_hash(last.prev_hash, forged)
         with db_session(tamperable.database_url) as session, session.begin():
-            session.execute(update(LedgerEntry).where(LedgerEntry.id == last.id).values(
+            session.execute(update(LedgerEntry).where(*entry_key(target, last.seq)).values(
                 body=forged, hash=new_hash))
             session.execute(update(PrivacyFilter).where(
                 PrivacyFilter.dataset_id == target, PrivacyFilter.scope == "*").values(last_hash=new_hash))
@@ -455,7 +459,7 @@ class TestLedgerVerify:
         target, untouched = tamperable.datasets[3], tamperable.datasets[-1]
         reserve = next(e for e in entries(tamperable.database_url, target) if e.event == "reserve")
         with db_session(tamperable.database_url) as session, session.begin():
-            session.execute(delete(LedgerEntry).where(LedgerEntry.id == reserve.id))
+            session.execute(delete(LedgerEntry).where(*entry_key(target, reserve.seq)))
         found = problems_of(verify_report(tamperable.database_url), target)
         assert f"{target}#{reserve.seq + 1}: expected sequence number {reserve.seq}" in found, found
         assert f"{target}#{reserve.seq + 1}: hash chain broken" in found, found
