@@ -19,11 +19,16 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
+def ensure_sqlite_directory(url: str) -> None:
+    """SQLite creates the file but not its directory (e.g. ./var on a fresh checkout)."""
+    database = make_url(url).database
+    if is_sqlite(url) and database and database != ":memory:":
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+
+
 def make_engine(url: str, pool_size: int = 10) -> Engine:
     if is_sqlite(url):
-        database = make_url(url).database
-        if database and database != ":memory:":
-            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        ensure_sqlite_directory(url)
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
         _configure_sqlite(engine)
         return engine
