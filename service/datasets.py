@@ -101,6 +101,7 @@ class _ImmutableCache:
 
     def __init__(self) -> None:
         self.datasets: dict[str, Dataset] = {}
+        self.contexts: dict[str, PublicContext] = {}
         self.granted: set[tuple[str, str]] = set()
 
 
@@ -155,9 +156,14 @@ def grant(session: Session, dataset: Dataset, analyst: str, actor: str) -> bool:
 
 
 def public_context(dataset: Dataset) -> PublicContext:
-    schema = DatasetSchema.model_validate(dataset.schema_json)
-    n_rows = dataset.n_rows if dataset.neighboring == "replace_one" else None
-    return PublicContext(schema=schema, n_rows=n_rows, orders=tuple(dataset.orders))
+    """What mechanisms may know without reading the data (cached: datasets are immutable)."""
+    context = _cache.contexts.get(dataset.id)
+    if context is None:
+        schema = DatasetSchema.model_validate(dataset.schema_json)
+        n_rows = dataset.n_rows if dataset.neighboring == "replace_one" else None
+        context = PublicContext(schema=schema, n_rows=n_rows, orders=tuple(dataset.orders))
+        _cache.contexts[dataset.id] = context
+    return context
 
 
 class TableCache:

@@ -273,6 +273,9 @@ def _settle_locked(
     reservation = UnitsVector.from_json(request.worst_case["units"])
     record = request.worst_case if realized is None else curve_record(realized)
     charge = UnitsVector.from_json(record["units"])
+    if not charge <= reservation:  # a mechanism bug: never commit more than was admitted
+        log.error("realized charge above the reservation; committing the worst case", request_id=request.id)
+        record, charge, release, error = request.worst_case, reservation, None, "internal accounting error"
     for flt in filters:
         if flt.scope in request.scopes:
             budget.settle(flt, reservation, charge)
@@ -338,14 +341,19 @@ def abort(session: Session, ref: RequestRef, reason: str) -> bool:
 
 
 def execute(
-    dataset: Dataset, mechanism: Mechanism, params: BaseModel, context: PublicContext, tables: TableCache
+    dataset: Dataset,
+    mechanism: Mechanism,
+    params: BaseModel,
+    context: PublicContext,
+    tables: TableCache,
+    worst: RdpCurve | None = None,
 ) -> tuple[RdpCurve | None, dict[str, Any] | None, str | None]:
     """Read the data and run with fresh noise from the OS CSPRNG: (realized, output, error).
 
     Any failure after this point is charged the worst case: the data may have been read.
     """
     try:
-        worst = mechanism.worst_case(params, context)
+        worst = worst or mechanism.worst_case(params, context)
         table = tables.get(dataset, context.schema)
         rng = np.random.default_rng(np.random.SeedSequence(secrets.randbits(128)))
         result = mechanism.run(params, context, table, rng)
@@ -434,7 +442,9 @@ def submit(
     if created and mechanism in ctx.settings.inline_mechanisms:
         # The reservation is durable; run in this thread (no executor hop), then settle.
         v = validated
-        realized, output, error = execute(v.dataset, v.mechanism, v.params, v.context, ctx.tables)
+        realized, output, error = execute(
+            v.dataset, v.mechanism, v.params, v.context, ctx.tables, v.worst_case
+        )
         settled = ctx.writer.settle(RequestRef.of(request), realized, output, error)
         if settled is not None:
             return settled

@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+from functools import lru_cache
 
 from mechanisms.accounting.curve import RdpCurve
 
@@ -46,6 +47,12 @@ def units_to_epsilon(units: int) -> float:
     return units / UNITS_PER_EPSILON
 
 
+@lru_cache(maxsize=4096)
+def _charge_units(values: tuple[float, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    units = [units_up(v) for v in values]
+    return tuple(u or 0 for u in units), tuple(int(u is None) for u in units)
+
+
 @dataclass(frozen=True)
 class UnitsVector:
     """Per-slot totals: ``finite[j]`` units plus ``infinite[j]`` charges of +∞ (value is ∞ iff > 0).
@@ -69,8 +76,7 @@ class UnitsVector:
     @classmethod
     def charge(cls, curve: RdpCurve) -> UnitsVector:
         """The fixed-point charge of ``curve``: every order, then the pure bound, each rounded up."""
-        units = [units_up(v) for v in (*curve.values, curve.pure)]
-        return cls(tuple(u or 0 for u in units), tuple(int(u is None) for u in units))
+        return cls(*_charge_units((*curve.values, curve.pure)))
 
     def __len__(self) -> int:
         return len(self.finite)

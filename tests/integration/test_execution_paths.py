@@ -30,16 +30,27 @@ class ExplodingLaplace(Laplace):
         raise RuntimeError("boom after reading the data")
 
 
+class OverclaimingLaplace(Laplace):
+    """Breaks the seam's contract: reports a realized loss above its worst case."""
+
+    name = "overclaiming_laplace"
+
+    def run(self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator) -> Release:
+        honest = super().run(params, ctx, table, rng)
+        return Release(honest.output, honest.realized + honest.realized)
+
+
 @pytest.fixture
 def exploding_mechanism() -> Iterator[None]:
     MECHANISMS["exploding_laplace"] = ExplodingLaplace()
+    MECHANISMS["overclaiming_laplace"] = OverclaimingLaplace()
     yield
-    del MECHANISMS["exploding_laplace"]
+    del MECHANISMS["exploding_laplace"], MECHANISMS["overclaiming_laplace"]
 
 
 @pytest.fixture(params=["inline", "worker"])
 def server(request: pytest.FixtureRequest, database_url: str, tmp_path: Any) -> Iterator[LiveServer]:
-    inline = {"laplace", "exploding_laplace"} if request.param == "inline" else set()
+    inline = {"laplace", "exploding_laplace", "overclaiming_laplace"} if request.param == "inline" else set()
     with running_server(server_settings(database_url, tmp_path, inline_mechanisms=inline)) as live:
         yield live
 
@@ -71,9 +82,12 @@ class TestExecutionPaths:
         verify_clean(server)
 
     @pytest.mark.usefixtures("exploding_mechanism")
-    def test_failure_after_reading_data_charges_the_worst_case(self, server: LiveServer) -> None:
+    @pytest.mark.parametrize("mechanism", ["exploding_laplace", "overclaiming_laplace"])
+    def test_failure_after_reading_data_charges_the_worst_case(
+        self, server: LiveServer, mechanism: str
+    ) -> None:
         world = make_world(server, {"epsilon": 1.0, "delta": 0.0})
-        response = world.request(world.analyst, COUNT, mechanism="exploding_laplace")
+        response = world.request(world.analyst, COUNT, mechanism=mechanism)
         assert response.status_code == 500
         problem = response.json()
         assert problem["type"] == "/problems/mechanism-failed"
