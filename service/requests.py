@@ -276,24 +276,27 @@ def _settle_locked(
     if not charge <= reservation:  # a mechanism bug: never commit more than was admitted
         log.error("realized charge above the reservation; committing the worst case", request_id=request.id)
         record, charge, release, error = request.worst_case, reservation, None, "internal accounting error"
+    outcome = {"realized": charge.to_json(), "outcome": "released" if error is None else "failed"}
+    _end_reservation(session, filters, request, charge, "commit", outcome)
+    request.state = "committed" if error is None else "failed_charged"
+    request.realized, request.release, request.error = record, release, error
+
+
+def _end_reservation(
+    session: Session,
+    filters: list[PrivacyFilter],
+    request: AnalysisRequest,
+    charge: UnitsVector | None,
+    event: str,
+    details: dict[str, Any],
+) -> None:
+    """Replace the request's reservation by ``charge`` (None: release it) in its filters and the ledger."""
+    reservation = UnitsVector.from_json(request.worst_case["units"])
     for flt in filters:
         if flt.scope in request.scopes:
             budget.settle(flt, reservation, charge)
-    ledger.append(
-        session,
-        filters[0],
-        "commit",
-        request.analyst,
-        {
-            "scopes": request.scopes,
-            "worst_case": reservation.to_json(),
-            "realized": charge.to_json(),
-            "outcome": "released" if error is None else "failed",
-        },
-        request_id=request.id,
-    )
-    request.state = "committed" if error is None else "failed_charged"
-    request.realized, request.release, request.error = record, release, error
+    payload = {"scopes": request.scopes, "worst_case": reservation.to_json(), **details}
+    ledger.append(session, filters[0], event, request.analyst, payload, request_id=request.id)
     request.updated_at, request.lease_expires_at = datetime.now(UTC), None
 
 
@@ -323,20 +326,8 @@ def abort(session: Session, ref: RequestRef, reason: str) -> bool:
         if locked is None:
             return False
         filters, request = locked
-        reservation = UnitsVector.from_json(request.worst_case["units"])
-        for flt in filters:
-            if flt.scope in request.scopes:
-                budget.settle(flt, reservation, None)
-        ledger.append(
-            session,
-            filters[0],
-            "abort",
-            request.analyst,
-            {"scopes": request.scopes, "worst_case": reservation.to_json(), "reason": reason},
-            request_id=request.id,
-        )
+        _end_reservation(session, filters, request, None, "abort", {"reason": reason})
         request.state, request.error = "aborted", reason
-        request.updated_at, request.lease_expires_at = datetime.now(UTC), None
     return True
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,15 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from sqlalchemy.orm import Session
 
-from service.app import create_app
 from service.auth import Role
-from service.config import Settings
 from service.db.migrate import upgrade
 from service.db.session import is_sqlite, make_engine, make_sessionmaker
-from tests.conftest import LiveServer, free_port, fresh_postgres_database
+from tests.conftest import LiveServer, fresh_postgres_database
 
 CSV = b"age,income,region\n" + b"".join(
     f"{20 + (i % 60)},{1000 * (i % 50)},{['north', 'south', 'east', 'west'][i % 4]}\n".encode()
@@ -139,26 +134,6 @@ def db_session(database_url: str) -> Iterator[Session]:
             yield session
     finally:
         engine.dispose()
-
-
-@contextmanager
-def running_server(settings: Settings) -> Iterator[LiveServer]:
-    """Another real uvicorn server (same pattern as the ``live_server`` fixture) for the ``with`` block."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
-                                          log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the extra test server did not start")
-        time.sleep(0.05)
-    try:
-        yield LiveServer(f"http://127.0.0.1:{port}", settings)
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 @contextmanager

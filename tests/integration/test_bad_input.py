@@ -15,14 +15,13 @@ from sqlalchemy.orm import Session
 from service.auth import Role
 from service.db.models import AnalysisRequest, ApiKey, Dataset, Grant, LedgerEntry, PrivacyFilter
 from service.db.session import make_engine
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, running_server
 from tests.integration.helpers import (
     CSV,
     SCHEMA,
     World,
     assert_problem,
     make_world,
-    running_server,
     upload,
 )
 

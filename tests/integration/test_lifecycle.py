@@ -30,7 +30,7 @@ from service.auth import Role
 from service.config import Settings
 from service.db.models import AnalysisRequest, LedgerEntry, PrivacyFilter
 from service.ledger import canonical_json, chain_hash, verify
-from tests.conftest import LiveServer, free_port
+from tests.conftest import LiveServer, free_port, running_server
 from tests.integration.helpers import (
     World,
     assert_problem,
@@ -39,7 +39,6 @@ from tests.integration.helpers import (
     get_budget,
     ledger_items,
     make_world,
-    running_server,
     upload,
 )
 
