@@ -108,3 +108,59 @@ def best_affordable_cost(
             hi = mid
     best = float(f"{math.exp(lo):.6g}")
     return best if ok(best) else math.exp(lo)
+
+
+# ----- interactive mechanisms (sessions) --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step of a session: the public ``answer`` and the new **secret** ``state`` (never released)."""
+
+    answer: dict[str, Any]
+    state: dict[str, Any]
+    halted: bool
+
+
+class InteractiveMechanism(Protocol):
+    """A session: ``start`` draws the secret state without reading data; each ``step`` answers one query.
+
+    * ``params_model``: the session's public parameters (validated at open).
+    * ``query_model``: the public parameters of one step.
+    * ``worst_case(params, ctx)``: reserved at open; bounds every outcome of the whole session.
+    * ``check_query``: schema- and session-dependent validation of one step, before any data is read.
+    * ``realized(params, ctx, steps, halted)``: the ex-post charge of the session's actual outcome, a
+      function of the public transcript only (the queries and the released answers).
+    The state is JSON-serialisable so the service can persist it between calls (secret-state table).
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    params_model: ClassVar[type[BaseModel]]
+    query_model: ClassVar[type[BaseModel]]
+
+    def check(self, params: BaseModel, ctx: PublicContext) -> None: ...
+
+    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve: ...
+
+    def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None: ...
+
+    def start(self, params: BaseModel, ctx: PublicContext, rng: np.random.Generator) -> dict[str, Any]: ...
+
+    def step(
+        self,
+        params: BaseModel,
+        ctx: PublicContext,
+        state: dict[str, Any],
+        query: BaseModel,
+        table: Table,
+        rng: np.random.Generator,
+    ) -> StepResult: ...
+
+    def realized(
+        self,
+        params: BaseModel,
+        ctx: PublicContext,
+        steps: list[tuple[dict[str, Any], dict[str, Any]]],
+        halted: bool,
+    ) -> RdpCurve: ...
