@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel
@@ -53,6 +53,7 @@ class Release:
     realized: RdpCurve
 
 
+@runtime_checkable
 class Mechanism(Protocol):
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -122,6 +123,7 @@ class StepResult:
     halted: bool
 
 
+@runtime_checkable
 class InteractiveMechanism(Protocol):
     """A session: ``start`` draws the secret state without reading data; each ``step`` answers one query.
 

@@ -2,19 +2,34 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from alembic import context
 from sqlalchemy import create_engine
 
 from service.config import get_settings
-from service.db.models import Base
+from service.db.models import Base, UTCDateTime
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or get_settings().database_url
 is_sqlite = url.startswith("sqlite")
 
 
+def render_item(type_: str, obj: Any, autogen_context: Any) -> str | bool:
+    """Render the app's UTCDateTime as a plain timezone-aware DateTime: migrations never import the app."""
+    if type_ == "type" and isinstance(obj, UTCDateTime):
+        return "sa.DateTime(timezone=True)"
+    return False
+
+
 def run_offline() -> None:
-    context.configure(url=url, target_metadata=Base.metadata, literal_binds=True, render_as_batch=is_sqlite)
+    context.configure(
+        url=url,
+        target_metadata=Base.metadata,
+        literal_binds=True,
+        render_as_batch=is_sqlite,
+        render_item=render_item,
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -22,7 +37,12 @@ def run_offline() -> None:
 def run_online() -> None:
     engine = create_engine(url)
     with engine.connect() as connection:
-        context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=is_sqlite)
+        context.configure(
+            connection=connection,
+            target_metadata=Base.metadata,
+            render_as_batch=is_sqlite,
+            render_item=render_item,
+        )
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

@@ -18,7 +18,7 @@ from service.context import AppContext
 from service.db.migrate import ensure_migrated
 from service.errors import PROBLEM_JSON, ServiceError
 from service.logs import configure_logging
-from service.routers import datasets, health, keys, mechanisms, requests
+from service.routers import datasets, health, keys, mechanisms, requests, sessions
 
 log = structlog.get_logger("expost")
 
@@ -117,7 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    for module in (health, keys, datasets, requests, mechanisms):
+    for module in (health, keys, datasets, requests, sessions, mechanisms):
         app.include_router(module.router)
     app.mount("/metrics", make_asgi_app())
     return app

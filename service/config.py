@@ -25,6 +25,7 @@ class Settings(BaseSettings):
         {"laplace", "gaussian"},
         description="run in the request thread once the reservation commits (no executor hop)",
     )
+    session_ttl_seconds: float = Field(3600.0, gt=0, description="an open session closes itself after this")
     auth_cache_seconds: float = Field(5.0, ge=0, description="how long a verified API key is cached")
     pool_size: int = Field(10, ge=1)
     log_json: bool = False

@@ -61,11 +61,13 @@ class AppContext:
 
     def start_reaper(self) -> threading.Thread:
         from service.requests import reap_expired
+        from service.sessions import expire_sessions
 
         def loop() -> None:
             while not self.stop.is_set():
                 try:
                     reap_expired(self.sessions)
+                    expire_sessions(self.sessions)
                 except Exception:
                     log.exception("reaper pass failed")
                 self.stop.wait(self.settings.reaper_interval_seconds)

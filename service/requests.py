@@ -25,7 +25,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import RdpCurve, UnitsVector
-from mechanisms.base import Mechanism, ParamsError, PublicContext, best_affordable_cost
+from mechanisms.base import (
+    InteractiveMechanism,
+    Mechanism,
+    ParamsError,
+    PublicContext,
+    best_affordable_cost,
+)
 from mechanisms.catalog import MECHANISMS
 from service import budget, ledger, metrics
 from service.auth import Principal
@@ -55,11 +61,12 @@ class Validated:
     """A request checked against public information only: nothing has read the data yet."""
 
     dataset: Dataset
-    mechanism: Mechanism
+    mechanism: Mechanism | InteractiveMechanism
     params: BaseModel
     context: PublicContext
     worst_case: RdpCurve
     charge: UnitsVector
+    kind: str = "request"
 
 
 def validate(session: Session, principal: Principal, dataset_id: str, name: str, raw: Any) -> Validated:
@@ -115,16 +122,10 @@ class Refused(Exception):
 def refusal(v: Validated, refused: Refused) -> BudgetExhausted:
     """The 409 body: requested vs spent, reserved and capacity per order, and what is affordable."""
     details = budget.refusal_details(refused.blocked, v.dataset.orders, v.charge)
-
-    def admissible(curve: RdpCurve) -> bool:
-        return all(budget.admits(f, UnitsVector.charge(curve)) for f in refused.filters)
-
-    affordable = best_affordable_cost(v.mechanism, v.params, v.context, admissible)
     details["requested"] = v.worst_case.as_dict()
-    details["affordable"] = (
-        None if affordable is None else {"parameter": v.mechanism.cost_parameter, "value": affordable}
-    )
-    hint = "" if affordable is None else f"; largest affordable {v.mechanism.cost_parameter}: {affordable:g}"
+    details["affordable"] = affordable(v, refused) if isinstance(v.mechanism, Mechanism) else None
+    found = details["affordable"]
+    hint = "" if found is None else f"; largest affordable {found['parameter']}: {found['value']:g}"
     if not budget.ever_admissible(refused.blocked, v.charge):
         return NotAdmissible(
             f"the {details['filter']} filter can never admit this request, even unspent "
@@ -132,6 +133,17 @@ def refusal(v: Validated, refused: Refused) -> BudgetExhausted:
             **details,
         )
     return BudgetExhausted(f"the {details['filter']} filter cannot afford this request{hint}", **details)
+
+
+def affordable(v: Validated, refused: Refused) -> dict[str, Any] | None:
+    """The most expensive value of the mechanism's cost parameter every filter still admits."""
+    assert isinstance(v.mechanism, Mechanism)
+
+    def admissible(curve: RdpCurve) -> bool:
+        return all(budget.admits(f, UnitsVector.charge(curve)) for f in refused.filters)
+
+    value = best_affordable_cost(v.mechanism, v.params, v.context, admissible)
+    return None if value is None else {"parameter": v.mechanism.cost_parameter, "value": value}
 
 
 def admission_check(session: Session, principal: Principal, v: Validated) -> dict[str, Any]:
@@ -173,6 +185,7 @@ def _reserve_locked(
     now = datetime.now(UTC)
     request = AnalysisRequest(
         id="rq_" + uuid.uuid4().hex[:20],
+        kind=v.kind,
         dataset_id=v.dataset.id,
         analyst=principal.name,
         mechanism=v.mechanism.name,
@@ -374,7 +387,8 @@ def run_request(sessions: sessionmaker[Session], tables: TableCache, request_id:
 def reap_expired(sessions: sessionmaker[Session]) -> int:
     """Commit the worst case of running requests whose lease expired (a crashed worker)."""
     with sessions() as session:
-        expired = [RequestRef.of(r) for r in RequestRepository(session).expired_running(datetime.now(UTC))]
+        running = RequestRepository(session).expired_running(datetime.now(UTC), kind="request")
+        expired = [RequestRef.of(r) for r in running]
     reaped = 0
     for ref in expired:
         with sessions() as session:
@@ -433,6 +447,7 @@ def submit(
     if created and mechanism in ctx.settings.inline_mechanisms:
         # The reservation is durable; run in this thread (no executor hop), then settle.
         v = validated
+        assert isinstance(v.mechanism, Mechanism)
         realized, output, error = execute(
             v.dataset, v.mechanism, v.params, v.context, ctx.tables, v.worst_case
         )

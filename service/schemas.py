@@ -52,6 +52,34 @@ class DatasetOut(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
 
+class SessionIn(StrictModel):
+    mechanism: str = Field(min_length=1, max_length=50, examples=["above_threshold"])
+    params: dict[str, Any] = Field(
+        examples=[{"threshold": 100, "epsilon_threshold": 0.1, "max_query_epsilon": 0.1, "max_queries": 20}]
+    )
+
+
+class SessionOut(BaseModel):
+    id: str
+    dataset_id: str
+    analyst: str
+    mechanism: str
+    params: dict[str, Any]
+    state: str = Field(description="open or closed")
+    close_reason: str | None = Field(description="halted, max_queries, closed, expired or failed")
+    asked: int
+    steps: list[dict[str, Any]] = Field(description="the public transcript: each query and its answer")
+    worst_case: dict[str, Any] = Field(description="reserved while open")
+    realized: dict[str, Any] | None = Field(description="the charge of the actual outcome, once closed")
+    created_at: datetime
+    expires_at: datetime
+
+
+class AnswerOut(BaseModel):
+    answer: dict[str, Any]
+    session: SessionOut
+
+
 class RequestOut(BaseModel):
     id: str
     dataset_id: str

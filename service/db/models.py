@@ -136,6 +136,7 @@ class AnalysisRequest(Base):
         Index("ix_requests_dataset_analyst", "dataset_id", "analyst"),
     )
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(20), default="request", server_default="request")
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
     analyst: Mapped[str] = mapped_column(String(100))
     mechanism: Mapped[str] = mapped_column(String(50))
@@ -151,6 +152,25 @@ class AnalysisRequest(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class AnalysisSession(Base):
+    """An interactive session. Its reservation and charge live on its ``requests`` row (kind "session");
+    this row holds the public transcript. The secret state is in ``secret_states`` only."""
+
+    __tablename__ = "sessions"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    request_id: Mapped[str] = mapped_column(ForeignKey("requests.id"), unique=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), index=True)
+    analyst: Mapped[str] = mapped_column(String(100))
+    mechanism: Mapped[str] = mapped_column(String(50))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(20))
+    close_reason: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    steps: Mapped[list[Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class SecretState(Base):

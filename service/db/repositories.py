@@ -11,11 +11,13 @@ from sqlalchemy.orm import Session
 from service.db.models import (
     DATASET_SCOPE,
     AnalysisRequest,
+    AnalysisSession,
     ApiKey,
     Dataset,
     Grant,
     LedgerEntry,
     PrivacyFilter,
+    SecretState,
 )
 
 
@@ -175,9 +177,42 @@ class RequestRepository:
     def add(self, request: AnalysisRequest) -> None:
         self.session.add(request)
 
-    def expired_running(self, now: datetime, limit: int = 100) -> Sequence[AnalysisRequest]:
+    def expired_running(self, now: datetime, kind: str, limit: int = 100) -> Sequence[AnalysisRequest]:
         return self.session.scalars(
             select(AnalysisRequest)
-            .where(AnalysisRequest.state == "running", AnalysisRequest.lease_expires_at < now)
+            .where(
+                AnalysisRequest.state == "running",
+                AnalysisRequest.kind == kind,
+                AnalysisRequest.lease_expires_at < now,
+            )
             .limit(limit)
         ).all()
+
+
+class SessionRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def add(self, row: AnalysisSession) -> None:
+        self.session.add(row)
+
+    def get(self, session_id: str) -> AnalysisSession | None:
+        return self.session.get(AnalysisSession, session_id)
+
+    def fresh(self, session_id: str) -> AnalysisSession | None:
+        """Re-read (the caller holds the filter locks that guard every session transition)."""
+        return self.session.get(AnalysisSession, session_id, populate_existing=True)
+
+    def by_request(self, request_id: str) -> AnalysisSession | None:
+        return self.session.scalar(select(AnalysisSession).where(AnalysisSession.request_id == request_id))
+
+    def add_secret(self, secret: SecretState) -> None:
+        self.session.add(secret)
+
+    def secret(self, request_id: str) -> SecretState | None:
+        return self.session.get(SecretState, request_id, populate_existing=True)
+
+    def drop_secret(self, request_id: str) -> None:
+        secret = self.secret(request_id)
+        if secret is not None:
+            self.session.delete(secret)

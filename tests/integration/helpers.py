@@ -64,10 +64,12 @@ def upload(admin: httpx.Client, csv: bytes = CSV, schema: dict[str, Any] | None 
 PURE_BUDGET: dict[str, float] = {"epsilon": 1.0, "delta": 0.0}
 
 
-def make_world(server: LiveServer, budget: dict[str, float] | None = PURE_BUDGET) -> World:
+def make_world(
+    server: LiveServer, budget: dict[str, float] | None = PURE_BUDGET, schema: dict[str, Any] | None = None
+) -> World:
     admin_name, admin_key = server.create_key(Role.admin)
     admin = server.client(admin_key)
-    created = upload(admin)
+    created = upload(admin, schema=schema)
     assert created.status_code == 201, created.text
     dataset_id = created.json()["id"]
     world = World(server, admin, admin_name, admin, "", admin, dataset_id)

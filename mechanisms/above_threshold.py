@@ -1,0 +1,627 @@
+"""AboveThreshold sessions: the first query whose noisy value crosses a threshold, with ex-post charges.
+
+Three interactive mechanisms (``InteractiveMechanism`` in ``mechanisms.base``) and their batch forms
+(``Mechanism``). Documentation, theorems and the interleaving argument: docs/mechanisms/above_threshold.md.
+Notation and conventions: notes/seed_003_expost_tuning.md (Ghazi, Kamath, Knop, Kumar, Manurangsi, Zhang,
+"Private hyperparameter tuning with ex-post guarantee"), §2, §3.1, §3.2, §4.4.
+
+``above_threshold`` (Ghazi et al. Algorithm 1, geometric noise)
+    Integer queries f_i with ℓ1 sensitivity ≤ 1 (a count, or a sum over an int column whose shift is ≤ 1).
+    ``start`` draws the secret threshold noise k ~ Geom_{e^{−ε′}} on {0, 1, …}; step i draws
+    y_i ~ Geom_{e^{−ε_i}} and halts with the gap f_i(D) − T + y_i − k ≥ 0 at the first crossing.
+    Charge (pure, ex-post): 2ε_i + ε′ for a halt at i (Theorem 8), ε_i + ε′ when every query is monotone
+    (Theorem 9, established here from the query kind and the neighbour relation), ε′ for no crossing (⊥).
+``above_threshold.dropping`` (Ghazi et al. Algorithm 2, random dropping, known threshold)
+    Candidate i is the Laplace release o_i = f_i(D) + Lap(Δ_i/ε_i) (pure ε_i-DP), run only if it is *kept*,
+    which happens with probability e^{−ε_i·k} for the secret k ~ Geom_{e^{−ε′}} drawn at start. The session
+    halts with o_i at the first kept candidate with o_i ≥ threshold. Charge: 2ε_i + ε′ at a halt
+    (Theorem 10), ε′ for ⊥.
+``above_threshold.laplace`` (classic AboveThreshold, Dwork & Roth 2014 Alg. 1 / Thm. 3.23; Lyu, Su & Li
+2017 Alg. 1 with c = 1)
+    Noisy threshold T + Lap(2Δ/ε) drawn at start, query noise Lap(4Δ/ε) per step, halt at the first
+    f_i(D) + ν_i ≥ T + ρ (only the index is released). Charge: ε at a halt, ε/2 for ⊥.
+
+Secret state (never released): the latent k (or the noisy threshold) and the step counter. Answers are
+``{"above": False, "index": i}`` until the halt ``{"above": True, "index": i, ...}`` (``gap`` for the
+geometric session, ``value`` for the dropping session, nothing more for the Laplace session); indices are
+0-based. A session also halts, without an above answer, after ``max_queries`` queries.
+
+Samplers: Geom_{e^{−ε}} on {0, 1, …} is drawn by inversion, k = ⌊E/ε⌋ with E ~ Exp(1), so
+P(k ≥ m) = P(E ≥ mε) = e^{−εm} (numpy's own ``geometric`` is 1-based: ``geometric(1 − e^{−ε}) − 1`` has the
+same law). The drop step keeps candidate i iff an independent E′ ~ Exp(1) satisfies E′ ≥ ε_i·k
+(probability e^{−ε_i·k}, no underflow; note §6.4). Limitation (as for ``mechanisms.laplace``): these are
+floating-point samplers; the accounting is for the idealised distributions (Mironov 2012).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Annotated, Any, ClassVar, Self, TypeVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
+
+from mechanisms.accounting import RdpCurve, laplace_scale
+from mechanisms.accounting.curve import _pad_up, sum_up
+from mechanisms.base import ParamsError, PublicContext, Release, StepResult, Table
+from mechanisms.queries import (
+    AnyQuery,
+    CountQuery,
+    HistogramQuery,
+    Query,
+    SumQuery,
+    evaluate,
+    l1,
+    shifts,
+)
+from mechanisms.queries import check_query as check_query_on_schema
+from mechanisms.schema import MAX_EXACT_INT, IntColumn
+
+MAX_QUERIES = 10_000
+MIN_EPSILON = 1e-9
+"""Smallest ε accepted anywhere here: keeps ⌊E/ε⌋ finite and far from float overflow."""
+MAX_EPSILON = 100.0
+
+Epsilon = Annotated[float, Field(strict=True, ge=MIN_EPSILON, le=MAX_EPSILON, allow_inf_nan=False)]
+FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Steps = list[tuple[dict[str, Any], dict[str, Any]]]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ----- samplers (shared by the sessions and the statistical audit) ----------------------------------------
+def geometric(rng: np.random.Generator, epsilon: float) -> int:
+    """One draw of Geom_{e^{−ε}} on {0, 1, 2, …}: P(k) = (1 − e^{−ε})·e^{−εk}, by inversion ⌊E/ε⌋."""
+    return math.floor(rng.standard_exponential() / epsilon)
+
+
+def geometric_array(rng: np.random.Generator, epsilon: float, size: int | tuple[int, ...]) -> np.ndarray:
+    """``size`` draws of Geom_{e^{−ε}} on {0, 1, …} (int64); the same stream as repeated ``geometric``."""
+    result: np.ndarray = np.floor(rng.standard_exponential(size) / epsilon).astype(np.int64)
+    return result
+
+
+def kept(exp_draw: float | np.ndarray, epsilon: float, k: int | np.ndarray) -> Any:
+    """The drop step: keep with probability e^{−ε·k}, given an Exp(1) draw (underflow-free form)."""
+    return exp_draw >= epsilon * k
+
+
+# ----- charges -----------------------------------------------------------------------------------------
+def _charge(terms: Sequence[float], orders: Sequence[float]) -> RdpCurve:
+    """The pure curve of Σ terms, rounded up (so the ledger's decimal is ≥ the exact sum)."""
+    return RdpCurve.from_pure(_pad_up(sum_up(terms)), orders)
+
+
+def is_monotone(query: AnyQuery, ctx: PublicContext) -> bool:
+    """True iff ``query`` never decreases when a row is added (Ghazi et al. Theorem 9's ⪰ = dataset size).
+
+    Only under ``add_remove`` (under ``replace_one`` neighbours are not ordered): counts, with any where
+    (the selection is row-wise, so adding a row never deselects another), and sums over int columns whose
+    declared min is ≥ 0 (the added row contributes a clipped value ≥ 0 or nothing).
+    """
+    if ctx.schema.neighboring != "add_remove":
+        return False
+    if isinstance(query, CountQuery):
+        return True
+    if isinstance(query, SumQuery):
+        column = ctx.schema.column(query.column)
+        return isinstance(column, IntColumn) and column.min >= 0
+    return False
+
+
+def _scalar_query(query: AnyQuery, ctx: PublicContext) -> float:
+    """Schema checks, scalar output, and the ℓ1 sensitivity derived from the public schema."""
+    check_query_on_schema(query, ctx)
+    if isinstance(query, HistogramQuery):
+        raise ParamsError("query", "needs a scalar query (count, sum or mean), not a histogram")
+    return l1(shifts(query, ctx))
+
+
+# ----- parameter models ----------------------------------------------------------------------------------
+class QueryParams(_Frozen):
+    """One step of a geometric or dropping session."""
+
+    query: Query
+    epsilon: Epsilon | None = Field(
+        default=None, description="ε_i of this query (≤ the session's max_query_epsilon; default: that max)"
+    )
+
+
+class LaplaceQueryParams(_Frozen):
+    """One step of a Laplace session (the noise is fixed by the session's ε and max_sensitivity)."""
+
+    query: Query
+
+
+class GeometricSessionParams(_Frozen):
+    threshold: StrictInt = Field(ge=-MAX_EXACT_INT, le=MAX_EXACT_INT, description="public integer threshold")
+    epsilon_threshold: Epsilon = Field(description="ε′ of the threshold noise k ~ Geom(e^{−ε′})")
+    max_query_epsilon: Epsilon = Field(description="largest ε_i a query may use (sets the worst case)")
+    max_queries: StrictInt = Field(ge=1, le=MAX_QUERIES, description="the session halts after this many")
+    require_monotone: StrictBool = Field(
+        default=False, description="accept only monotone queries (add_remove datasets) and charge ε_i + ε′"
+    )
+
+
+class DroppingSessionParams(_Frozen):
+    threshold: FiniteFloat = Field(description="public threshold on the released Laplace value")
+    epsilon_threshold: Epsilon = Field(description="ε′ of the latent k ~ Geom(e^{−ε′})")
+    max_query_epsilon: Epsilon = Field(description="largest ε_i a candidate may use (sets the worst case)")
+    max_queries: StrictInt = Field(ge=1, le=MAX_QUERIES, description="the session halts after this many")
+
+
+class LaplaceSessionParams(_Frozen):
+    threshold: FiniteFloat = Field(description="public threshold T")
+    epsilon: Epsilon = Field(description="total pure ε: ε/2 for the threshold noise, ε/2 for the queries")
+    max_sensitivity: StrictFloat = Field(
+        default=1.0, gt=0, le=1e12, allow_inf_nan=False, description="Δ: the largest ℓ1 sensitivity allowed"
+    )
+    max_queries: StrictInt = Field(ge=1, le=MAX_QUERIES, description="the session halts after this many")
+
+
+def _check_batch_epsilons(queries: Sequence[QueryParams], max_queries: int, max_epsilon: float) -> None:
+    if len(queries) > max_queries:
+        raise ValueError(f"{len(queries)} queries, but max_queries is {max_queries}")
+    for index, item in enumerate(queries):
+        if item.epsilon is not None and item.epsilon > max_epsilon:
+            raise ValueError(f"queries.{index}.epsilon exceeds max_query_epsilon")
+
+
+class GeometricBatchParams(GeometricSessionParams):
+    """A whole geometric session in one request: the session fields plus the query list."""
+
+    queries: tuple[QueryParams, ...] = Field(min_length=1, max_length=MAX_QUERIES)
+
+    @model_validator(mode="after")
+    def _fits_session(self) -> Self:
+        _check_batch_epsilons(self.queries, self.max_queries, self.max_query_epsilon)
+        return self
+
+
+class DroppingBatchParams(DroppingSessionParams):
+    """A whole dropping session in one request (the candidate list is fixed before k is drawn)."""
+
+    queries: tuple[QueryParams, ...] = Field(min_length=1, max_length=MAX_QUERIES)
+
+    @model_validator(mode="after")
+    def _fits_session(self) -> Self:
+        _check_batch_epsilons(self.queries, self.max_queries, self.max_query_epsilon)
+        return self
+
+
+class LaplaceBatchParams(LaplaceSessionParams):
+    """A whole Laplace session in one request."""
+
+    queries: tuple[LaplaceQueryParams, ...] = Field(min_length=1, max_length=MAX_QUERIES)
+
+    @model_validator(mode="after")
+    def _fits_session(self) -> Self:
+        if len(self.queries) > self.max_queries:
+            raise ValueError(f"{len(self.queries)} queries, but max_queries is {self.max_queries}")
+        return self
+
+
+# ----- shared session machinery --------------------------------------------------------------------------
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def _as(value: object, model: type[ModelT]) -> ModelT:
+    if not isinstance(value, model):
+        raise TypeError(f"expected {model.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _check_asked(asked: int, max_queries: int) -> None:
+    if asked < 0:
+        raise ValueError("asked must be ≥ 0")
+    if asked >= max_queries:
+        raise ParamsError("max_queries", f"the session has already answered its {max_queries} queries")
+
+
+def _query_epsilon(query: QueryParams, max_epsilon: float) -> float:
+    """ε_i of a step: the query's own, or the session's max_query_epsilon when omitted."""
+    return max_epsilon if query.epsilon is None else query.epsilon
+
+
+def _check_epsilon(query: QueryParams, max_epsilon: float) -> None:
+    if query.epsilon is not None and query.epsilon > max_epsilon:
+        raise ParamsError("epsilon", f"{query.epsilon!r} exceeds the session's max_query_epsilon")
+
+
+def _scalar_value(query: AnyQuery, ctx: PublicContext, table: Table) -> float:
+    values, _ = evaluate(query, ctx, table)
+    return float(values[0])
+
+
+def _transcript(steps: Steps, model: type[ModelT], max_queries: int) -> tuple[list[ModelT], bool]:
+    """The queries of a public transcript and whether its last answer is an above answer (a halt).
+
+    Raises ValueError on a transcript no session can produce (too long, answers after a halt, wrong
+    indices), so a corrupted record is never charged below its true cost silently.
+    """
+    if len(steps) > max_queries:
+        raise ValueError("the transcript is longer than max_queries")
+    queries: list[ModelT] = []
+    above = False
+    for index, (query, answer) in enumerate(steps):
+        if above:
+            raise ValueError("the transcript continues after an above answer")
+        flag = answer.get("above")
+        if not isinstance(flag, bool) or answer.get("index") != index:
+            raise ValueError(f"step {index} is not an AboveThreshold answer")
+        above = flag
+        queries.append(model.model_validate(query))
+    return queries, above
+
+
+class AboveThresholdSession(ABC):
+    """What the three sessions share: the JSON secret-state layout and its validation.
+
+    State: ``{"mechanism": name, <secret_key>: secret, "asked": n, "halted": bool}``; the secret is the
+    latent k (int) or the noisy threshold (float). It never appears in answers, charges or error messages.
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    params_model: ClassVar[type[BaseModel]]
+    query_model: ClassVar[type[BaseModel]]
+    batch_params_model: ClassVar[type[BaseModel]]
+    cost_parameter: ClassVar[str]
+    secret_key: ClassVar[str]
+
+    def _new_state(self, secret: int | float, asked: int, halted: bool) -> dict[str, Any]:
+        return {"mechanism": self.name, self.secret_key: secret, "asked": asked, "halted": halted}
+
+    @abstractmethod
+    def check(self, params: BaseModel, ctx: PublicContext) -> None: ...
+
+    @abstractmethod
+    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve: ...
+
+    @abstractmethod
+    def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None: ...
+
+    @abstractmethod
+    def start(self, params: BaseModel, ctx: PublicContext, rng: np.random.Generator) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def step(
+        self,
+        params: BaseModel,
+        ctx: PublicContext,
+        state: dict[str, Any],
+        query: BaseModel,
+        table: Table,
+        rng: np.random.Generator,
+    ) -> StepResult: ...
+
+    @abstractmethod
+    def realized(self, params: BaseModel, ctx: PublicContext, steps: Steps, halted: bool) -> RdpCurve: ...
+
+    def _read_state(self, state: dict[str, Any]) -> tuple[Any, int]:
+        """(secret, asked) of a live session; ValueError (without the secret) if invalid or halted."""
+        expected = {"mechanism", self.secret_key, "asked", "halted"}
+        if not isinstance(state, dict) or set(state) != expected or state["mechanism"] != self.name:
+            raise ValueError(f"not a {self.name} session state")
+        secret, asked, halted = state[self.secret_key], state["asked"], state["halted"]
+        if isinstance(secret, bool) or not isinstance(secret, int | float):
+            raise ValueError(f"not a {self.name} session state")
+        if self.secret_key == "k":  # the latent k: a non-negative integer
+            valid_secret = isinstance(secret, int) and secret >= 0
+        else:  # a noisy threshold (a JSON store may hand back 5.0 as 5)
+            secret = float(secret)
+            valid_secret = math.isfinite(secret)
+        if not valid_secret or isinstance(asked, bool) or not isinstance(asked, int) or asked < 0:
+            raise ValueError(f"not a {self.name} session state")
+        if halted is not False:
+            raise ValueError("the session has halted")
+        return secret, asked
+
+
+class GeometricAboveThreshold(AboveThresholdSession):
+    """Ghazi et al. Algorithm 1: one-sided geometric noise on integer, sensitivity-≤1 queries."""
+
+    name: ClassVar[str] = "above_threshold"
+    summary: ClassVar[str] = (
+        "AboveThreshold session with geometric noise on integer counts/sums (Ghazi et al. Alg. 1): "
+        "pure ex-post 2ε_i + ε′ at a halt (ε_i + ε′ if monotone), ε′ if nothing crosses."
+    )
+    params_model: ClassVar[type[BaseModel]] = GeometricSessionParams
+    query_model: ClassVar[type[BaseModel]] = QueryParams
+    batch_params_model: ClassVar[type[BaseModel]] = GeometricBatchParams
+    cost_parameter: ClassVar[str] = "max_query_epsilon"
+    secret_key: ClassVar[str] = "k"
+
+    def check(self, params: BaseModel, ctx: PublicContext) -> None:
+        p = _as(params, GeometricSessionParams)
+        if p.require_monotone and ctx.schema.neighboring != "add_remove":
+            reason = "monotone queries exist only on add_remove datasets (replace_one pairs are unordered)"
+            raise ParamsError("require_monotone", reason)
+
+    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
+        p = _as(params, GeometricSessionParams)
+        eps, eps_threshold = p.max_query_epsilon, p.epsilon_threshold
+        return _charge((eps, eps_threshold) if p.require_monotone else (eps, eps, eps_threshold), ctx.orders)
+
+    def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None:
+        p, q = _as(params, GeometricSessionParams), _as(query, QueryParams)
+        self.check(p, ctx)
+        _check_asked(asked, p.max_queries)
+        _check_epsilon(q, p.max_query_epsilon)
+        sensitivity = _scalar_query(q.query, ctx)
+        integer = isinstance(q.query, CountQuery) or (
+            isinstance(q.query, SumQuery) and isinstance(ctx.schema.column(q.query.column), IntColumn)
+        )
+        if not integer:
+            raise ParamsError("query", "needs an integer-valued query: a count, or a sum over an int column")
+        if sensitivity > 1.0:
+            raise ParamsError("query", f"needs ℓ1 sensitivity ≤ 1, this query has {sensitivity:g} here")
+        if p.require_monotone and not is_monotone(q.query, ctx):
+            reason = "require_monotone: only counts and sums over int columns with min ≥ 0 are monotone"
+            raise ParamsError("query", reason)
+
+    def start(self, params: BaseModel, ctx: PublicContext, rng: np.random.Generator) -> dict[str, Any]:
+        p = _as(params, GeometricSessionParams)
+        return self._new_state(geometric(rng, p.epsilon_threshold), 0, False)
+
+    def step(
+        self,
+        params: BaseModel,
+        ctx: PublicContext,
+        state: dict[str, Any],
+        query: BaseModel,
+        table: Table,
+        rng: np.random.Generator,
+    ) -> StepResult:
+        p, q = _as(params, GeometricSessionParams), _as(query, QueryParams)
+        k, asked = self._read_state(state)
+        self.check_query(p, ctx, q, asked)
+        eps = _query_epsilon(q, p.max_query_epsilon)
+        truth = _scalar_value(q.query, ctx, table)
+        if not truth.is_integer():
+            raise ValueError("an integer query evaluated to a non-integer")
+        value = int(truth) - p.threshold
+        noisy = value + geometric(rng, eps)
+        if noisy >= k:
+            answer: dict[str, Any] = {"above": True, "index": asked, "gap": noisy - k}
+            return StepResult(answer, self._new_state(k, asked + 1, True), True)
+        halted = asked + 1 >= p.max_queries
+        return StepResult({"above": False, "index": asked}, self._new_state(k, asked + 1, halted), halted)
+
+    def realized(self, params: BaseModel, ctx: PublicContext, steps: Steps, halted: bool) -> RdpCurve:
+        p = _as(params, GeometricSessionParams)
+        queries, above = _transcript(steps, QueryParams, p.max_queries)
+        if not queries:
+            return RdpCurve.zero(ctx.orders)  # nothing was released: the data was never read
+        if not above:
+            return _charge((p.epsilon_threshold,), ctx.orders)  # ⊥ (Theorems 8 and 9)
+        for q in queries:
+            self.check_query(p, ctx, q, 0)  # the transcript must be one this session can answer
+        eps = _query_epsilon(queries[-1], p.max_query_epsilon)
+        if p.require_monotone:
+            return _charge((eps, p.epsilon_threshold), ctx.orders)  # Theorem 9
+        return _charge((eps, eps, p.epsilon_threshold), ctx.orders)  # Theorem 8
+
+
+class DroppingAboveThreshold(AboveThresholdSession):
+    """Ghazi et al. Algorithm 2: Laplace candidates kept with probability e^{−ε_i·k}, known threshold."""
+
+    name: ClassVar[str] = "above_threshold.dropping"
+    summary: ClassVar[str] = (
+        "AboveThreshold with random dropping over Laplace releases (Ghazi et al. Alg. 2): the first kept "
+        "release ≥ threshold; pure ex-post 2ε_i + ε′ at a halt, ε′ if none."
+    )
+    params_model: ClassVar[type[BaseModel]] = DroppingSessionParams
+    query_model: ClassVar[type[BaseModel]] = QueryParams
+    batch_params_model: ClassVar[type[BaseModel]] = DroppingBatchParams
+    cost_parameter: ClassVar[str] = "max_query_epsilon"
+    secret_key: ClassVar[str] = "k"
+
+    def check(self, params: BaseModel, ctx: PublicContext) -> None:
+        _as(params, DroppingSessionParams)
+
+    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
+        p = _as(params, DroppingSessionParams)
+        return _charge((p.max_query_epsilon, p.max_query_epsilon, p.epsilon_threshold), ctx.orders)
+
+    def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None:
+        p, q = _as(params, DroppingSessionParams), _as(query, QueryParams)
+        _check_asked(asked, p.max_queries)
+        _check_epsilon(q, p.max_query_epsilon)
+        _scalar_query(q.query, ctx)
+
+    def start(self, params: BaseModel, ctx: PublicContext, rng: np.random.Generator) -> dict[str, Any]:
+        p = _as(params, DroppingSessionParams)
+        return self._new_state(geometric(rng, p.epsilon_threshold), 0, False)
+
+    def step(
+        self,
+        params: BaseModel,
+        ctx: PublicContext,
+        state: dict[str, Any],
+        query: BaseModel,
+        table: Table,
+        rng: np.random.Generator,
+    ) -> StepResult:
+        p, q = _as(params, DroppingSessionParams), _as(query, QueryParams)
+        k, asked = self._read_state(state)
+        self.check_query(p, ctx, q, asked)
+        eps = _query_epsilon(q, p.max_query_epsilon)
+        scale = laplace_scale(l1(shifts(q.query, ctx)), eps)
+        # Always evaluate and draw both noises, so nothing (work, timing, stream use) depends on the drop bit.
+        truth = _scalar_value(q.query, ctx, table)
+        keep = bool(kept(rng.standard_exponential(), eps, k))
+        released = truth + float(rng.laplace(0.0, scale))
+        if keep and released >= p.threshold:
+            answer: dict[str, Any] = {"above": True, "index": asked, "value": released}
+            return StepResult(answer, self._new_state(k, asked + 1, True), True)
+        halted = asked + 1 >= p.max_queries
+        return StepResult({"above": False, "index": asked}, self._new_state(k, asked + 1, halted), halted)
+
+    def realized(self, params: BaseModel, ctx: PublicContext, steps: Steps, halted: bool) -> RdpCurve:
+        p = _as(params, DroppingSessionParams)
+        queries, above = _transcript(steps, QueryParams, p.max_queries)
+        if not queries:
+            return RdpCurve.zero(ctx.orders)
+        if not above:
+            return _charge((p.epsilon_threshold,), ctx.orders)  # ⊥ (Theorem 10)
+        last = queries[-1]
+        _check_epsilon(last, p.max_query_epsilon)
+        eps = _query_epsilon(last, p.max_query_epsilon)
+        return _charge((eps, eps, p.epsilon_threshold), ctx.orders)  # Theorem 10
+
+
+class LaplaceAboveThreshold(AboveThresholdSession):
+    """Classic AboveThreshold (Dwork & Roth 2014, Alg. 1): Lap(2Δ/ε) threshold, Lap(4Δ/ε) per query."""
+
+    name: ClassVar[str] = "above_threshold.laplace"
+    summary: ClassVar[str] = (
+        "Classic Laplace AboveThreshold (Dwork & Roth): index of the first query above a noisy "
+        "threshold; pure ε at a halt, ε/2 if nothing crosses."
+    )
+    params_model: ClassVar[type[BaseModel]] = LaplaceSessionParams
+    query_model: ClassVar[type[BaseModel]] = LaplaceQueryParams
+    batch_params_model: ClassVar[type[BaseModel]] = LaplaceBatchParams
+    cost_parameter: ClassVar[str] = "epsilon"
+    secret_key: ClassVar[str] = "noisy_threshold"
+
+    @staticmethod
+    def scales(params: LaplaceSessionParams) -> tuple[float, float]:
+        """(threshold scale ≥ 2Δ/ε, query scale ≥ 4Δ/ε): ε/2 for the threshold, ε/2 for the queries."""
+        delta = params.max_sensitivity
+        return laplace_scale(2.0 * delta, params.epsilon), laplace_scale(4.0 * delta, params.epsilon)
+
+    def check(self, params: BaseModel, ctx: PublicContext) -> None:
+        _as(params, LaplaceSessionParams)
+
+    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
+        return RdpCurve.from_pure(_as(params, LaplaceSessionParams).epsilon, ctx.orders)
+
+    def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None:
+        p, q = _as(params, LaplaceSessionParams), _as(query, LaplaceQueryParams)
+        _check_asked(asked, p.max_queries)
+        sensitivity = _scalar_query(q.query, ctx)
+        if sensitivity > p.max_sensitivity:
+            reason = f"ℓ1 sensitivity {sensitivity:g} exceeds max_sensitivity {p.max_sensitivity:g}"
+            raise ParamsError("query", reason)
+
+    def start(self, params: BaseModel, ctx: PublicContext, rng: np.random.Generator) -> dict[str, Any]:
+        p = _as(params, LaplaceSessionParams)
+        threshold_scale, _ = self.scales(p)
+        return self._new_state(p.threshold + float(rng.laplace(0.0, threshold_scale)), 0, False)
+
+    def step(
+        self,
+        params: BaseModel,
+        ctx: PublicContext,
+        state: dict[str, Any],
+        query: BaseModel,
+        table: Table,
+        rng: np.random.Generator,
+    ) -> StepResult:
+        p, q = _as(params, LaplaceSessionParams), _as(query, LaplaceQueryParams)
+        noisy_threshold, asked = self._read_state(state)
+        self.check_query(p, ctx, q, asked)
+        _, query_scale = self.scales(p)
+        noisy = _scalar_value(q.query, ctx, table) + float(rng.laplace(0.0, query_scale))
+        if noisy >= noisy_threshold:
+            answer: dict[str, Any] = {"above": True, "index": asked}
+            return StepResult(answer, self._new_state(noisy_threshold, asked + 1, True), True)
+        halted = asked + 1 >= p.max_queries
+        new_state = self._new_state(noisy_threshold, asked + 1, halted)
+        return StepResult({"above": False, "index": asked}, new_state, halted)
+
+    def realized(self, params: BaseModel, ctx: PublicContext, steps: Steps, halted: bool) -> RdpCurve:
+        p = _as(params, LaplaceSessionParams)
+        queries, above = _transcript(steps, LaplaceQueryParams, p.max_queries)
+        if not queries:
+            return RdpCurve.zero(ctx.orders)
+        if not above:
+            return RdpCurve.from_pure(_pad_up(p.epsilon / 2.0), ctx.orders)  # ⊥: only the threshold pays
+        return RdpCurve.from_pure(p.epsilon, ctx.orders)
+
+
+# ----- batch forms (non-interactive Mechanism) ------------------------------------------------------------
+class BatchAboveThreshold:
+    """A whole session in one request: params = the session's fields plus ``queries`` (≤ max_queries).
+
+    Generic over the session (``class X(BatchAboveThreshold, session=...)``). ``run`` = ``start`` and then
+    ``step`` until the session halts or the list ends; the release is ``{"answers": [...]}`` (answers up to
+    and including the halt) and the charge is the session's own ``realized`` on that transcript. The worst
+    case is the session's. ``cost_parameter`` is the session's top-level ε field; when every query omits
+    its ``epsilon`` (so each uses max_query_epsilon) the service can bisect it for the affordable value,
+    otherwise lowering it below a query's explicit ε fails validation and nothing is affordable (None).
+    """
+
+    session: ClassVar[AboveThresholdSession]
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    params_model: ClassVar[type[BaseModel]]
+    cost_parameter: ClassVar[str]
+    cost_increases_with_parameter: ClassVar[bool] = True
+
+    def __init_subclass__(cls, /, session: AboveThresholdSession, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.session = session
+        cls.name = f"{session.name}.batch"
+        cls.summary = f"Batch form (all queries in one request) of {session.name}: {session.summary}"
+        cls.params_model = session.batch_params_model
+        cls.cost_parameter = session.cost_parameter
+
+    def split(self, params: BaseModel) -> tuple[BaseModel, list[BaseModel]]:
+        """The session params and the query list of a batch request."""
+        p = _as(params, self.params_model)
+        session_params = self.session.params_model.model_validate(p.model_dump(exclude={"queries"}))
+        queries: list[BaseModel] = list(getattr(p, "queries"))  # noqa: B009 - field of a dynamic model
+        return session_params, queries
+
+    def check(self, params: BaseModel, ctx: PublicContext) -> None:
+        session_params, queries = self.split(params)
+        self.session.check(session_params, ctx)
+        for index, query in enumerate(queries):
+            try:
+                self.session.check_query(session_params, ctx, query, index)
+            except ParamsError as exc:
+                raise ParamsError(f"queries.{index}.{exc.field}", exc.reason) from None
+
+    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
+        session_params, _ = self.split(params)
+        return self.session.worst_case(session_params, ctx)
+
+    def run(self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator) -> Release:
+        self.check(params, ctx)
+        session_params, queries = self.split(params)
+        worst = self.session.worst_case(session_params, ctx)
+        state = self.session.start(session_params, ctx, rng)
+        steps: Steps = []
+        halted = False
+        for query in queries:
+            result = self.session.step(session_params, ctx, state, query, table, rng)
+            steps.append((query.model_dump(mode="json"), result.answer))
+            state, halted = result.state, result.halted
+            if halted:
+                break
+        realized = self.session.realized(session_params, ctx, steps, halted)
+        assert realized <= worst
+        return Release(output={"answers": [answer for _, answer in steps]}, realized=realized)
+
+
+GEOMETRIC = GeometricAboveThreshold()
+DROPPING = DroppingAboveThreshold()
+LAPLACE = LaplaceAboveThreshold()
+
+
+class GeometricAboveThresholdBatch(BatchAboveThreshold, session=GEOMETRIC):
+    """``above_threshold.batch``."""
+
+
+class DroppingAboveThresholdBatch(BatchAboveThreshold, session=DROPPING):
+    """``above_threshold.dropping.batch``."""
+
+
+class LaplaceAboveThresholdBatch(BatchAboveThreshold, session=LAPLACE):
+    """``above_threshold.laplace.batch``."""

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from sqlalchemy.orm import Session
+
+from service import sessions as domain
+from service.db.models import AnalysisSession
+from service.db.repositories import RequestRepository
+from service.deps import Analyst as AnalystRole
+from service.deps import AnyRole, CtxDep, SessionDep
+from service.errors import Forbidden
+from service.routers.requests import IdempotencyKey
+from service.schemas import AnswerOut, SessionIn, SessionOut
+
+router = APIRouter(tags=["sessions"])
+
+
+def session_out(
+    row: AnalysisSession, worst_case: dict[str, Any], realized: dict[str, Any] | None
+) -> SessionOut:
+    return SessionOut(
+        id=row.id,
+        dataset_id=row.dataset_id,
+        analyst=row.analyst,
+        mechanism=row.mechanism,
+        params=row.params,
+        state=row.state,
+        close_reason=row.close_reason,
+        asked=len(row.steps),
+        steps=[{"query": s["query"], "answer": s["answer"]} for s in row.steps],
+        worst_case=worst_case,
+        realized=realized,
+        created_at=row.created_at,
+        expires_at=row.expires_at,
+    )
+
+
+def _out_with(session: Session, row: AnalysisSession) -> SessionOut:
+    request = RequestRepository(session).get(row.request_id)
+    assert request is not None
+    realized = request.realized["curve"] if request.realized else None
+    return session_out(row, request.worst_case["curve"], realized)
+
+
+def _out(ctx: CtxDep, row: AnalysisSession) -> SessionOut:
+    """In a session of its own: call only when the route holds no other (SQLite locks per session)."""
+    with ctx.sessions() as session:
+        return _out_with(session, row)
+
+
+@router.post(
+    "/v1/datasets/{dataset_id}/sessions",
+    status_code=201,
+    summary="Open an interactive session: reserves its worst case and draws its secret state",
+)
+def open_session(
+    dataset_id: str,
+    body: SessionIn,
+    ctx: CtxDep,
+    analyst: AnalystRole,
+    idempotency_key: IdempotencyKey = None,
+) -> SessionOut:
+    with ctx.sessions() as session:
+        validated = domain.validate_open(session, analyst, dataset_id, body.mechanism, body.params)
+    row = domain.open_session(
+        ctx.sessions, analyst, validated, idempotency_key, ctx.settings.session_ttl_seconds
+    )
+    return _out(ctx, row)
+
+
+@router.get("/v1/sessions/{session_id}", summary="A session's state and public transcript")
+def get_session(session_id: str, session: SessionDep, who: AnyRole) -> SessionOut:
+    if who.role.value == "viewer":
+        raise Forbidden("viewers cannot read session answers")
+    return _out_with(session, domain.visible_session(session, who, session_id))
+
+
+@router.post(
+    "/v1/sessions/{session_id}/queries",
+    summary="Ask one query; the session closes itself when it halts or reaches max_queries",
+)
+def ask(
+    session_id: str,
+    body: dict[str, Any],
+    ctx: CtxDep,
+    analyst: AnalystRole,
+    idempotency_key: IdempotencyKey = None,
+) -> AnswerOut:
+    row, answer = domain.ask(ctx, analyst, session_id, body, idempotency_key)
+    return AnswerOut(answer=answer, session=_out(ctx, row))
+
+
+@router.post("/v1/sessions/{session_id}/close", summary="Close now and commit the charge of the outcome")
+def close(session_id: str, ctx: CtxDep, analyst: AnalystRole) -> SessionOut:
+    return _out(ctx, domain.close(ctx, analyst, session_id))

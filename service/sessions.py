@@ -1,0 +1,285 @@
+"""Interactive sessions (DESIGN §3, §4 rule 8): open → queries → close, each transition one transaction.
+
+* **Open** reserves the session's worst case exactly like a request (its ``requests`` row, kind
+  "session") and draws the secret state with ``start`` (no data is read), in one transaction.
+* **Each query** locks the dataset's filters and the session row, so concurrent queries to one session
+  are serialized; it reads the secret state, runs one ``step`` on the data with fresh noise, appends the
+  public (query, answer) to the transcript and stores the new secret state.
+* **Close** (halt, ``max_queries``, explicit, expiry, or a failure) commits the realized charge of the
+  public transcript (``realized``), or the worst case if the mechanism failed after reading the data, and
+  deletes the secret state. The secret state never leaves the ``secret_states`` table.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import structlog
+from pydantic import BaseModel, ValidationError
+from sqlalchemy.orm import Session, sessionmaker
+
+from mechanisms.accounting import UnitsVector
+from mechanisms.base import InteractiveMechanism, ParamsError, PublicContext
+from mechanisms.catalog import INTERACTIVE
+from service.auth import Principal, Role
+from service.datasets import TableCache, public_context, visible_dataset
+from service.db.models import AnalysisRequest, AnalysisSession, PrivacyFilter, SecretState
+from service.db.repositories import DatasetRepository, RequestRepository, SessionRepository
+from service.errors import Conflict, IdempotencyKeyReused, InvalidInput, MechanismFailed, NotFound
+from service.requests import (
+    Refused,
+    Validated,
+    _lock_filters,
+    _reserve_locked,
+    _settle_locked,
+    refusal,
+)
+
+if TYPE_CHECKING:
+    from service.context import AppContext
+
+log = structlog.get_logger("expost.sessions")
+
+
+class SessionClosed(Conflict):
+    type_slug = "session-closed"
+    title = "The session is closed"
+
+
+def _invalid(prefix: str, exc: ValidationError) -> InvalidInput:
+    first = exc.errors()[0]
+    return InvalidInput(".".join(str(p) for p in (prefix, *first["loc"])), first["msg"])
+
+
+def _mechanism(name: str) -> InteractiveMechanism:
+    mechanism = INTERACTIVE.get(name)
+    if mechanism is None:
+        raise InvalidInput("mechanism", f"unknown interactive mechanism {name!r}; see GET /v1/mechanisms")
+    return mechanism
+
+
+def validate_open(session: Session, principal: Principal, dataset_id: str, name: str, raw: Any) -> Validated:
+    dataset = visible_dataset(session, principal, dataset_id)
+    mechanism = _mechanism(name)
+    try:
+        params = mechanism.params_model.model_validate(raw)
+    except ValidationError as exc:
+        raise _invalid("params", exc) from None
+    context = public_context(dataset)
+    try:
+        mechanism.check(params, context)
+        worst = mechanism.worst_case(params, context)
+    except ParamsError as exc:
+        raise InvalidInput(f"params.{exc.field}", exc.reason) from None
+    return Validated(dataset, mechanism, params, context, worst, UnitsVector.charge(worst), kind="session")
+
+
+def open_session(
+    sessions: sessionmaker[Session], principal: Principal, v: Validated, key: str | None, ttl: float
+) -> AnalysisSession:
+    """Reserve the worst case and draw the secret state, in one transaction."""
+    assert isinstance(v.mechanism, InteractiveMechanism)
+    try:
+        with sessions() as session, session.begin():
+            filters = _lock_filters(session, v.dataset.id, principal.name)
+            request, created = _reserve_locked(session, filters, principal, v, key, ttl)
+            repository = SessionRepository(session)
+            if not created:
+                existing = repository.by_request(request.id)
+                if existing is None:
+                    raise IdempotencyKeyReused("this Idempotency-Key was used for a request, not a session")
+                return existing
+            rng = np.random.default_rng(np.random.SeedSequence(secrets.randbits(128)))
+            state = v.mechanism.start(v.params, v.context, rng)
+            now = datetime.now(UTC)
+            row = AnalysisSession(
+                id="ss_" + uuid.uuid4().hex[:20],
+                request_id=request.id,
+                dataset_id=v.dataset.id,
+                analyst=principal.name,
+                mechanism=v.mechanism.name,
+                params=request.params,
+                state="open",
+                close_reason=None,
+                steps=[],
+                created_at=now,
+                updated_at=now,
+                expires_at=now + timedelta(seconds=ttl),
+            )
+            session.flush()
+            repository.add(row)
+            session.flush()
+            repository.add_secret(SecretState(request_id=request.id, state=_encode(state), updated_at=now))
+            return row
+    except Refused as refused:
+        raise refusal(v, refused) from None
+
+
+def _encode(state: dict[str, Any]) -> bytes:
+    return json.dumps(state, sort_keys=True).encode()
+
+
+def visible_session(session: Session, principal: Principal, session_id: str) -> AnalysisSession:
+    row = SessionRepository(session).get(session_id)
+    if row is None or (principal.role is not Role.admin and row.analyst != principal.name):
+        raise NotFound(f"no session {session_id!r}")
+    return row
+
+
+class _Context:
+    """The public pieces a session's transitions need (no data)."""
+
+    def __init__(self, session: Session, row: AnalysisSession) -> None:
+        dataset = DatasetRepository(session).get(row.dataset_id)
+        assert dataset is not None
+        self.dataset = dataset
+        self.mechanism = _mechanism(row.mechanism)
+        self.params: BaseModel = self.mechanism.params_model.model_validate(row.params)
+        self.public: PublicContext = public_context(dataset)
+
+
+def _lock(
+    session: Session, session_id: str, analyst: str, dataset_id: str
+) -> tuple[list[PrivacyFilter], AnalysisSession, AnalysisRequest]:
+    filters = _lock_filters(session, dataset_id, analyst)
+    row = SessionRepository(session).fresh(session_id)
+    assert row is not None
+    request = RequestRepository(session).fresh(row.request_id)
+    assert request is not None
+    return filters, row, request
+
+
+def _close(
+    session: Session,
+    filters: list[PrivacyFilter],
+    row: AnalysisSession,
+    request: AnalysisRequest,
+    ctx: _Context,
+    reason: str,
+    failed: bool = False,
+) -> None:
+    """Commit the realized charge of the public transcript (the worst case on failure); drop the secret."""
+    transcript = [(step["query"], step["answer"]) for step in row.steps]
+    realized = (
+        None if failed else ctx.mechanism.realized(ctx.params, ctx.public, transcript, reason == "halted")
+    )
+    error = "the mechanism failed; its worst case was charged" if failed else None
+    _settle_locked(session, filters, request, realized, {"steps": transcript}, error)
+    row.state, row.close_reason, row.updated_at = "closed", reason, datetime.now(UTC)
+    SessionRepository(session).drop_secret(request.id)
+
+
+def ask(
+    app: AppContext, principal: Principal, session_id: str, raw_query: Any, key: str | None
+) -> tuple[AnalysisSession, dict[str, Any]]:
+    """Answer one query of an open session (serialized per session by the filter locks)."""
+    with app.sessions() as session:
+        row = visible_session(session, principal, session_id)
+        ctx = _Context(session, row)
+    try:
+        query = ctx.mechanism.query_model.model_validate(raw_query)
+    except ValidationError as exc:
+        raise _invalid("query", exc) from None
+    query_json = query.model_dump(mode="json")
+    with app.sessions() as session, session.begin():
+        filters, row, request = _lock(session, session_id, row.analyst, row.dataset_id)
+        replay = _replay(row, key, query_json)
+        if replay is not None:
+            return row, replay
+        if row.state == "open" and datetime.now(UTC) >= row.expires_at:
+            _close(session, filters, row, request, ctx, "expired")
+        if row.state != "open":
+            outcome: tuple[AnalysisSession, dict[str, Any]] | SessionClosed = SessionClosed(
+                f"session {session_id} is closed ({row.close_reason}); open a new one",
+                close_reason=row.close_reason,
+            )
+        else:
+            outcome = _step(session, app.tables, filters, row, request, ctx, query, query_json, key)
+    if isinstance(outcome, Exception):
+        raise outcome
+    if outcome[1].get("failed"):
+        raise MechanismFailed("the mechanism failed; its worst case was charged", session_id=session_id)
+    return outcome
+
+
+def _replay(row: AnalysisSession, key: str | None, query_json: dict[str, Any]) -> dict[str, Any] | None:
+    """A retried query with the same Idempotency-Key gets the stored answer (no fresh noise)."""
+    if key is None:
+        return None
+    for step in row.steps:
+        if step.get("key") == key:
+            if step["query"] != query_json:
+                raise IdempotencyKeyReused("this Idempotency-Key was used for a different query")
+            answer: dict[str, Any] = step["answer"]
+            return answer
+    return None
+
+
+def _step(
+    session: Session,
+    tables: TableCache,
+    filters: list[PrivacyFilter],
+    row: AnalysisSession,
+    request: AnalysisRequest,
+    ctx: _Context,
+    query: BaseModel,
+    query_json: dict[str, Any],
+    key: str | None,
+) -> tuple[AnalysisSession, dict[str, Any]]:
+    try:
+        ctx.mechanism.check_query(ctx.params, ctx.public, query, len(row.steps))
+    except ParamsError as exc:
+        raise InvalidInput(f"query.{exc.field}", exc.reason) from None
+    secret = SessionRepository(session).secret(request.id)
+    assert secret is not None, "an open session has its secret state"
+    try:
+        table = tables.get(ctx.dataset, ctx.public.schema)
+        rng = np.random.default_rng(np.random.SeedSequence(secrets.randbits(128)))
+        result = ctx.mechanism.step(ctx.params, ctx.public, json.loads(secret.state), query, table, rng)
+    except Exception:
+        log.exception("session step failed after reading data; charging the worst case", session_id=row.id)
+        _close(session, filters, row, request, ctx, "failed", failed=True)
+        return row, {"failed": True}
+    row.steps = [*row.steps, {"query": query_json, "answer": result.answer, "key": key}]
+    row.updated_at = secret.updated_at = datetime.now(UTC)
+    secret.state = _encode(result.state)
+    max_queries = getattr(ctx.params, "max_queries", None)
+    exhausted = max_queries is not None and len(row.steps) >= max_queries
+    if result.halted or exhausted:
+        # "halted": the session stopped on an answer; "max_queries": its last allowed query was answered.
+        reason = "max_queries" if exhausted and not result.answer.get("above", False) else "halted"
+        _close(session, filters, row, request, ctx, reason)
+    return row, result.answer
+
+
+def close(app: AppContext, principal: Principal, session_id: str, reason: str = "closed") -> AnalysisSession:
+    """Close an open session now and commit the realized charge of its transcript (idempotent)."""
+    with app.sessions() as session:
+        row = visible_session(session, principal, session_id)
+        ctx = _Context(session, row)
+    with app.sessions() as session, session.begin():
+        filters, row, request = _lock(session, session_id, row.analyst, row.dataset_id)
+        if row.state == "open":
+            _close(session, filters, row, request, ctx, reason)
+    return row
+
+
+def expire_sessions(sessions: sessionmaker[Session]) -> int:
+    """Close every open session past its expiry, charging the realized outcome of its transcript."""
+    with sessions() as session:
+        expired = RequestRepository(session).expired_running(datetime.now(UTC), kind="session")
+        rows = [SessionRepository(session).by_request(r.id) for r in expired]
+        contexts = [(row, _Context(session, row)) for row in rows if row is not None]
+    closed = 0
+    for row, ctx in contexts:
+        with sessions() as session, session.begin():
+            filters, fresh, request = _lock(session, row.id, row.analyst, row.dataset_id)
+            if fresh.state == "open":
+                _close(session, filters, fresh, request, ctx, "expired")
+                closed += 1
+    return closed

@@ -1,0 +1,253 @@
+"""Interactive AboveThreshold sessions over real HTTP, on SQLite and PostgreSQL.
+
+CSV of the helpers: 200 rows, 50 per region. With threshold 150 a count of everyone (200) is above by 50
+and a count of one region (50) is below by 100; with ε′ = 1 and ε_i ≥ 0.2 the noise makes any other
+outcome astronomically unlikely (P(k > 50) = e^{-51}, P(y ≥ 100) = e^{-20}).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import update
+
+from service.db.models import AnalysisRequest, AnalysisSession
+from service.db.repositories import SessionRepository
+from tests.conftest import LiveServer
+from tests.integration.helpers import SCHEMA, World, db_session, get_budget, ledger_items, make_world
+
+BELOW = {"query": {"kind": "count", "where": [{"column": "region", "op": "eq", "value": "north"}]}}
+ABOVE = {"query": {"kind": "count"}}
+BUDGET = {"epsilon": 10.0, "delta": 0.0}
+
+
+def session_params(**overrides: Any) -> dict[str, Any]:
+    return {
+        "threshold": 150,
+        "epsilon_threshold": 1.0,
+        "max_query_epsilon": 0.5,
+        "max_queries": 10,
+        **overrides,
+    }
+
+
+def open_session(world: World, **overrides: Any) -> dict[str, Any]:
+    response = world.analyst.post(
+        f"/v1/datasets/{world.dataset_id}/sessions",
+        json={"mechanism": "above_threshold", "params": session_params(**overrides)},
+    )
+    assert response.status_code == 201, response.text
+    return dict(response.json())
+
+
+def ask(
+    world: World, session_id: str, query: dict[str, Any], epsilon: float, key: str | None = None
+) -> httpx.Response:
+    headers = {"Idempotency-Key": key} if key else {}
+    return world.analyst.post(
+        f"/v1/sessions/{session_id}/queries", json={**query, "epsilon": epsilon}, headers=headers
+    )
+
+
+def charged(value: float, exact: float) -> bool:
+    """Charges are exact or padded up by a few ulps (never below the theorem's value)."""
+    return exact <= value <= exact + 1e-12
+
+
+def pure(world: World) -> dict[str, Any]:
+    return dict(get_budget(world.viewer, world.dataset_id)["pure"])
+
+
+class TestOutcomes:
+    def test_open_reserves_the_worst_case(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, BUDGET)
+        opened = open_session(world)
+        assert opened["state"] == "open"
+        assert charged(opened["worst_case"]["pure"], 2 * 0.5 + 1.0)
+        assert charged(pure(world)["reserved"], 2.0)
+        assert pure(world)["spent"] == 0.0
+
+    def test_a_halt_at_i_costs_two_eps_i_plus_eps_prime(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, BUDGET)
+        sid = open_session(world)["id"]
+        for _ in range(2):
+            below = ask(world, sid, BELOW, 0.2)
+            assert below.status_code == 200, below.text
+            assert below.json()["answer"]["above"] is False
+        halted = ask(world, sid, ABOVE, 0.3)
+        assert halted.status_code == 200, halted.text
+        body = halted.json()
+        assert body["answer"]["above"] is True
+        assert body["answer"]["index"] == 2
+        assert body["session"]["state"] == "closed"
+        assert body["session"]["close_reason"] == "halted"
+        assert charged(body["session"]["realized"]["pure"], 2 * 0.3 + 1.0)
+        assert charged(pure(world)["spent"], 1.6)
+        assert pure(world)["reserved"] == 0.0
+        closed = ask(world, sid, BELOW, 0.2)
+        assert closed.status_code == 409
+        assert closed.json()["type"] == "/problems/session-closed"
+
+    def test_an_explicit_close_costs_eps_prime(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, BUDGET)
+        sid = open_session(world)["id"]
+        assert ask(world, sid, BELOW, 0.5).status_code == 200
+        closed = world.analyst.post(f"/v1/sessions/{sid}/close")
+        assert closed.status_code == 200
+        assert closed.json()["close_reason"] == "closed"
+        assert charged(closed.json()["realized"]["pure"], 1.0)
+        spent = pure(world)["spent"]
+        assert charged(spent, 1.0)
+        assert pure(world)["reserved"] == 0.0
+        again = world.analyst.post(f"/v1/sessions/{sid}/close")
+        assert again.status_code == 200
+        assert pure(world)["spent"] == spent  # closing twice charges once
+
+    def test_max_queries_closes_the_session(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, BUDGET)
+        sid = open_session(world, max_queries=2)["id"]
+        assert ask(world, sid, BELOW, 0.5).json()["session"]["state"] == "open"
+        last = ask(world, sid, BELOW, 0.5).json()["session"]
+        assert (last["state"], last["close_reason"]) == ("closed", "max_queries")
+        assert charged(last["realized"]["pure"], 1.0)
+
+    def test_expiry_closes_the_session_with_the_charge_of_its_outcome(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, BUDGET)
+        opened = open_session(world)
+        assert ask(world, opened["id"], BELOW, 0.5).status_code == 200
+        past = datetime.now(UTC) - timedelta(seconds=1)
+        with db_session(live_server.settings.database_url) as session, session.begin():
+            row = session.get(AnalysisSession, opened["id"])
+            assert row is not None
+            session.execute(
+                update(AnalysisSession).where(AnalysisSession.id == row.id).values(expires_at=past)
+            )
+            session.execute(
+                update(AnalysisRequest)
+                .where(AnalysisRequest.id == row.request_id)
+                .values(lease_expires_at=past)
+            )
+        for _ in range(100):  # the test server's reaper runs every 0.5 s
+            state = world.analyst.get(f"/v1/sessions/{opened['id']}").json()
+            if state["state"] == "closed":
+                break
+            threading.Event().wait(0.1)
+        assert state["close_reason"] == "expired"
+        assert charged(state["realized"]["pure"], 1.0)
+        assert charged(pure(world)["spent"], 1.0)
+        assert pure(world)["reserved"] == 0.0
+
+    def test_monotone_queries_cost_eps_i_plus_eps_prime(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, BUDGET, schema={**SCHEMA, "neighboring": "add_remove"})
+        opened = open_session(world, require_monotone=True)
+        assert charged(opened["worst_case"]["pure"], 0.5 + 1.0)
+        halted = ask(world, opened["id"], ABOVE, 0.3).json()
+        assert charged(halted["session"]["realized"]["pure"], 0.3 + 1.0)
+
+    def test_monotone_sessions_need_add_remove_neighbours(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, BUDGET)
+        response = world.analyst.post(
+            f"/v1/datasets/{world.dataset_id}/sessions",
+            json={"mechanism": "above_threshold", "params": session_params(require_monotone=True)},
+        )
+        assert response.status_code == 422
+        assert response.json()["errors"][0]["field"].startswith("params.require_monotone")
+        assert pure(world)["reserved"] == 0.0
+
+    def test_the_worst_case_must_fit_the_budget(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, {"epsilon": 1.5, "delta": 0.0})
+        response = world.analyst.post(
+            f"/v1/datasets/{world.dataset_id}/sessions",
+            json={"mechanism": "above_threshold", "params": session_params()},
+        )
+        assert response.status_code == 409
+        assert charged(response.json()["pure"]["requested"], 2.0)
+
+
+class TestSerializationAndRetries:
+    def test_concurrent_queries_to_one_session_are_serialized(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, BUDGET)
+        sid = open_session(world, max_queries=12)["id"]
+        barrier = threading.Barrier(12)
+
+        def one(i: int) -> httpx.Response:
+            with live_server.client(world.analyst.headers["Authorization"].split()[1]) as client:
+                barrier.wait()
+                return client.post(
+                    f"/v1/sessions/{sid}/queries",
+                    json={**BELOW, "epsilon": 0.1},
+                    headers={"Idempotency-Key": f"q{i}"},
+                )
+
+        with ThreadPoolExecutor(12) as pool:
+            responses = list(pool.map(one, range(12)))
+        assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
+        assert sorted(r.json()["answer"]["index"] for r in responses) == list(range(12))
+        final = world.analyst.get(f"/v1/sessions/{sid}").json()
+        assert (final["asked"], final["close_reason"]) == (12, "max_queries")
+        request_id = final["id"]
+        commits = [e for e in ledger_items(world.admin, world.dataset_id) if e["event"] == "commit"]
+        assert len(commits) == 1, request_id
+        assert charged(pure(world)["spent"], 1.0)
+        assert pure(world)["reserved"] == 0.0
+
+    def test_a_retried_query_returns_the_stored_answer(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, BUDGET)
+        sid = open_session(world)["id"]
+        first = ask(world, sid, BELOW, 0.2, key="same")
+        again = ask(world, sid, BELOW, 0.2, key="same")
+        assert first.json()["answer"] == again.json()["answer"]
+        assert again.json()["session"]["asked"] == 1
+        assert ask(world, sid, ABOVE, 0.2, key="same").status_code == 422
+
+    def test_other_analysts_and_viewers_cannot_see_a_session(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, BUDGET)
+        sid = open_session(world)["id"]
+        from service.auth import Role
+
+        _, stranger = world.new_key(Role.analyst)
+        assert stranger.get(f"/v1/sessions/{sid}").status_code == 404
+        assert stranger.post(f"/v1/sessions/{sid}/queries", json={**BELOW, "epsilon": 0.1}).status_code == 404
+        assert stranger.post(f"/v1/sessions/{sid}/close").status_code == 404
+        assert world.viewer.get(f"/v1/sessions/{sid}").status_code == 403
+        assert world.admin.get(f"/v1/sessions/{sid}").status_code == 200
+
+
+class TestSecrets:
+    def test_the_secret_state_never_leaves_its_table(
+        self, live_server: LiveServer, capfd: pytest.CaptureFixture[str]
+    ) -> None:
+        world = make_world(live_server, BUDGET)
+        opened = open_session(world, epsilon_threshold=1e-6, threshold=-1_000_000)  # k ≈ 1e6: distinctive
+        with db_session(live_server.settings.database_url) as session:
+            row = session.get(AnalysisSession, opened["id"])
+            assert row is not None
+            secret = SessionRepository(session).secret(row.request_id)
+            assert secret is not None
+            state = json.loads(secret.state)
+            request_id = row.request_id
+        texts = [json.dumps(opened)]
+        texts.append(ask(world, opened["id"], BELOW, 0.1).text)
+        texts.append(world.analyst.get(f"/v1/sessions/{opened['id']}").text)
+        texts.append(world.analyst.post(f"/v1/sessions/{opened['id']}/close").text)
+        texts.append(json.dumps(ledger_items(world.admin, world.dataset_id)))
+        texts.append(world.admin.get("/metrics/").text)
+        texts.append(capfd.readouterr().out)
+        public = {"mechanism", "asked", "halted"}
+        secret = {name: value for name, value in state.items() if name not in public}
+        assert secret, "the state holds the secret noise"
+        for name, value in secret.items():
+            token = re.compile(rf"(?<![\w.\-]){re.escape(json.dumps(value))}(?![\w.])")
+            for text in texts:
+                assert f'"{name}"' not in text  # the secret's key never appears
+                if abs(value) >= 1000:  # distinctive enough to search for as a bare number
+                    assert not token.search(text), (value, text[:200])
+        with db_session(live_server.settings.database_url) as session:
+            assert SessionRepository(session).secret(request_id) is None  # deleted at close
