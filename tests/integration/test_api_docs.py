@@ -31,5 +31,6 @@ def test_every_curl_example_in_the_api_docs_works(live_server: LiveServer) -> No
     assert "committed" in out
     assert "False" in out  # the dry run over the analyst's sub-budget
     assert "cannot afford" in out  # the refusal
+    assert "closed" in out  # the session
     assert '"status":"ok"' in out
     assert '"status":"ready"' in out

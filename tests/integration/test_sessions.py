@@ -251,3 +251,40 @@ class TestSecrets:
                     assert not token.search(text), (value, text[:200])
         with db_session(live_server.settings.database_url) as session:
             assert SessionRepository(session).secret(request_id) is None  # deleted at close
+
+
+class TestBatchForm:
+    @pytest.mark.parametrize(
+        ("queries", "charge", "halt_index"),
+        [
+            (
+                [{**BELOW, "epsilon": 0.2}, {**ABOVE, "epsilon": 0.3}, {**BELOW, "epsilon": 0.4}],
+                2 * 0.3 + 1.0,
+                1,
+            ),
+            ([{**BELOW, "epsilon": 0.2}, {**BELOW, "epsilon": 0.5}], 1.0, None),
+        ],
+    )
+    def test_a_batch_is_charged_like_the_session_it_replays(
+        self, live_server: LiveServer, queries: list[dict[str, Any]], charge: float, halt_index: int | None
+    ) -> None:
+        world = make_world(live_server, BUDGET)
+        params = {**session_params(max_queries=5), "queries": queries}
+        response = world.request(world.analyst, params, mechanism="above_threshold.batch")
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert charged(body["worst_case"]["pure"], 2.0)
+        assert charged(body["realized"]["pure"], charge)
+        answers = body["release"]["answers"]
+        halts = [a["index"] for a in answers if a["above"]]
+        assert halts == ([] if halt_index is None else [halt_index])
+        assert len(answers) == (len(queries) if halt_index is None else halt_index + 1)  # stops at the halt
+        assert charged(pure(world)["spent"], charge)
+        assert pure(world)["reserved"] == 0.0
+
+    def test_a_batch_longer_than_max_queries_is_refused(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, BUDGET)
+        params = {**session_params(max_queries=1), "queries": [{**BELOW, "epsilon": 0.1}] * 2}
+        response = world.request(world.analyst, params, mechanism="above_threshold.batch")
+        assert response.status_code == 422
+        assert pure(world)["reserved"] == 0.0
