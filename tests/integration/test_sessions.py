@@ -288,3 +288,55 @@ class TestBatchForm:
         response = world.request(world.analyst, params, mechanism="above_threshold.batch")
         assert response.status_code == 422
         assert pure(world)["reserved"] == 0.0
+
+
+class TestOtherVariants:
+    def test_the_catalog_lists_sessions_with_query_schemas(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, BUDGET)
+        catalog = {m["name"]: m for m in world.analyst.get("/v1/mechanisms").json()}
+        for name in ("above_threshold", "above_threshold.dropping", "above_threshold.laplace"):
+            assert catalog[name]["kind"] == "session"
+            assert "properties" in catalog[name]["query_schema"]
+        assert catalog["above_threshold.batch"]["kind"] == "request"
+
+    def test_a_dropping_session_halts_on_a_kept_candidate(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, BUDGET)
+        params = {"threshold": 150.0, "epsilon_threshold": 5.0, "max_query_epsilon": 1.0, "max_queries": 10}
+        opened = world.analyst.post(
+            f"/v1/datasets/{world.dataset_id}/sessions",
+            json={"mechanism": "above_threshold.dropping", "params": params},
+        )
+        assert opened.status_code == 201, opened.text
+        assert charged(opened.json()["worst_case"]["pure"], 2 * 1.0 + 5.0)
+        sid = opened.json()["id"]
+        for _ in range(10):  # a candidate is dropped with probability 1 − e^{−ε_i·k}; k = 0 w.p. 0.993
+            body = ask(world, sid, ABOVE, 1.0).json()
+            if body["session"]["state"] == "closed":
+                break
+        assert body["answer"]["above"] is True
+        assert body["answer"]["value"] >= 150.0
+        assert charged(body["session"]["realized"]["pure"], 2 * 1.0 + 5.0)
+
+    def test_a_laplace_session_charges_half_its_epsilon_for_nothing_above(
+        self, live_server: LiveServer
+    ) -> None:
+        world = make_world(live_server, BUDGET)
+        params = {"threshold": 150.0, "epsilon": 0.8, "max_sensitivity": 1.0, "max_queries": 3}
+        opened = world.analyst.post(
+            f"/v1/datasets/{world.dataset_id}/sessions",
+            json={"mechanism": "above_threshold.laplace", "params": params},
+        )
+        assert opened.status_code == 201, opened.text
+        sid = opened.json()["id"]
+        assert (
+            world.analyst.post(f"/v1/sessions/{sid}/queries", json=BELOW).json()["answer"]["above"] is False
+        )
+        closed = world.analyst.post(f"/v1/sessions/{sid}/close").json()
+        assert charged(closed["realized"]["pure"], 0.4)  # ⊥ reveals only the threshold noise: ε/2
+        sum_query = {"query": {"kind": "sum", "column": "age"}}
+        again = world.analyst.post(
+            f"/v1/datasets/{world.dataset_id}/sessions",
+            json={"mechanism": "above_threshold.laplace", "params": params},
+        ).json()
+        too_sensitive = world.analyst.post(f"/v1/sessions/{again['id']}/queries", json=sum_query)
+        assert too_sensitive.status_code == 422  # Δ(sum of age) = 72 > max_sensitivity

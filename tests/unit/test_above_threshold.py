@@ -234,7 +234,15 @@ def test_query_params_rejected(fields: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         GEOMETRIC.query_model.model_validate(fields)
     with pytest.raises(ValidationError):
-        LAPLACE.query_model.model_validate({**fields, "epsilon": 0.1})  # Laplace queries carry no ε
+        DROPPING.query_model.model_validate(fields)
+
+
+def test_query_params_shapes() -> None:
+    assert GEOMETRIC.query_model.model_validate({"query": count()}).epsilon is None  # type: ignore[attr-defined]
+    assert DROPPING.query_model.model_validate({"query": count(), "epsilon": 1}).epsilon == 1.0  # type: ignore[attr-defined]
+    LAPLACE.query_model.model_validate({"query": count()})
+    with pytest.raises(ValidationError):  # the Laplace session's noise is fixed at open: no per-query ε
+        LAPLACE.query_model.model_validate({"query": count(), "epsilon": 0.1})
 
 
 def test_require_monotone_needs_add_remove() -> None:
