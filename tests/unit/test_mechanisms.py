@@ -38,7 +38,7 @@ def gaussian(query: dict[str, Any], sigma: float = 1.0) -> GaussianParams:
 
 
 def test_catalog() -> None:
-    assert set(MECHANISMS) == {"laplace", "gaussian"}
+    assert {"laplace", "gaussian"} <= set(MECHANISMS)
     for name, mechanism in MECHANISMS.items():
         assert mechanism.name == name
         assert mechanism.summary
