@@ -69,6 +69,30 @@ def serve(
     )
 
 
+@app.command()
+def worker(
+    interval: Annotated[float, typer.Option(help="seconds between passes")] = 15.0,
+    once: Annotated[bool, typer.Option(help="run one pass and exit")] = False,
+) -> None:
+    """Maintenance worker: commit the worst case of requests whose worker was lost, close expired sessions.
+
+    Every API process already does this in the background; a separate worker keeps it going when the API
+    is scaled to zero. (The distributed executor for mechanisms arrives with the scale-out work.)
+    """
+    import time
+
+    from service.requests import reap_expired
+    from service.sessions import expire_sessions
+
+    sessions = _sessions()
+    while True:
+        reaped, expired = reap_expired(sessions), expire_sessions(sessions)
+        typer.echo(f"reaped {reaped} requests, closed {expired} expired sessions")
+        if once:
+            return
+        time.sleep(interval)
+
+
 @keys_app.command("create")
 def keys_create(
     role: Annotated[Role, typer.Option(help="admin, analyst or viewer")],
