@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test install install-test lint typecheck unit integration postgres bench clean
+.PHONY: run test install install-test lint typecheck unit integration postgres browser bench clean
 
 $(VENV)/.created:
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "expost needs Python 3.11, found " + sys.version.split()[0]'
@@ -31,7 +31,7 @@ run: install
 	$(BIN)/expost serve --host 127.0.0.1 --port 8000
 
 ## test: set up, lint, type-check and run the whole suite (SQLite and PostgreSQL)
-test: install-test postgres lint typecheck
+test: install-test postgres browser lint typecheck
 	$(BIN)/pytest -n 2 --dist loadfile -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: install-test
@@ -46,6 +46,13 @@ unit: install-test
 integration: install-test postgres
 	$(BIN)/pytest tests/integration -q
 
+## browser: Chromium for the dashboard's browser tests (tests/e2e); installed from Debian when root.
+## Without it the e2e tests skip with the reason, and fail when CI=true.
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] \
+	  && (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver); } \
+	  || echo "make browser: chromium is not installed (needs root: apt-get install chromium); the e2e tests will skip, or fail under CI=true"
+
 ## postgres: make sure the local PostgreSQL answers on 127.0.0.1:5432 (starts the cluster if it is down)
 postgres:
 	@bash .ci/ensure-postgres
@@ -55,3 +62,19 @@ bench: install-test postgres
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+## compose-check: validate docker-compose.yml without a Docker engine (Debian's docker-compose parses it)
+.PHONY: compose-check compose-tools
+compose-check: compose-tools
+	docker-compose -f docker-compose.yml config --quiet
+
+# tests/integration/test_containers.py validates the compose file with `docker-compose config`; install
+# it when missing (needs root and Debian's apt; otherwise that test fails in CI with this explanation).
+compose-tools:
+	@command -v docker-compose >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends docker-compose >/dev/null || \
+	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	      --no-install-recommends docker-compose >/dev/null; }; }; } || \
+	  echo "warning: docker-compose is not installed (apt-get install docker-compose as root);" \
+	       "tests/integration/test_containers.py cannot validate docker-compose.yml" >&2
+test: compose-tools

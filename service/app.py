@@ -10,15 +10,16 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client import make_asgi_app
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service import metrics
 from service.config import Settings, get_settings
 from service.context import AppContext
 from service.db.migrate import ensure_migrated
 from service.errors import PROBLEM_JSON, ServiceError
 from service.logs import configure_logging
-from service.routers import datasets, health, keys, mechanisms, requests, sessions
+from service.middleware import ObservabilityMiddleware
+from service.routers import dashboard, datasets, health, keys, mechanisms, requests, sessions
 
 log = structlog.get_logger("expost")
 
@@ -117,7 +118,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    for module in (health, keys, datasets, requests, sessions, mechanisms):
+    for module in (health, keys, datasets, requests, sessions, mechanisms, dashboard):
         app.include_router(module.router)
-    app.mount("/metrics", make_asgi_app())
+    app.mount("/metrics", metrics.asgi_app(app))  # with PROMETHEUS_MULTIPROC_DIR: every process
+    app.add_middleware(ObservabilityMiddleware)  # request id, access log, HTTP latency
     return app

@@ -1,20 +1,53 @@
-"""The ``expost`` command line: serve, migrate, keys, datasets, ledger verify, demo."""
+"""The ``expost`` command line.
+
+Local commands (they open the database named by ``EXPOST_DATABASE_URL``): serve, migrate, worker,
+keys create, datasets add, ledger verify, demo. Remote commands (they talk to a server over HTTP with
+:mod:`service.client`, ``--url``/``EXPOST_URL`` and ``--key``/``EXPOST_KEY``): request submit/get/estimate,
+session open/ask/close/get, budget set/show, grant.
+
+Remote commands print rich tables by default and the server's raw JSON with ``--json`` (with ``--json``
+a problem+json error body is printed on stdout too). Errors go to stderr with the problem's title and
+detail; exit 3 for a budget refusal (with a requested / remaining / affordable summary), 2 for any other
+4xx or unusable input (bad ``--params`` JSON), 1 otherwise (5xx, unreachable server, a wait that timed
+out).
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
-import numpy as np
+import httpx
 import typer
-from sqlalchemy.orm import Session, sessionmaker
+from rich.console import Console, Group
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
 
-from service.auth import Role, create_key
+from service.client import (
+    AnalysisRequest,
+    Budget,
+    BudgetExhaustedError,
+    Curve,
+    ExpostClient,
+    ExpostError,
+    ExpostTimeoutError,
+    InvalidInputError,
+)
+from service.client import Session as AnalysisSession
 from service.config import get_settings
-from service.db.migrate import NotMigrated, ensure_migrated, upgrade
-from service.db.session import make_engine, make_sessionmaker
+from service.logs import configure_logging
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
+
+# The database, numpy and the service's own modules are imported inside the local commands, so that the
+# remote commands (which need only httpx, pydantic and rich) start quickly.
 
 app = typer.Typer(
     help="expost: privacy budgets as a persistent ex-post Rényi-DP filter",
@@ -29,7 +62,18 @@ app.add_typer(datasets_app, name="datasets")
 app.add_typer(ledger_app, name="ledger")
 
 
+class KeyRole(StrEnum):
+    """The roles of service.auth.Role (kept here so that the CLI starts without SQLAlchemy)."""
+
+    admin = "admin"
+    analyst = "analyst"
+    viewer = "viewer"
+
+
 def _sessions() -> sessionmaker[Session]:
+    from service.db.migrate import NotMigrated, ensure_migrated
+    from service.db.session import make_engine, make_sessionmaker
+
     settings = get_settings()
     engine = make_engine(settings.database_url)
     try:
@@ -43,6 +87,8 @@ def _sessions() -> sessionmaker[Session]:
 @app.command()
 def migrate() -> None:
     """Upgrade the database schema to the latest revision."""
+    from service.db.migrate import upgrade
+
     settings = get_settings()
     upgrade(settings.database_url)
     typer.echo("database is at the latest revision")
@@ -57,6 +103,8 @@ def serve(
     """Run the HTTP service (refuses to start on an unmigrated database)."""
     import uvicorn
 
+    settings = get_settings()
+    configure_logging(settings.log_level, settings.log_json)
     _sessions()
     uvicorn.run(
         "service.app:create_app",
@@ -84,6 +132,8 @@ def worker(
     from service.requests import reap_expired
     from service.sessions import expire_sessions
 
+    settings = get_settings()
+    configure_logging(settings.log_level, settings.log_json)
     sessions = _sessions()
     while True:
         reaped, expired = reap_expired(sessions), expire_sessions(sessions)
@@ -95,16 +145,17 @@ def worker(
 
 @keys_app.command("create")
 def keys_create(
-    role: Annotated[Role, typer.Option(help="admin, analyst or viewer")],
+    role: Annotated[KeyRole, typer.Option(help="admin, analyst or viewer")],
     name: Annotated[str, typer.Option(help="unique name; analysts are granted by this name")],
 ) -> None:
     """Create an API key and print it once."""
+    from service.auth import Role, create_key
     from service.errors import ServiceError
 
     sessions = _sessions()
     try:
         with sessions() as session, session.begin():
-            key = create_key(session, name, role)
+            key = create_key(session, name, Role(role.value))
     except ServiceError as exc:
         typer.echo(f"error: {exc.detail}", err=True)
         raise typer.Exit(1) from None
@@ -156,6 +207,8 @@ def ledger_verify() -> None:
 
 
 def demo_csv(rows: int = 1000, seed: int = 7) -> bytes:
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     age = np.clip(rng.normal(41, 13, rows), 18, 90).round(1)
     income = np.clip(rng.lognormal(10.5, 0.6, rows), 0, 250000).round(0)
@@ -181,7 +234,10 @@ def demo(
     ),
 ) -> None:
     """Create a demo dataset with a budget (ε=1, δ=1e-6) and admin/analyst/viewer keys (idempotent)."""
+    import numpy as np
+
     from service import budget
+    from service.auth import Role, create_key
     from service.datasets import create_dataset, grant
     from service.db.models import DATASET_SCOPE
 
@@ -231,6 +287,417 @@ Try (in another terminal):
   curl -s -H 'Authorization: Bearer {keys["viewer"]}' http://127.0.0.1:8000/v1/datasets/{ds}/budget
   API docs: http://127.0.0.1:8000/docs
 """)
+
+
+
+# ----- remote commands: talk to a server over HTTP with service.client ------------------------------------
+
+request_app = typer.Typer(help="Analysis requests on a server (analyst)", no_args_is_help=True)
+session_app = typer.Typer(help="Interactive sessions on a server (analyst)", no_args_is_help=True)
+budget_app = typer.Typer(help="Budgets on a server (set: admin; show: any role)", no_args_is_help=True)
+app.add_typer(request_app, name="request")
+app.add_typer(session_app, name="session")
+app.add_typer(budget_app, name="budget")
+
+UrlOption = Annotated[
+    str, typer.Option("--url", envvar="EXPOST_URL", help="server base URL", show_default=True)
+]
+KeyOption = Annotated[str | None, typer.Option("--key", envvar="EXPOST_KEY", help="API key (xp_…)")]
+JsonOption = Annotated[bool, typer.Option("--json", help="print the raw JSON response (for scripts)")]
+ParamsOption = Annotated[
+    str, typer.Option("--params", help="mechanism params as a JSON object (or @file.json)")
+]
+AnalystOption = Annotated[
+    str | None, typer.Option("--analyst", help="an analyst's sub-budget instead of the dataset's")
+]
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+EXIT_OTHER, EXIT_INPUT, EXIT_REFUSED = 1, 2, 3
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _json_object(text: str, option: str) -> dict[str, Any]:
+    """A JSON object from an option value (``@path`` reads a file); exit 2 when it is not one."""
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text()
+        except OSError as exc:
+            _fail(f"{option}: cannot read {text[1:]!r}: {exc.strerror}", EXIT_INPUT)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        _fail(f"{option}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", EXIT_INPUT)
+    if not isinstance(value, dict):
+        _fail(f"{option}: must be a JSON object, got {type(value).__name__}", EXIT_INPUT)
+    return value
+
+
+def _print_json(body: Any) -> None:
+    typer.echo(json.dumps(body, indent=2, ensure_ascii=False))
+
+
+@contextmanager
+def _remote(url: str, key: str | None, as_json: bool = False) -> Iterator[ExpostClient]:
+    """A client for ``url``; maps the client's errors to messages on stderr and exit codes."""
+    try:
+        with ExpostClient(url, key) as client:
+            yield client
+    except ExpostError as exc:
+        if as_json:
+            _print_json(exc.body)
+        typer.echo(f"error: {exc.title} ({exc.status}): {exc.detail}", err=True)
+        if isinstance(exc, InvalidInputError):
+            for item in exc.errors:
+                typer.echo(f"  {item.get('field')}: {item.get('reason')}", err=True)
+        if isinstance(exc, BudgetExhaustedError):
+            typer.echo(f"  {exc.summary()}", err=True)
+            raise typer.Exit(EXIT_REFUSED) from None
+        raise typer.Exit(EXIT_INPUT if 400 <= exc.status < 500 else EXIT_OTHER) from None
+    except ExpostTimeoutError as exc:
+        _fail(f"{exc}; it keeps running: check with `expost request get {exc.request_id}`", EXIT_OTHER)
+    except httpx.HTTPError as exc:
+        _fail(f"cannot talk to {url}: {exc.__class__.__name__}: {exc}", EXIT_OTHER)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
+
+
+def _kv(title: str, rows: list[tuple[str, Any]]) -> Group:
+    table = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for name, value in rows:
+        table.add_row(name, _fmt(value))
+    return Group(Text(title, style="bold underline"), table)
+
+
+def _show(*renderables: Any) -> None:
+    console = Console(highlight=False)
+    for renderable in renderables:
+        console.print(renderable)
+
+
+def _curve_summary(curve: Curve | None) -> str:
+    if curve is None:
+        return "–"
+    finite = [float(v) for v in curve.values if isinstance(v, int | float)]
+    if not finite:
+        return f"pure ε {_fmt(curve.pure)}"
+    return f"pure ε {_fmt(curve.pure)}; Rényi ε(α) {min(finite):.4g} … {max(finite):.4g}"
+
+
+def _request_table(request: AnalysisRequest) -> Group:
+    rows: list[tuple[str, Any]] = [
+        ("id", request.id),
+        ("state", request.state),
+        ("dataset", request.dataset_id),
+        ("mechanism", request.mechanism),
+        ("params", request.params),
+    ]
+    rows += list((request.release or {}).items())  # value (or values) and the noise description
+    rows += [
+        ("worst case", _curve_summary(request.worst_case)),
+        ("charged", _curve_summary(request.realized)),
+    ]
+    if request.error:
+        rows.append(("error", request.error))
+    return _kv(f"request {request.id}", rows)
+
+
+def _session_tables(session: AnalysisSession) -> list[Group | Table]:
+    summary = _kv(
+        f"session {session.id}",
+        [
+            ("state", session.state),
+            ("close reason", session.close_reason),
+            ("dataset", session.dataset_id),
+            ("mechanism", session.mechanism),
+            ("params", session.params),
+            ("asked", session.asked),
+            ("expires", session.expires_at.isoformat()),
+            ("reserved (worst case)", _curve_summary(session.worst_case)),
+            ("charged", _curve_summary(session.realized)),
+        ],
+    )
+    if not session.steps:
+        return [summary]
+    steps = Table("#", "query", "answer", title="transcript", title_justify="left")
+    for i, step in enumerate(session.steps):
+        steps.add_row(str(i), _fmt(step.get("query")), _fmt(step.get("answer")))
+    return [summary, steps]
+
+
+def _budget_tables(budget: Budget) -> list[Group | Table]:
+    who = f"analyst {budget.analyst}" if budget.analyst else "dataset"
+    target = f"ε = {_fmt(budget.epsilon)}, δ = {_fmt(budget.delta)}" if budget.budget_set else "not set"
+    summary = _kv(
+        f"budget of {budget.dataset_id} ({who})",
+        [
+            ("target", target),
+            ("ε spent (at δ)", budget.epsilon_spent),
+            ("largest ε admissible", budget.epsilon_remaining),
+            ("binding order", budget.binding_alpha),
+        ],
+    )
+    slots = Table("α", "capacity", "spent", "reserved", "remaining", title="per order", title_justify="left")
+    for row in [*budget.orders, budget.pure]:
+        slots.add_row(*(_fmt(v) for v in (row.alpha, row.capacity, row.spent, row.reserved, row.remaining)))
+    return [summary, slots]
+
+
+@contextmanager
+def _spinner(enabled: bool | None, description: str) -> Iterator[Callable[[dict[str, Any]], None]]:
+    """A rich spinner on stderr while a request runs; yields the client's progress callback."""
+    console = Console(stderr=True, force_terminal=True if enabled else None)
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not (enabled if enabled is not None else console.is_terminal),
+    )
+    task = progress.add_task(description, total=None)
+    polls = 0
+
+    def update(request: dict[str, Any]) -> None:
+        nonlocal polls
+        polls += 1
+        progress.update(
+            task, description=f"request {request.get('id')}: {request.get('state')} (poll {polls})"
+        )
+
+    with progress:
+        yield update
+
+
+@request_app.command("submit")
+def request_submit(
+    dataset_id: Annotated[str, typer.Argument(help="dataset id (ds_…)")],
+    params: ParamsOption,
+    mechanism: Annotated[str, typer.Option(help="mechanism name (see GET /v1/mechanisms)")] = "laplace",
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="retry-safe key (default: a new one, reused by the client's retries)")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for a long request")] = 300.0,
+    show_progress: Annotated[
+        bool | None, typer.Option("--progress/--no-progress", help="spinner on stderr (default: on a TTY)")
+    ] = None,
+    as_json: JsonOption = False,
+    url: UrlOption = DEFAULT_URL,
+    key: KeyOption = None,
+) -> None:
+    """Run a mechanism on a dataset and print its release and charge (waits for long requests)."""
+    body = _json_object(params, "--params")
+    with (
+        _remote(url, key, as_json) as client,
+        _spinner(show_progress, f"{mechanism} on {dataset_id}: submitting") as progress,
+    ):
+        request = client.submit(
+            dataset_id, mechanism, body, idempotency_key=idempotency_key, timeout=timeout, progress=progress
+        )
+    if as_json:
+        _print_json(request.raw)
+    else:
+        _show(_request_table(request))
+
+
+@request_app.command("get")
+def request_get(
+    request_id: Annotated[str, typer.Argument(help="request id (rq_…)")],
+    as_json: JsonOption = False,
+    url: UrlOption = DEFAULT_URL,
+    key: KeyOption = None,
+) -> None:
+    """Show a request, its state and (when committed) its release."""
+    with _remote(url, key, as_json) as client:
+        request = client.get_request(request_id)
+    if as_json:
+        _print_json(request.raw)
+    else:
+        _show(_request_table(request))
+
+
+@request_app.command("estimate")
+def request_estimate(
+    dataset_id: Annotated[str, typer.Argument(help="dataset id (ds_…)")],
+    params: ParamsOption,
+    mechanism: Annotated[str, typer.Option(help="mechanism name")] = "laplace",
+    as_json: JsonOption = False,
+    url: UrlOption = DEFAULT_URL,
+    key: KeyOption = None,
+) -> None:
+    """Dry run: the worst-case charge and whether it would be admitted now (nothing is charged)."""
+    body = _json_object(params, "--params")
+    with _remote(url, key, as_json) as client:
+        estimate = client.estimate(dataset_id, mechanism, body)
+    if as_json:
+        _print_json(estimate.raw)
+        return
+    refusal = estimate.refusal_error
+    rows: list[tuple[str, Any]] = [
+        ("admitted now", "yes" if estimate.admitted else "no"),
+        ("worst case", _curve_summary(estimate.worst_case)),
+    ]
+    if estimate.reason:
+        rows.append(("reason", estimate.reason))
+    if refusal is not None:
+        rows += [("refusal", refusal.detail), ("summary", refusal.summary())]
+    _show(_kv(f"estimate: {mechanism} on {dataset_id}", rows))
+
+
+@session_app.command("open")
+def session_open(
+    dataset_id: Annotated[str, typer.Argument(help="dataset id (ds_…)")],
+    params: ParamsOption,
+    mechanism: Annotated[str, typer.Option(help="session mechanism")] = "above_threshold",
+    idempotency_key: Annotated[str | None, typer.Option(help="retry-safe key")] = None,
+    as_json: JsonOption = False,
+    url: UrlOption = DEFAULT_URL,
+    key: KeyOption = None,
+) -> None:
+    """Open an interactive session (reserves its worst case); prints its id."""
+    body = _json_object(params, "--params")
+    with _remote(url, key, as_json) as client:
+        session = client.open_session(dataset_id, mechanism, body, idempotency_key=idempotency_key)
+    if as_json:
+        _print_json(session.raw)
+    else:
+        _show(*_session_tables(session))
+
+
+@session_app.command("ask")
+def session_ask(
+    session_id: Annotated[str, typer.Argument(help="session id (ss_…)")],
+    query: Annotated[
+        str,
+        typer.Option(
+            "--query",
+            help='the query as JSON, e.g. {"kind": "count"} (or a whole step: {"query": …, "epsilon": …})',
+        ),
+    ],
+    epsilon: Annotated[
+        float | None, typer.Option(help="ε_i of this query (default: the session's max_query_epsilon)")
+    ] = None,
+    idempotency_key: Annotated[str | None, typer.Option(help="retry-safe key")] = None,
+    as_json: JsonOption = False,
+    url: UrlOption = DEFAULT_URL,
+    key: KeyOption = None,
+) -> None:
+    """Ask one query of an open session: "below", or "above" (the session halts)."""
+    body = _json_object(query, "--query")
+    if isinstance(body.get("query"), dict):
+        step_query: dict[str, Any] = body["query"]
+        if epsilon is None and isinstance(body.get("epsilon"), int | float):
+            epsilon = float(body["epsilon"])
+    else:
+        step_query = body
+    with _remote(url, key, as_json) as client:
+        answer = client.ask(session_id, step_query, epsilon, idempotency_key=idempotency_key)
+    if as_json:
+        _print_json(answer.raw)
+        return
+    verdict = "ABOVE (the session halted)" if answer.above else "below"
+    rows = [("answer", verdict), *((k, v) for k, v in answer.answer.items() if k != "above")]
+    _show(_kv(f"session {session_id}", [*rows, ("session state", answer.session.state)]))
+
+
+@session_app.command("close")
+def session_close(
+    session_id: Annotated[str, typer.Argument(help="session id (ss_…)")],
+    as_json: JsonOption = False,
+    url: UrlOption = DEFAULT_URL,
+    key: KeyOption = None,
+) -> None:
+    """Close a session now and commit the charge of what it revealed."""
+    with _remote(url, key, as_json) as client:
+        session = client.close_session(session_id)
+    if as_json:
+        _print_json(session.raw)
+    else:
+        _show(*_session_tables(session))
+
+
+@session_app.command("get")
+def session_get(
+    session_id: Annotated[str, typer.Argument(help="session id (ss_…)")],
+    as_json: JsonOption = False,
+    url: UrlOption = DEFAULT_URL,
+    key: KeyOption = None,
+) -> None:
+    """Show a session's state and public transcript."""
+    with _remote(url, key, as_json) as client:
+        session = client.get_session(session_id)
+    if as_json:
+        _print_json(session.raw)
+    else:
+        _show(*_session_tables(session))
+
+
+@budget_app.command("set")
+def budget_set(
+    dataset_id: Annotated[str, typer.Argument(help="dataset id (ds_…)")],
+    epsilon: Annotated[float, typer.Option(help="target ε")],
+    delta: Annotated[float, typer.Option(help="target δ (0: a pure filter)")],
+    analyst: AnalystOption = None,
+    as_json: JsonOption = False,
+    url: UrlOption = DEFAULT_URL,
+    key: KeyOption = None,
+) -> None:
+    """Set the dataset's (or an analyst's) (ε, δ) budget (admin)."""
+    with _remote(url, key, as_json) as client:
+        budget = client.set_budget(dataset_id, epsilon, delta, analyst)
+    if as_json:
+        _print_json(budget.raw)
+    else:
+        _show(*_budget_tables(budget))
+
+
+@budget_app.command("show")
+def budget_show(
+    dataset_id: Annotated[str, typer.Argument(help="dataset id (ds_…)")],
+    analyst: AnalystOption = None,
+    as_json: JsonOption = False,
+    url: UrlOption = DEFAULT_URL,
+    key: KeyOption = None,
+) -> None:
+    """Show spent, reserved and remaining budget per order."""
+    with _remote(url, key, as_json) as client:
+        budget = client.get_budget(dataset_id, analyst)
+    assert budget is not None  # no ETag was sent, so never 304
+    if as_json:
+        _print_json(budget.raw)
+    else:
+        _show(*_budget_tables(budget))
+
+
+@app.command("grant")
+def grant_command(
+    dataset_id: Annotated[str, typer.Argument(help="dataset id (ds_…)")],
+    analyst: Annotated[str, typer.Argument(help="name of an analyst key")],
+    as_json: JsonOption = False,
+    url: UrlOption = DEFAULT_URL,
+    key: KeyOption = None,
+) -> None:
+    """Grant an analyst key access to a dataset on a server (admin)."""
+    with _remote(url, key, as_json) as client:
+        granted = client.grant(dataset_id, analyst)
+    if as_json:
+        _print_json(granted.raw)
+    else:
+        state = "granted" if granted.created else "already granted"
+        typer.echo(f"{state}: {granted.analyst} on {granted.dataset_id}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
+from service import metrics
+
 
 class Executor(Protocol):
     def submit(self, request_id: str) -> Future[None]: ...
@@ -23,7 +25,20 @@ class InProcessExecutor:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="expost-worker")
 
     def submit(self, request_id: str) -> Future[None]:
-        return self._pool.submit(self._run, request_id)
+        metrics.EXECUTOR_QUEUED.inc()
+        try:
+            return self._pool.submit(self._running, request_id)
+        except BaseException:
+            metrics.EXECUTOR_QUEUED.dec()
+            raise
+
+    def _running(self, request_id: str) -> None:
+        metrics.EXECUTOR_QUEUED.dec()
+        metrics.EXECUTOR_RUNNING.inc()
+        try:
+            self._run(request_id)
+        finally:
+            metrics.EXECUTOR_RUNNING.dec()
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)

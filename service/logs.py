@@ -1,25 +1,156 @@
-"""structlog configuration: console in development, JSON in production. Never log data or releases."""
+"""Logging: structlog on top of the standard library, one line per event on stdout.
+
+``EXPOST_LOG_JSON=true`` renders every line as one JSON object (production); otherwise a console format
+(development). structlog events and standard-library records (uvicorn, SQLAlchemy, Alembic) share the
+same handler and renderer, and both carry the context bound with ``structlog.contextvars``: for each HTTP
+request the middleware (service/middleware.py) binds ``http_request_id`` (the ``X-Request-ID``) and
+``method``, and every line written while the request is handled gets its ``route`` template.
+(``request_id`` is the id of an analysis request, ``rq_…``, where a line is about one.)
+
+What a log line may carry: ids (request, session, dataset), analyst names, mechanism names, route
+templates, HTTP statuses, durations, counts, exception tracebacks of the service's own code. What it
+never carries: secret mechanism state, raw data, released values, API keys, Authorization headers,
+request bodies. The code never passes those to a logger; :func:`redact` is a second line of defence that
+blanks any event field whose *name* says it holds one.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable, MutableMapping
+from contextvars import ContextVar
+from typing import Any, TextIO
 
 import structlog
 
+# Event fields that must never reach a log line, whatever a caller passes (matched case-insensitively).
+REDACTED_FIELDS = frozenset(
+    {
+        "authorization",
+        "api_key",
+        "key",
+        "token",
+        "password",
+        "secret",
+        "secret_state",
+        "state_blob",
+        "noisy_threshold",
+        "k",
+        "release",
+        "releases",
+        "output",
+        "value",
+        "values",
+        "noise",
+        "answer",
+        "gap",
+        "body",
+        "data",
+        "table",
+        "rows",
+    }
+)
+REDACTED = "[redacted]"
+_HANDLER_MARK = "_expost_handler"
 
-def configure_logging(level: str = "INFO", as_json: bool = False) -> None:
-    logging.basicConfig(level=level.upper(), format="%(message)s")
+# Set by the HTTP middleware for each request: the route template, once the router has chosen the route.
+CURRENT_ROUTE: ContextVar[Callable[[], str] | None] = ContextVar("expost_current_route", default=None)
+
+
+def add_pid(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """The server process (``expost serve --workers N`` runs N of them)."""
+    event_dict["pid"] = os.getpid()
+    return event_dict
+
+
+def add_route(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Add the HTTP route template to lines written while a request is handled."""
+    route = CURRENT_ROUTE.get()
+    if route is not None and "route" not in event_dict:
+        event_dict["route"] = route()
+    return event_dict
+
+
+def redact(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Blank the value of any field named like a secret, a release or a request body."""
+    for name in list(event_dict):
+        if name.lower() in REDACTED_FIELDS:
+            event_dict[name] = REDACTED
+    return event_dict
+
+
+class _Stdout:
+    """Writes to whatever ``sys.stdout`` is at the time of each line (so captured output, too)."""
+
+    def write(self, text: str) -> int:
+        return sys.stdout.write(text)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+
+def _shared_processors() -> list[structlog.types.Processor]:
+    return [
+        structlog.contextvars.merge_contextvars,
+        add_route,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        add_pid,
+        redact,
+    ]
+
+
+def formatter(as_json: bool) -> logging.Formatter:
+    """The formatter of expost's handler: renders structlog events and foreign records alike."""
     renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer(colors=False)
+        structlog.processors.JSONRenderer()
+        if as_json
+        # plain tracebacks: rich's (the default when rich is installed) prints every frame's local variables,
+        # which in mechanism code are the data and the secret state
+        else structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
     )
+    final: list[structlog.types.Processor] = [structlog.stdlib.ProcessorFormatter.remove_processors_meta]
+    if as_json:
+        final.append(structlog.processors.format_exc_info)  # the traceback as a string field
+    final.append(renderer)
+    return structlog.stdlib.ProcessorFormatter(foreign_pre_chain=_shared_processors(), processors=final)
+
+
+def failure_fields(exc: BaseException) -> dict[str, str]:
+    """What may be logged about a failure that happened after reading data: its type and where.
+
+    Never the message or local variables: a mechanism's exception text could carry a data value.
+    """
+    frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    where = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name}" if frame else "unknown"
+    return {"error_type": type(exc).__name__, "error_at": where}
+
+
+def configure_logging(level: str = "INFO", as_json: bool = False, stream: TextIO | None = None) -> None:
+    """Install expost's handler on the root logger (replacing a previous one of ours, and no other)."""
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        numeric = logging.INFO
+    handler = logging.StreamHandler(stream if stream is not None else _Stdout())
+    handler.setFormatter(formatter(as_json))
+    setattr(handler, _HANDLER_MARK, True)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, _HANDLER_MARK, False)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(numeric)
+    if as_json:
+        # uvicorn's own lines ("Exception in ASGI application", startup errors) in the same JSON stream;
+        # its access log stays off (the middleware writes one access line per request).
+        uvicorn = logging.getLogger("uvicorn")
+        uvicorn.handlers, uvicorn.propagate = [], True
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        processors=[*_shared_processors(), structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
         cache_logger_on_first_use=True,
     )

@@ -49,6 +49,7 @@ from service.errors import (
     ServiceUnavailable,
 )
 from service.ledger import canonical_json
+from service.logs import failure_fields
 
 if TYPE_CHECKING:
     from service.context import AppContext
@@ -310,6 +311,7 @@ def _end_reservation(
             budget.settle(flt, reservation, charge)
     payload = {"scopes": request.scopes, "worst_case": reservation.to_json(), **details}
     ledger.append(session, filters[0], event, request.analyst, payload, request_id=request.id)
+    metrics.ended(session, request.dataset_id, request.kind, str(details.get("outcome", event)), charge)
     request.updated_at, request.lease_expires_at = datetime.now(UTC), None
 
 
@@ -363,8 +365,12 @@ def execute(
         result = mechanism.run(params, context, table, rng)
         if not result.realized <= worst:
             raise AssertionError("realized charge exceeds the worst case")
-    except Exception:
-        log.exception("mechanism failed after reading data; charging the worst case", dataset_id=dataset.id)
+    except Exception as exc:
+        log.error(
+            "mechanism failed after reading data; charging the worst case",
+            dataset_id=dataset.id,
+            **failure_fields(exc),
+        )
         return None, None, "the mechanism failed; its worst case was charged"
     return result.realized, result.output, None
 
@@ -433,8 +439,9 @@ def submit(
         validated = validate(session, principal, dataset_id, mechanism, params)
     try:
         request, created = ctx.writer.admit(principal, validated, key, ctx.settings.lease_seconds)
-    except BudgetExhausted:
+    except (BudgetExhausted, NoBudget) as exc:
         metrics.REQUESTS.labels(mechanism, "refused").inc()
+        metrics.refused(exc, "request")
         raise
     metrics.REQUESTS.labels(mechanism, "admitted" if created else "replayed").inc()
     log.info(

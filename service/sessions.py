@@ -26,11 +26,20 @@ from sqlalchemy.orm import Session, sessionmaker
 from mechanisms.accounting import UnitsVector
 from mechanisms.base import InteractiveMechanism, ParamsError, PublicContext
 from mechanisms.catalog import INTERACTIVE
+from service import metrics
 from service.auth import Principal, Role
 from service.datasets import TableCache, public_context, visible_dataset
 from service.db.models import AnalysisRequest, AnalysisSession, PrivacyFilter, SecretState
 from service.db.repositories import DatasetRepository, RequestRepository, SessionRepository
-from service.errors import Conflict, IdempotencyKeyReused, InvalidInput, MechanismFailed, NotFound
+from service.errors import (
+    Conflict,
+    IdempotencyKeyReused,
+    InvalidInput,
+    MechanismFailed,
+    NoBudget,
+    NotFound,
+)
+from service.logs import failure_fields
 from service.requests import (
     Refused,
     Validated,
@@ -88,6 +97,8 @@ def open_session(
         with sessions() as session, session.begin():
             filters = _lock_filters(session, v.dataset.id, principal.name)
             request, created = _reserve_locked(session, filters, principal, v, key, ttl)
+            outcome = "admitted" if created else "replayed"
+            metrics.after_commit(session, lambda: metrics.REQUESTS.labels(v.mechanism.name, outcome).inc())
             repository = SessionRepository(session)
             if not created:
                 existing = repository.by_request(request.id)
@@ -117,7 +128,14 @@ def open_session(
             repository.add_secret(SecretState(request_id=request.id, state=_encode(state), updated_at=now))
             return row
     except Refused as refused:
-        raise refusal(v, refused) from None
+        problem = refusal(v, refused)
+        metrics.REQUESTS.labels(v.mechanism.name, "refused").inc()
+        metrics.refused(problem, "session")
+        raise problem from None
+    except NoBudget as exc:
+        metrics.REQUESTS.labels(v.mechanism.name, "refused").inc()
+        metrics.refused(exc, "session")
+        raise
 
 
 def _encode(state: dict[str, Any]) -> bytes:
@@ -172,6 +190,7 @@ def _close(
     _settle_locked(session, filters, request, realized, {"steps": transcript}, error)
     row.state, row.close_reason, row.updated_at = "closed", reason, datetime.now(UTC)
     SessionRepository(session).drop_secret(request.id)
+    metrics.session_closed(session, row.mechanism, reason)
 
 
 def ask(
@@ -241,8 +260,12 @@ def _step(
         table = tables.get(ctx.dataset, ctx.public.schema)
         rng = np.random.default_rng(np.random.SeedSequence(secrets.randbits(128)))
         result = ctx.mechanism.step(ctx.params, ctx.public, json.loads(secret.state), query, table, rng)
-    except Exception:
-        log.exception("session step failed after reading data; charging the worst case", session_id=row.id)
+    except Exception as exc:
+        log.error(
+            "session step failed after reading data; charging the worst case",
+            session_id=row.id,
+            **failure_fields(exc),
+        )
         _close(session, filters, row, request, ctx, "failed", failed=True)
         return row, {"failed": True}
     row.steps = [*row.steps, {"query": query_json, "answer": result.answer, "key": key}]

@@ -102,6 +102,7 @@ class WriteBatcher:
     def _run(self, job: Job) -> Any:
         if not self._thread.is_alive():
             raise ServiceUnavailable("the writer has stopped; retry later")
+        metrics.WRITER_QUEUE.inc()
         self._queue.put(job)
         return job.future.result(timeout=self.timeout)
 
@@ -120,6 +121,7 @@ class WriteBatcher:
                     self._queue.put(None)
                     break
                 batch.append(job)
+            metrics.WRITER_QUEUE.dec(len(batch))
             self._process(batch)
 
     def _process(self, batch: list[Job]) -> None:

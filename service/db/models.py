@@ -180,3 +180,23 @@ class SecretState(Base):
     request_id: Mapped[str] = mapped_column(ForeignKey("requests.id"), primary_key=True)
     state: Mapped[bytes] = mapped_column(LargeBinary)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class Refusal(Base):
+    """A request or session the budget refused (409): only what its public problem body said."""
+
+    __tablename__ = "refusals"
+    __table_args__ = (Index("ix_refusals_dataset_id_id", "dataset_id", "id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
+    analyst: Mapped[str] = mapped_column(String(100))
+    kind: Mapped[str] = mapped_column(String(20))
+    mechanism: Mapped[str] = mapped_column(String(50))
+    params: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    requested_pure: Mapped[float | None] = mapped_column(Float, nullable=True)
+    binding_alpha: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    shortfall: Mapped[float | None] = mapped_column(Float, nullable=True)
+    filter: Mapped[str] = mapped_column(String(120))
+    problem_type: Mapped[str] = mapped_column(String(80))
+    detail: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -17,6 +18,7 @@ from service.db.models import (
     Grant,
     LedgerEntry,
     PrivacyFilter,
+    Refusal,
     SecretState,
 )
 
@@ -216,3 +218,66 @@ class SessionRepository:
         secret = self.secret(request_id)
         if secret is not None:
             self.session.delete(secret)
+
+
+class RefusalRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def add(self, refusal: Refusal) -> None:
+        self.session.add(refusal)
+
+    def page(
+        self, dataset_id: str, after_id: int, limit: int, analyst: str | None = None
+    ) -> Sequence[Refusal]:
+        query = select(Refusal).where(Refusal.dataset_id == dataset_id, Refusal.id > after_id)
+        if analyst is not None:
+            query = query.where(Refusal.analyst == analyst)
+        return self.session.scalars(query.order_by(Refusal.id).limit(limit)).all()
+
+
+class ActivityRepository:
+    """What is in flight on a dataset: running requests and open sessions (public columns only)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def running_requests(self, dataset_id: str, analyst: str | None, limit: int) -> Sequence[Any]:
+        query = select(
+            AnalysisRequest.id,
+            AnalysisRequest.analyst,
+            AnalysisRequest.mechanism,
+            AnalysisRequest.worst_case,
+            AnalysisRequest.created_at,
+            AnalysisRequest.lease_expires_at,
+        ).where(
+            AnalysisRequest.dataset_id == dataset_id,
+            AnalysisRequest.state == "running",
+            AnalysisRequest.kind == "request",
+        )
+        if analyst is not None:
+            query = query.where(AnalysisRequest.analyst == analyst)
+        return self.session.execute(
+            query.order_by(AnalysisRequest.created_at, AnalysisRequest.id).limit(limit)
+        ).all()
+
+    def open_sessions(self, dataset_id: str, analyst: str | None, limit: int) -> Sequence[Any]:
+        query = (
+            select(
+                AnalysisSession.id,
+                AnalysisSession.analyst,
+                AnalysisSession.mechanism,
+                AnalysisSession.params,
+                func.json_array_length(AnalysisSession.steps).label("asked"),
+                AnalysisSession.created_at,
+                AnalysisSession.expires_at,
+                AnalysisRequest.worst_case,
+            )
+            .join(AnalysisRequest, AnalysisRequest.id == AnalysisSession.request_id)
+            .where(AnalysisSession.dataset_id == dataset_id, AnalysisSession.state == "open")
+        )
+        if analyst is not None:
+            query = query.where(AnalysisSession.analyst == analyst)
+        return self.session.execute(
+            query.order_by(AnalysisSession.created_at, AnalysisSession.id).limit(limit)
+        ).all()

@@ -7,7 +7,8 @@ from fastapi import APIRouter, Header, Response
 from service import requests as lifecycle
 from service.db.models import AnalysisRequest
 from service.deps import AdminOrAnalyst, Analyst, AnyRole, CtxDep, SessionDep
-from service.errors import MechanismFailed
+from service.errors import BudgetExhausted, MechanismFailed
+from service.refusals import record_refusal
 from service.schemas import RequestIn, RequestOut
 
 router = APIRouter(tags=["requests"])
@@ -62,7 +63,11 @@ def submit(
     response: Response,
     idempotency_key: IdempotencyKey = None,
 ) -> RequestOut:
-    request = lifecycle.submit(ctx, analyst, dataset_id, body.mechanism, body.params, idempotency_key)
+    try:
+        request = lifecycle.submit(ctx, analyst, dataset_id, body.mechanism, body.params, idempotency_key)
+    except BudgetExhausted as refused:  # recorded after the admission transaction, best-effort
+        record_refusal(ctx, analyst, dataset_id, "request", body.mechanism, body.params, refused)
+        raise
     if request.state == "failed_charged":
         raise MechanismFailed(
             request.error or "failed",

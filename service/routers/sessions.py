@@ -10,7 +10,8 @@ from service.db.models import AnalysisSession
 from service.db.repositories import RequestRepository
 from service.deps import Analyst as AnalystRole
 from service.deps import AnyRole, CtxDep, SessionDep
-from service.errors import Forbidden
+from service.errors import BudgetExhausted, Forbidden
+from service.refusals import record_refusal
 from service.routers.requests import IdempotencyKey
 from service.schemas import AnswerOut, SessionIn, SessionOut
 
@@ -64,9 +65,13 @@ def open_session(
 ) -> SessionOut:
     with ctx.sessions() as session:
         validated = domain.validate_open(session, analyst, dataset_id, body.mechanism, body.params)
-    row = domain.open_session(
-        ctx.sessions, analyst, validated, idempotency_key, ctx.settings.session_ttl_seconds
-    )
+    try:
+        row = domain.open_session(
+            ctx.sessions, analyst, validated, idempotency_key, ctx.settings.session_ttl_seconds
+        )
+    except BudgetExhausted as refused:  # recorded after the admission transaction, best-effort
+        record_refusal(ctx, analyst, dataset_id, "session", body.mechanism, body.params, refused)
+        raise
     return _out(ctx, row)
 
 

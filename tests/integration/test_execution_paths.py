@@ -18,6 +18,7 @@ from tests.conftest import LiveServer, running_server, server_settings
 from tests.integration.helpers import make_world
 
 COUNT = {"query": {"kind": "count"}, "epsilon": 0.25}
+LEAK_MARKER = "rows-seen-"
 
 
 class ExplodingLaplace(Laplace):
@@ -26,8 +27,8 @@ class ExplodingLaplace(Laplace):
     name = "exploding_laplace"
 
     def run(self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator) -> Release:
-        assert len(next(iter(table.values()))) > 0  # the data was read
-        raise RuntimeError("boom after reading the data")
+        rows = len(next(iter(table.values())))  # the data was read
+        raise RuntimeError(f"boom after reading the data: {LEAK_MARKER}{rows * 7919}")
 
 
 class OverclaimingLaplace(Laplace):
@@ -84,7 +85,7 @@ class TestExecutionPaths:
     @pytest.mark.usefixtures("exploding_mechanism")
     @pytest.mark.parametrize("mechanism", ["exploding_laplace", "overclaiming_laplace"])
     def test_failure_after_reading_data_charges_the_worst_case(
-        self, server: LiveServer, mechanism: str
+        self, server: LiveServer, mechanism: str, capfd: pytest.CaptureFixture[str]
     ) -> None:
         world = make_world(server, {"epsilon": 1.0, "delta": 0.0})
         response = world.request(world.analyst, COUNT, mechanism=mechanism)
@@ -92,6 +93,8 @@ class TestExecutionPaths:
         problem = response.json()
         assert problem["type"] == "/problems/mechanism-failed"
         assert "boom" not in response.text  # no internals leak into the response
+        logs = capfd.readouterr()
+        assert LEAK_MARKER not in logs.out + logs.err  # nor into the logs (type and place only)
         state = world.analyst.get(f"/v1/requests/{problem['request_id']}").json()
         assert state["state"] == "failed_charged"
         assert state["release"] is None

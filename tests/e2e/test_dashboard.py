@@ -1,0 +1,207 @@
+"""The dashboard in a real headless Chromium against a live server (SQLite and PostgreSQL).
+
+A person logs in with a viewer key, picks a dataset and sees its Rényi curve; an analyst's request
+changes the page by itself (ETag polling); refusals and open sessions show up; a screenshot is taken and
+checked to be a real picture. ``EXPOST_DASHBOARD_SCREENSHOT=path`` also writes it there (docs/dashboard.png).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import LiveServer
+from tests.e2e.browser import chromium_page, image_stats
+from tests.integration.helpers import World, get_budget, make_world
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+RDP_BUDGET = {"epsilon": 1.0, "delta": 1e-6}
+COUNT = {"query": {"kind": "count"}, "epsilon": 0.1}
+
+
+def key_of(client: Any) -> str:
+    return str(client.headers["Authorization"]).removeprefix("Bearer ")
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def value_of(page: Any, element_id: str) -> float | None:
+    raw = page.get_attribute(f"#{element_id}", "data-value")
+    return None if raw in (None, "") else float(raw)
+
+
+def canvas_pixels(page: Any, canvas_id: str) -> int:
+    """How many pixels of a canvas are painted (not transparent)."""
+    return int(
+        page.evaluate(
+            """(id) => {
+                const canvas = document.getElementById(id);
+                const data = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+                let painted = 0;
+                for (let i = 3; i < data.length; i += 4) if (data[i] > 0) painted += 1;
+                return painted;
+            }""",
+            canvas_id,
+        )
+    )
+
+
+def log_in(page: Any, base_url: str, key: str, dataset_id: str) -> None:
+    page.goto(f"{base_url}/dashboard")
+    page.wait_for_selector("#login-form", state="visible")
+    page.fill("#api-key", key)
+    page.click("#login-button")
+    page.wait_for_selector("#app", state="visible")
+    page.select_option("#dataset-select", dataset_id)
+    page.wait_for_function(
+        "(id) => document.getElementById('dataset-select').value === id"
+        " && document.getElementById('eps-remaining').dataset.value !== ''",
+        arg=dataset_id,
+    )
+
+
+@pytest.fixture
+def world(live_server: LiveServer) -> World:
+    return make_world(live_server, budget=RDP_BUDGET)
+
+
+def test_a_viewer_watches_the_budget_curve_change(world: World, tmp_path: Path) -> None:
+    base = world.server.base_url
+    ds = world.dataset_id
+    before = get_budget(world.viewer, ds)
+    with chromium_page(tmp_path / "profile") as (page, log):
+        log_in(page, base, key_of(world.viewer), ds)
+
+        # The whole curve and the ε numbers, as the API says.
+        assert value_of(page, "eps-remaining") == pytest.approx(before["epsilon_remaining"])
+        assert value_of(page, "pure-spent") == 0.0
+        assert page.text_content("#binding-alpha") not in ("", "—")
+        curve = page.evaluate(
+            """() => Chart.getChart('curve-chart').data.datasets.map(
+                   d => ({label: d.label, points: d.data.filter(p => p.y !== null).length}))"""
+        )
+        assert {c["label"] for c in curve} == {"capacity", "spent", "reserved", "remaining"}
+        assert all(c["points"] > 0 for c in curve if c["label"] in ("capacity", "remaining")), curve
+        assert canvas_pixels(page, "curve-chart") > 2_000
+        assert page.locator("#orders-body tr").count() == len(before["orders"]) + 1
+
+        # Polling with If-None-Match: while nothing changes, polls go on and nothing is re-rendered.
+        renders = int(page.get_attribute("#curve-chart", "data-renders") or 0)
+        polls = int(page.get_attribute("#status", "data-polls") or 0)
+        page.wait_for_function(
+            "(n) => Number(document.getElementById('status').dataset.polls) >= n", arg=polls + 2
+        )
+        assert int(page.get_attribute("#curve-chart", "data-renders") or 0) == renders
+        assert "304" in (page.text_content("#status") or "")
+
+        # An analyst's request: the page shows the new spend by itself.
+        released = world.request(world.analyst, COUNT)
+        assert released.status_code == 200, released.text
+        after = get_budget(world.viewer, ds)
+        assert after["pure"]["spent"] == pytest.approx(0.1)
+        page.wait_for_function(
+            "(v) => Number(document.getElementById('pure-spent').dataset.value) === v",
+            arg=after["pure"]["spent"],
+        )
+        assert value_of(page, "eps-remaining") == pytest.approx(after["epsilon_remaining"])
+        assert value_of(page, "eps-spent") == pytest.approx(after["epsilon_spent"])
+        assert int(page.get_attribute("#curve-chart", "data-renders") or 0) > renders
+        page.wait_for_function("() => document.querySelectorAll('#ledger-body .tag.commit').length === 1")
+        spend = page.evaluate("() => Chart.getChart('spend-chart').data.datasets[0].data.map(p => p.y)")
+        assert max(spend) == pytest.approx(0.1)
+
+        # The ledger filters.
+        page.select_option("#ledger-event", "commit")
+        assert page.locator("#ledger-body tr").count() == 1
+        page.select_option("#ledger-event", "")
+        page.select_option("#ledger-actor", world.analyst_name)
+        assert page.locator("#ledger-body tr").count() == 2  # its reserve and commit
+        page.select_option("#ledger-actor", "")
+
+        # A refusal and an open session appear too.
+        refused = world.request(world.analyst, {"query": {"kind": "count"}, "epsilon": 0.95})
+        assert refused.status_code == 409, refused.text
+        page.wait_for_function("() => document.getElementById('refusals-count').textContent === '1'")
+        assert world.analyst_name in (page.text_content("#refusals-body") or "")
+        assert "budget-exhausted" in (page.text_content("#refusals-body") or "")
+        opened = world.analyst.post(
+            f"/v1/datasets/{ds}/sessions",
+            json={
+                "mechanism": "above_threshold",
+                "params": {"threshold": 300, "epsilon_threshold": 0.02, "max_query_epsilon": 0.02,
+                           "max_queries": 5},
+            },
+        )
+        assert opened.status_code == 201, opened.text
+        sid = opened.json()["id"]
+        page.wait_for_function(
+            "(sid) => document.getElementById('sessions-body').textContent.includes(sid)", arg=sid
+        )
+        page.wait_for_function("() => Number(document.getElementById('pure-reserved').dataset.value) > 0")
+
+        # A Gaussian release has no pure bound: the pure slot becomes ∞ and an order α binds.
+        noisy_count = {"query": {"kind": "count"}, "sigma": 10}
+        gaussian = world.request(world.analyst, noisy_count, mechanism="gaussian")
+        assert gaussian.status_code == 200, gaussian.text
+        binding = get_budget(world.viewer, ds)["binding_alpha"]
+        assert isinstance(binding, float), binding
+        page.wait_for_function(
+            "(a) => Number(document.getElementById('binding-alpha').dataset.value) === a", arg=binding
+        )
+        assert page.text_content("#pure-spent") == "∞"
+        line = page.evaluate("() => Chart.getChart('curve-chart').options.plugins.bindingLine.alpha")
+        assert line == binding
+        page.wait_for_function("() => Chart.getChart('spend-chart').data.datasets.length === 2")
+
+        shot = tmp_path / "dashboard.png"
+        page.screenshot(path=str(shot), full_page=True)
+        closed = world.analyst.post(f"/v1/sessions/{sid}/close")
+        assert closed.status_code == 200, closed.text
+
+        assert log.errors == [], log.errors
+        foreign = [u for u in log.urls if not u.startswith(base) and not u.startswith("data:")]
+        assert foreign == [], f"the page must work offline; it fetched {foreign}"
+
+    size, colors, top_share = image_stats(shot.read_bytes())
+    assert size[0] >= 1000
+    assert size[1] >= 800
+    assert colors > 64, f"only {colors} distinct colours: a blank screenshot?"
+    assert top_share < 0.9, f"one colour covers {top_share:.0%} of the screenshot"
+    target = os.environ.get("EXPOST_DASHBOARD_SCREENSHOT")
+    if target:
+        shutil.copyfile(shot, target)
+
+
+def test_a_wrong_key_is_refused_and_logout_forgets_the_key(live_server: LiveServer, tmp_path: Path) -> None:
+    world = make_world(live_server, budget=RDP_BUDGET)
+    with chromium_page(tmp_path / "profile") as (page, log):
+        page.goto(f"{world.server.base_url}/dashboard")
+        page.fill("#api-key", "xp_not_a_real_key")
+        page.click("#login-button")
+        page.wait_for_function("() => document.getElementById('login-error').textContent !== ''")
+        assert "Unknown or revoked" in (page.text_content("#login-error") or "")
+        assert page.is_hidden("#app")
+        assert page.evaluate("() => sessionStorage.getItem('expost.apiKey')") is None
+
+        log_in(page, world.server.base_url, key_of(world.viewer), world.dataset_id)
+        assert page.evaluate("() => sessionStorage.getItem('expost.apiKey')") == key_of(world.viewer)
+        page.reload()  # the key survives a reload of the tab
+        page.wait_for_selector("#app", state="visible")
+        page.click("#logout")
+        page.wait_for_selector("#login-form", state="visible")
+        assert page.evaluate("() => sessionStorage.getItem('expost.apiKey')") is None
+        # The 401 of the wrong key is the only console error Chromium reports.
+        assert all("401" in e for e in log.errors), log.errors
