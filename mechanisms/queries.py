@@ -28,7 +28,8 @@ MAX_IN_VALUES = 10_000
 MAX_INT_BINS = 10_000
 
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
-Scalar = StrictInt | FiniteFloat | StrictStr
+# Numeric where-values are compared as float64: they must convert to a finite float.
+Scalar = Annotated[StrictInt, Field(ge=-(10**300), le=10**300)] | FiniteFloat | StrictStr
 AnyColumn = FloatColumn | IntColumn | CategoricalColumn
 
 

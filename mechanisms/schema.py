@@ -26,7 +26,10 @@ MAX_EXACT_INT = 2**53 - 1
 """Int bounds must lie in ±(2⁵³ − 1) so that they and every parsed value up to them are exact in float64."""
 
 ColumnName = Annotated[str, Field(min_length=1, max_length=200, strict=True)]
-FiniteBound = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+MAX_ABS_BOUND = 1e15
+"""Declared bounds stay within ±1e15 so that no sum of clipped values can overflow float64 (even 1e290
+rows would stay finite); an overflowing, data-dependent infinite release would escape the proof."""
+FiniteBound = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=-MAX_ABS_BOUND, le=MAX_ABS_BOUND)]
 IntBound = Annotated[int, Field(strict=True, ge=-MAX_EXACT_INT, le=MAX_EXACT_INT)]
 Category = Annotated[str, Field(min_length=1, strict=True)]
 

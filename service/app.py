@@ -17,7 +17,7 @@ from service.config import Settings, get_settings
 from service.context import AppContext
 from service.db.migrate import ensure_migrated
 from service.errors import PROBLEM_JSON, ServiceError
-from service.logs import configure_logging
+from service.logs import configure_logging, failure_fields
 from service.middleware import ObservabilityMiddleware
 from service.routers import dashboard, datasets, health, keys, mechanisms, requests, sessions
 
@@ -77,7 +77,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error", path=request.url.path)
+        log.error("unhandled error", path=request.url.path, **failure_fields(exc))
         return problem_response(
             500,
             {

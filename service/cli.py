@@ -289,7 +289,6 @@ Try (in another terminal):
 """)
 
 
-
 # ----- remote commands: talk to a server over HTTP with service.client ------------------------------------
 
 request_app = typer.Typer(help="Analysis requests on a server (analyst)", no_args_is_help=True)

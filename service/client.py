@@ -106,7 +106,7 @@ class Dataset(ApiModel):
     name: str
     schema_: dict[str, Any] = Field(alias="schema")
     n_rows: int | None = None
-    content_sha256: str
+    content_sha256: str | None = None  # admins only
     orders: list[float]
     clipped: dict[str, int] | None = None
     created_at: datetime

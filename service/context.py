@@ -16,6 +16,7 @@ from service.config import Settings
 from service.datasets import TableCache
 from service.db.session import make_engine, make_sessionmaker
 from service.executor import Executor, InProcessExecutor
+from service.logs import failure_fields
 
 if TYPE_CHECKING:
     from service.writer import WriteBatcher
@@ -68,8 +69,8 @@ class AppContext:
                 try:
                     reap_expired(self.sessions)
                     expire_sessions(self.sessions)
-                except Exception:
-                    log.exception("reaper pass failed")
+                except Exception as exc:
+                    log.error("reaper pass failed", **failure_fields(exc))
                 self.stop.wait(self.settings.reaper_interval_seconds)
 
         thread = threading.Thread(target=loop, name="expost-reaper", daemon=True)

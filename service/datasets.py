@@ -70,13 +70,9 @@ def create_dataset(
         head,
         "dataset",
         actor,
-        {
-            "name": name,
-            "content_sha256": digest,
-            "orders": dataset.orders,
-            "schema": dataset.schema_json,
-            "n_rows": loaded.n_rows,
-        },
+        # Only public facts: the ledger (and its hashes) is readable by viewers, so it must carry no
+        # function of the data such as the file's hash or, under add_remove, the row count.
+        {"name": name, "orders": dataset.orders, "schema": dataset.schema_json},
     )
     return dataset
 
@@ -167,7 +163,11 @@ def public_context(dataset: Dataset) -> PublicContext:
 
 
 class TableCache:
-    """Loaded tables by content hash (datasets are immutable), least recently used evicted."""
+    """Loaded tables by dataset id, least recently used evicted.
+
+    Keyed by dataset, never by file content: two datasets may share a CSV but clip it to different
+    declared bounds, and each table must be clipped to its own dataset's schema.
+    """
 
     def __init__(self, data_dir: Path, capacity: int = 16) -> None:
         self.data_dir = data_dir
@@ -177,15 +177,15 @@ class TableCache:
 
     def get(self, dataset: Dataset, schema: DatasetSchema) -> dict[str, np.ndarray]:
         with self._lock:
-            if dataset.content_sha256 in self._tables:
-                self._tables.move_to_end(dataset.content_sha256)
-                return self._tables[dataset.content_sha256]
+            if dataset.id in self._tables:
+                self._tables.move_to_end(dataset.id)
+                return self._tables[dataset.id]
         data = (self.data_dir / dataset.file_name).read_bytes()
         if content_hash(data) != dataset.content_sha256:
             raise RuntimeError(f"stored file of dataset {dataset.id} does not match its hash")
         columns = load_csv(data, schema).columns
         with self._lock:
-            self._tables[dataset.content_sha256] = columns
+            self._tables[dataset.id] = columns
             while len(self._tables) > self.capacity:
                 self._tables.popitem(last=False)
         return columns

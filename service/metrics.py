@@ -139,9 +139,7 @@ def after_commit(session: Session, publish: Callable[[], None]) -> None:
     session.info.setdefault(_PENDING, []).append(publish)
 
 
-def ended(
-    session: Session, dataset_id: str, kind: str, outcome: str, charge: UnitsVector | None
-) -> None:
+def ended(session: Session, dataset_id: str, kind: str, outcome: str, charge: UnitsVector | None) -> None:
     """A reservation ends in this transaction: committed with ``charge`` (outcome released|failed) or
     aborted (``charge`` None)."""
 

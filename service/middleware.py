@@ -63,7 +63,7 @@ def route_template(scope: Scope, root_path: str = "") -> str:
         return path
     mounted = str(scope.get("root_path", ""))
     if len(mounted) > len(root_path) and mounted.startswith(root_path):
-        return mounted[len(root_path):]
+        return mounted[len(root_path) :]
     return UNMATCHED
 
 

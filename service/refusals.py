@@ -19,6 +19,7 @@ from service.db.models import Refusal
 from service.db.repositories import RefusalRepository
 from service.errors import BudgetExhausted
 from service.ledger import canonical_json
+from service.logs import failure_fields
 
 if TYPE_CHECKING:
     from service.context import AppContext
@@ -82,8 +83,8 @@ def record_refusal(
         row = refusal_row(principal, dataset_id, kind, mechanism, params, problem)
         with ctx.sessions() as session, session.begin():
             RefusalRepository(session).add(row)
-    except Exception:
-        log.exception("could not record a refusal", dataset_id=dataset_id, analyst=principal.name)
+    except Exception as exc:
+        log.error("could not record a refusal", dataset_id=dataset_id, **failure_fields(exc))
 
 
 def refusal_out(row: Refusal) -> dict[str, Any]:

@@ -45,7 +45,9 @@ class DatasetOut(BaseModel):
     name: str
     schema_: dict[str, Any] = Field(alias="schema")
     n_rows: int | None = Field(description="public only under replace_one neighbouring")
-    content_sha256: str
+    content_sha256: str | None = Field(
+        None, description="hash of the uploaded file (admins only: it is a function of the data)"
+    )
     orders: list[float]
     clipped: dict[str, int] | None = Field(None, description="values clipped on load (admins only)")
     created_at: datetime

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import structlog
 from pydantic import BaseModel, ValidationError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import UnitsVector
@@ -46,6 +47,7 @@ from service.requests import (
     _lock_filters,
     _reserve_locked,
     _settle_locked,
+    fingerprint,
     refusal,
 )
 
@@ -136,6 +138,23 @@ def open_session(
         metrics.REQUESTS.labels(v.mechanism.name, "refused").inc()
         metrics.refused(exc, "session")
         raise
+    except IntegrityError:
+        return _replayed_open(sessions, principal, v, key)
+
+
+def _replayed_open(
+    sessions: sessionmaker[Session], principal: Principal, v: Validated, key: str | None
+) -> AnalysisSession:
+    """A concurrent open with the same Idempotency-Key (on another dataset) won the race."""
+    with sessions() as session:
+        request = RequestRepository(session).by_idempotency_key(principal.name, key or "")
+        row = None if request is None else SessionRepository(session).by_request(request.id)
+        same = request is not None and request.fingerprint == fingerprint(
+            v.dataset.id, v.mechanism.name, v.params
+        )
+        if row is None or not same:
+            raise IdempotencyKeyReused("this Idempotency-Key was used for a different request") from None
+        return row
 
 
 def _encode(state: dict[str, Any]) -> bytes:

@@ -18,6 +18,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from service.auth import Principal
 from service.db.models import DATASET_SCOPE, AnalysisRequest, PrivacyFilter
 from service.db.repositories import FilterRepository, RequestRepository
 from service.errors import NotFound, ServiceError, ServiceUnavailable
+from service.logs import failure_fields
 
 log = structlog.get_logger("expost.writer")
 
@@ -104,7 +106,22 @@ class WriteBatcher:
             raise ServiceUnavailable("the writer has stopped; retry later")
         metrics.WRITER_QUEUE.inc()
         self._queue.put(job)
-        return job.future.result(timeout=self.timeout)
+        try:
+            return job.future.result(timeout=self.timeout)
+        except FutureTimeout:
+            # Withdraw the job if the writer has not taken it yet. If it is being applied, an admission
+            # nobody will run is aborted once it commits: its data was never read (DESIGN §4 rule 2).
+            if not job.future.cancel() and job.settles is None:
+                job.future.add_done_callback(self._abort_abandoned)
+            raise ServiceUnavailable("the database is busy; retry with the same Idempotency-Key") from None
+
+    def _abort_abandoned(self, future: Future[Any]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        request, created = future.result()
+        if created:
+            with self.sessions() as session:
+                lifecycle.abort(session, lifecycle.RequestRef.of(request), "abandoned before it started")
 
     def _loop(self) -> None:
         while True:
@@ -122,15 +139,21 @@ class WriteBatcher:
                     break
                 batch.append(job)
             metrics.WRITER_QUEUE.dec(len(batch))
-            self._process(batch)
+            live = [job for job in batch if job.future.set_running_or_notify_cancel()]
+            if live:
+                self._process(live)
 
     def _process(self, batch: list[Job]) -> None:
         metrics.WRITER_BATCH.observe(len(batch))
         self.batches += 1
         try:
             outcomes = self._apply(batch)
-        except Exception:
-            log.exception("batch transaction failed; retrying its jobs one by one", size=len(batch))
+        except Exception as exc:
+            log.error(
+                "batch transaction failed; retrying its jobs one by one",
+                size=len(batch),
+                **failure_fields(exc),
+            )
             for job in batch:
                 _settle_future(job.future, job.alone)
             return

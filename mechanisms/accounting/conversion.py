@@ -69,11 +69,12 @@ def capacity_units(epsilon: float, delta: float, orders: Sequence[float]) -> tup
     exact_epsilon = Fraction(Decimal(repr(float(epsilon))))
     slots: list[int | None] = []
     for alpha in orders:
-        if delta == 0.0:
+        term = union_bound_term(orders, delta, alpha) if delta > 0.0 else math.inf
+        if not math.isfinite(term):  # δ = 0, or δ so small that log(|A|/δ) overflows: unusable
             slots.append(None)
             continue
         # Exact rational arithmetic: a 28-digit Decimal context could round B(α) up.
-        bound = exact_epsilon - Fraction(Decimal(repr(union_bound_term(orders, delta, alpha))))
+        bound = exact_epsilon - Fraction(Decimal(repr(term)))
         units = math.floor(bound * UNITS_PER_EPSILON)
         slots.append(units if units > 0 else None)
     slots.append(units_down(epsilon))
@@ -90,8 +91,9 @@ def filter_epsilon(total: UnitsVector, delta: float, orders: Sequence[float]) ->
     ]
     if delta > 0.0:
         for j, alpha in enumerate(orders):
-            if not total.is_infinite(j):
-                term = Fraction(Decimal(repr(union_bound_term(orders, delta, alpha))))
+            term_float = union_bound_term(orders, delta, alpha)
+            if not total.is_infinite(j) and math.isfinite(term_float):
+                term = Fraction(Decimal(repr(term_float)))
                 candidates.append(Fraction(total.finite[j], UNITS_PER_EPSILON) + term)
     best = min(candidates)
     return math.inf if best == math.inf else _float_up(Fraction(best))

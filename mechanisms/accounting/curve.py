@@ -69,6 +69,8 @@ def laplace_scale(l1_sensitivity: float, epsilon: float) -> float:
     scale = l1_sensitivity / epsilon
     for _ in range(4):
         scale = math.nextafter(scale, math.inf)
+    if not math.isfinite(scale):
+        raise ValueError("epsilon is too small: the Laplace scale Δ₁/ε overflows")
     return scale
 
 

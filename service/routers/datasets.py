@@ -25,7 +25,7 @@ def _out(dataset: Dataset, principal: Principal) -> DatasetOut:
         name=dataset.name,
         schema_=dataset.schema_json,
         n_rows=dataset.n_rows if dataset.neighboring == "replace_one" or principal.is_admin else None,
-        content_sha256=dataset.content_sha256,
+        content_sha256=dataset.content_sha256 if principal.is_admin else None,
         orders=dataset.orders,
         clipped=dataset.clipped if principal.is_admin else None,
         created_at=dataset.created_at,

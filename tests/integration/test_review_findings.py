@@ -30,6 +30,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import UNITS_PER_EPSILON
+from mechanisms.catalog import INTERACTIVE
 from service import budget, requests, writer
 from service import sessions as domain
 from service.auth import Principal, Role, create_key
@@ -37,7 +38,7 @@ from service.datasets import TableCache, create_dataset, grant
 from service.db.models import DATASET_SCOPE, AnalysisRequest, AnalysisSession, LedgerEntry
 from service.db.repositories import FilterRepository, RequestRepository, SessionRepository
 from service.db.session import is_sqlite, make_engine, make_sessionmaker
-from service.errors import BudgetExhausted, IdempotencyKeyReused, MechanismFailed
+from service.errors import BudgetExhausted, IdempotencyKeyReused, MechanismFailed, ServiceUnavailable
 from service.ledger import verify
 from service.logs import configure_logging
 from tests.conftest import LiveServer
@@ -159,16 +160,6 @@ BELOW = {"query": {"kind": "count", "where": [{"column": "region", "op": "eq", "
 
 
 class TestOpenFindings:
-    @pytest.mark.xfail(
-        strict=True,
-        reason=(
-            "REVIEW: service/datasets.py:180 TableCache keys loaded tables by content_sha256 only, but the "
-            "table is clipped to *one dataset's* schema. Two datasets uploaded from the same CSV with "
-            "different bounds share the first one's columns: a sum on the narrow dataset (Δ=1, scale 0.01) "
-            "releases the sum of values up to 1000 — noise calibrated to bounds the data does not satisfy "
-            "(under-charge by orders of magnitude; the raw sum leaks)."
-        ),
-    )
     def test_datasets_sharing_a_file_but_not_bounds_share_one_clipped_table(
         self, live_server: LiveServer
     ) -> None:
@@ -189,15 +180,6 @@ class TestOpenFindings:
         value = released.json()["release"]["value"]
         expect(value <= 50 + 5, f"released {value} with scale 0.01; the unclipped sum is {sum(rows)}")
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason=(
-            "REVIEW: service/routers/datasets.py:28 (DatasetOut.content_sha256) publishes the SHA-256 of the "
-            "raw CSV to every analyst (and viewers). It is a deterministic function of the private data: "
-            "an adversary who knows all rows but one recovers the missing row by hashing candidates "
-            "(infinite privacy loss, outside any filter)."
-        ),
-    )
     def test_an_analyst_recovers_a_hidden_row_from_the_content_hash(self, live_server: LiveServer) -> None:
         world = make_world(live_server, BIG)
         known = [secrets.randbelow(1001) for _ in range(30)]
@@ -213,15 +195,6 @@ class TestOpenFindings:
         )
         expect(recovered is None, f"the analyst recovered the hidden row exactly: {recovered} (was {hidden})")
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason=(
-            "REVIEW: service/datasets.py:68-80 writes n_rows (and content_sha256) into the 'dataset' ledger "
-            "entry, and GET /v1/datasets/{id}/ledger shows every entry to viewers (routers/datasets.py:144). "
-            "Under add_remove the row count is private (DatasetOut hides it, mean is refused for that "
-            "reason), yet a viewer reads it exactly."
-        ),
-    )
     def test_a_viewer_reads_the_private_row_count_of_an_add_remove_dataset(
         self, live_server: LiveServer
     ) -> None:
@@ -230,42 +203,15 @@ class TestOpenFindings:
         entry = next(e for e in ledger_items(world.viewer, world.dataset_id) if e["event"] == "dataset")
         expect("n_rows" not in entry, f"viewer sees n_rows = {entry.get('n_rows')}")
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason=(
-            "REVIEW: mechanisms/queries.py:288 sums in float64 without guarding overflow; check_query "
-            "(queries.py:152) only checks that one row's shift is finite. With declared bounds [0, 1e308] "
-            "and add_remove, a dataset with two rows at 1e308 sums to +inf and the release is inf "
-            "(SQLite: stored as Infinity and served as null; PostgreSQL: the JSON insert fails, 500, the "
-            "request stays running). Whether the release is finite depends on the data (a neighbour with "
-            "one such row is finite w.p. ≈0.78 at ε=1): a data-dependent event outside the Laplace proof."
-        ),
-    )
-    def test_a_sum_that_overflows_float64_releases_a_non_finite_value(self, live_server: LiveServer) -> None:
+    def test_bounds_that_could_overflow_a_sum_are_refused_at_upload(self, live_server: LiveServer) -> None:
         world = make_world(live_server, BIG)
         schema = {"columns": [{"name": "x", "type": "float", "min": 0, "max": 1e308}],
                   "neighboring": "add_remove"}
         csv = b"x\n1e308\n1e308\n0\n" + f"{secrets.randbelow(10**9)}\n".encode()
-        dataset_id = add_dataset(world, csv, schema, BIG)
-        response = world.request(
-            world.analyst, {"query": {"kind": "sum", "column": "x"}, "epsilon": 1.0}, dataset_id=dataset_id
-        )
-        if response.status_code == 422:
-            return  # refused up front: acceptable
-        expect(response.status_code == 200, f"{response.status_code}: {response.text[:300]}")
-        value = response.json()["release"]["value"]
-        expect(isinstance(value, float) and math.isfinite(value), f"released value {value!r}")
-
-    @pytest.mark.xfail(
-        strict=True,
-        reason=(
-            "REVIEW: mechanisms/laplace.py:35 accepts any ε > 0 (e.g. 1e-320) and "
-            "mechanisms/accounting/curve.py:60-72 laplace_scale(Δ₁, ε) overflows to inf; the noise is ±inf. "
-            "SQLite stores Infinity and serves the release as null; PostgreSQL rejects the JSON, the "
-            "request 500s after the data was read and keeps its reservation until the lease reaper. "
-            "Should be a 422 (or a finite scale)."
-        ),
-    )
+        response = world.admin.post("/v1/datasets", files={"file": ("x.csv", csv, "text/csv")},
+                                    data={"schema": json.dumps(schema)})
+        assert response.status_code == 422
+        assert response.json()["errors"][0]["field"].startswith("schema.columns.0")
     def test_an_overflowing_laplace_scale_is_refused_up_front(self, live_server: LiveServer) -> None:
         world = make_world(live_server, BIG)
         response = world.request(world.analyst, {"query": {"kind": "count"}, "epsilon": 1e-320})
@@ -277,16 +223,6 @@ class TestOpenFindings:
         finite = [isinstance(v, float) and math.isfinite(v) for v in numbers]
         expect(all(finite), f"release {release!r}")
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason=(
-            "REVIEW: mechanisms/queries.py:113-123 accepts an int where-value of any size on a float column "
-            "(StrictInt is unbounded); np.less(float64, 10**400) raises OverflowError in evaluate(), i.e. "
-            "after the table was read: invalid input is answered 500 mechanism-failed and charged the "
-            "worst case (in a session: the session is closed 'failed' at its worst case). Should be 422, "
-            "nothing charged."
-        ),
-    )
     def test_a_where_value_beyond_the_float_range_is_a_422_and_not_charged(
         self, live_server: LiveServer
     ) -> None:
@@ -296,15 +232,6 @@ class TestOpenFindings:
         outcome = (response.status_code, pure["spent"], pure["reserved"])
         expect(outcome == (422, 0.0, 0.0), f"(status, spent, reserved) = {outcome}: {response.text[:200]}")
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason=(
-            "REVIEW: service/schemas.py:19 accepts any δ in [0, 1); for δ < ~1e-307 "
-            "mechanisms/accounting/conversion.py:60 log(|A|/δ) overflows to inf and "
-            "Fraction(Decimal('Infinity')) raises OverflowError (conversion.py:76): PUT budget is a 500. "
-            "Should be 422 (or every order unusable)."
-        ),
-    )
     def test_a_subnormal_delta_is_not_a_server_error(self, live_server: LiveServer) -> None:
         world = make_world(live_server, None)
         response = world.admin.put(
@@ -313,7 +240,7 @@ class TestOpenFindings:
         expect(response.status_code in (200, 422), f"{response.status_code}: {response.text[:200]}")
 
     def test_a_failed_session_step_does_not_write_the_secret_state_to_the_log(
-        self, sessions: sessionmaker[Session], tmp_path: Path
+        self, sessions: sessionmaker[Session], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         dataset_id, (analyst,) = world_in_db(sessions, tmp_path, epsilon=10.0)
         row = laplace_session(sessions, analyst, dataset_id)
@@ -324,23 +251,22 @@ class TestOpenFindings:
         buffer = io.StringIO()
         configure_logging("INFO", as_json=False, stream=buffer)
         try:
-            with pytest.raises(MechanismFailed):  # the trigger is the overflow finding above
-                domain.ask(app_for(sessions, tmp_path), analyst, row.id, {"query": OVERFLOWING_WHERE}, None)
+            mechanism = type(INTERACTIVE["above_threshold.laplace"])
+            original_step = mechanism.step
+
+            def failing_step(self: Any, params: Any, ctx: Any, state: Any, *rest: Any) -> Any:
+                original_step(self, params, ctx, state, *rest)  # reads the data with the secret in scope
+                raise RuntimeError(f"step failed near {state}")
+
+            monkeypatch.setattr(mechanism, "step", failing_step)
+            with pytest.raises(MechanismFailed):
+                domain.ask(app_for(sessions, tmp_path), analyst, row.id, {"query": {"kind": "count"}}, None)
         finally:
             configure_logging("INFO", as_json=False)
         logged = buffer.getvalue()
         assert "session step failed" in logged
         assert repr(threshold) not in logged, f"the secret noisy threshold {threshold!r} is in the log"
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason=(
-            "REVIEW: service/sessions.py:90-138 open_session does not handle the IntegrityError of the "
-            "(analyst, idempotency_key) unique constraint (unlike requests.admit_or_replay): when the same "
-            "analyst's key is being used concurrently on another dataset (PostgreSQL, READ COMMITTED), "
-            "the loser raises IntegrityError (HTTP 500) instead of 422 idempotency-key-reused."
-        ),
-    )
     def test_racing_session_opens_with_one_key_on_two_datasets_give_a_422(
         self,
         sessions: sessionmaker[Session],
@@ -386,17 +312,6 @@ class TestOpenFindings:
         assert isinstance(outcomes["first"], AnalysisSession), outcomes
         expect(isinstance(outcomes["second"], IdempotencyKeyReused), f"the loser got {outcomes['second']!r}")
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason=(
-            "REVIEW: service/writer.py:102-108 WriteBatcher._run lets future.result(timeout) raise "
-            "TimeoutError (HTTP 500) but leaves the job queued: the admission commits after its caller "
-            "gave up, nobody runs the request, and it sits 'running' holding its reservation until the "
-            "lease reaper commits the worst case — a charge for data that was provably never read "
-            "(DESIGN §4 rule 2 says release it). A slow batch (SQLite busy_timeout is 30 s, the writer "
-            "waits 60 s) is enough."
-        ),
-    )
     def test_an_admission_abandoned_on_timeout_leaves_no_orphan_reservation(
         self, sessions: sessionmaker[Session], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -412,7 +327,7 @@ class TestOpenFindings:
         monkeypatch.setattr(writer, "_lock_all", slow_lock_all)
         batcher = writer.WriteBatcher(sessions, timeout=0.2)
         try:
-            with pytest.raises(TimeoutError):
+            with pytest.raises(ServiceUnavailable):
                 batcher.admit(analyst, validated, None, 300.0)
             time.sleep(2.0)  # the writer thread goes on with the abandoned job
         finally:
