@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import LiveServer
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "api.md"
@@ -32,5 +34,21 @@ def test_every_curl_example_in_the_api_docs_works(live_server: LiveServer) -> No
     assert "False" in out  # the dry run over the analyst's sub-budget
     assert "cannot afford" in out  # the refusal
     assert "closed" in out  # the session
+    assert "/problems/" in out  # a recorded refusal
     assert '"status":"ok"' in out
     assert '"status":"ready"' in out
+
+
+def test_the_readme_python_tour_runs(live_server: LiveServer, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.integration.helpers import make_world
+
+    readme = (DOCS.parents[1] / "README.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    world = make_world(live_server, {"epsilon": 1.0, "delta": 0.0})
+    key = world.analyst.headers["Authorization"].split()[1]
+    block = block.replace('"http://127.0.0.1:8000"', repr(live_server.base_url))
+    exec(compile(block, "README.md", "exec"), {"KEY": key, "DS": world.dataset_id})
+    out = capsys.readouterr().out
+    assert "'value':" in out  # the release
+    assert "'above':" in out  # the session's answer
+    assert "epsilon" in out  # the refusal's summary names what is affordable or requested
