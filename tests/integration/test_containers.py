@@ -59,7 +59,8 @@ def named_volumes(service: dict[str, Any]) -> dict[str, str]:
     return mounts
 
 
-def test_the_compose_file_validates() -> None:
+def compose_tool() -> str:
+    """The docker-compose binary; a failure under CI=true, a skip with the reason elsewhere."""
     tool = shutil.which("docker-compose")
     if tool is None:
         message = ("docker-compose is not installed, so docker-compose.yml cannot be validated: run "
@@ -67,6 +68,11 @@ def test_the_compose_file_validates() -> None:
         if IN_CI:
             pytest.fail(message + " (CI=true: this check must run)", pytrace=False)
         pytest.skip(message)
+    return tool
+
+
+def test_the_compose_file_validates() -> None:
+    tool = compose_tool()
     done = subprocess.run([tool, "-f", str(COMPOSE), "config", "--quiet"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, check=False, env={**os.environ, "POSTGRES_PASSWORD": "x"})
     assert done.returncode == 0, done.stderr + done.stdout
@@ -74,9 +80,7 @@ def test_the_compose_file_validates() -> None:
 
 def test_the_validator_rejects_a_broken_compose_file(tmp_path: Path) -> None:
     """`docker-compose config` really checks (an unknown key, a dependency on a missing service)."""
-    tool = shutil.which("docker-compose")
-    if tool is None:
-        pytest.skip("docker-compose is not installed (see test_the_compose_file_validates)")
+    tool = compose_tool()
     missing_dependency = {"depends_on": {"db": {"condition": "service_healthy"}}}
     for broken in ({"services": {"api": {"image": "x", "bogus": 1}}},
                    {"services": {"api": {"image": "x", **missing_dependency}}}):

@@ -35,13 +35,14 @@ from service import budget, requests, writer
 from service import sessions as domain
 from service.auth import Principal, Role, create_key
 from service.datasets import TableCache, create_dataset, grant
+from service.db.migrate import upgrade
 from service.db.models import DATASET_SCOPE, AnalysisRequest, AnalysisSession, LedgerEntry
 from service.db.repositories import FilterRepository, RequestRepository, SessionRepository
-from service.db.session import is_sqlite, make_engine, make_sessionmaker
+from service.db.session import make_engine, make_sessionmaker
 from service.errors import BudgetExhausted, IdempotencyKeyReused, MechanismFailed, ServiceUnavailable
 from service.ledger import verify
 from service.logs import configure_logging
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, fresh_postgres_database
 from tests.integration.helpers import (
     CSV,
     SCHEMA,
@@ -62,6 +63,17 @@ OVERFLOWING_WHERE = {"kind": "count", "where": [{"column": "age", "op": "lt", "v
 
 
 # ----- shared helpers -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pg_sessions() -> Iterator[sessionmaker[Session]]:
+    """A fresh migrated PostgreSQL database (a failure, never a skip, under CI=true)."""
+    fresh = fresh_postgres_database()
+    upgrade(fresh.url)
+    engine = make_engine(fresh.url)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+    fresh.drop()
 
 
 @pytest.fixture
@@ -269,13 +281,12 @@ class TestOpenFindings:
 
     def test_racing_session_opens_with_one_key_on_two_datasets_give_a_422(
         self,
-        sessions: sessionmaker[Session],
-        database_url: str,
+        pg_sessions: sessionmaker[Session],
         tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:
-        if is_sqlite(database_url):
-            pytest.skip("SQLite serializes whole transactions (BEGIN IMMEDIATE): this race cannot happen")
+        """PostgreSQL only: SQLite serializes whole transactions (BEGIN IMMEDIATE); the race cannot occur."""
+        sessions = pg_sessions
         first_id, (analyst,) = world_in_db(sessions, tmp_path, epsilon=10.0)
         second_id, _ = world_in_db(sessions, tmp_path, epsilon=10.0, names=[analyst.name])
         params = {"threshold": 150.0, "epsilon": 1.0, "max_queries": 10}
