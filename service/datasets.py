@@ -29,9 +29,7 @@ def parse_schema(raw: Any) -> DatasetSchema:
     try:
         return DatasetSchema.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        path = ".".join(str(p) for p in ("schema", *first["loc"]))
-        raise InvalidInput(path, first["msg"]) from None
+        raise InvalidInput.from_validation("schema", exc) from None
 
 
 def create_dataset(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 PROBLEM_JSON = "application/problem+json"
 
 
@@ -42,6 +44,12 @@ class InvalidInput(ServiceError):
     def __init__(self, field: str, reason: str, status: int = 422) -> None:
         super().__init__(f"{field}: {reason}", errors=[{"field": field, "reason": reason}])
         self.status = status
+
+    @classmethod
+    def from_validation(cls, prefix: str, exc: ValidationError) -> InvalidInput:
+        """The first pydantic error, naming the field under ``prefix`` (e.g. ``params.epsilon``)."""
+        first = exc.errors()[0]
+        return cls(".".join(str(p) for p in (prefix, *first["loc"])), first["msg"])
 
 
 class PayloadTooLarge(InvalidInput):

@@ -75,11 +75,17 @@ def validate(session: Session, principal: Principal, dataset_id: str, name: str,
     mechanism = MECHANISMS.get(name)
     if mechanism is None:
         raise InvalidInput("mechanism", f"unknown mechanism {name!r}; see GET /v1/mechanisms")
+    return validated_for(dataset, mechanism, raw)
+
+
+def validated_for(
+    dataset: Dataset, mechanism: Mechanism | InteractiveMechanism, raw: Any, kind: str = "request"
+) -> Validated:
+    """Parameters checked against public information only; the worst case computed. No data is read."""
     try:
         params = mechanism.params_model.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise InvalidInput(".".join(str(p) for p in ("params", *first["loc"])), first["msg"]) from None
+        raise InvalidInput.from_validation("params", exc) from None
     context = public_context(dataset)
     try:
         mechanism.check(params, context)
@@ -88,7 +94,7 @@ def validate(session: Session, principal: Principal, dataset_id: str, name: str,
         raise InvalidInput(f"params.{exc.field}", exc.reason) from None
     except ValueError as exc:
         raise InvalidInput("params", str(exc)) from None
-    return Validated(dataset, mechanism, params, context, worst, UnitsVector.charge(worst))
+    return Validated(dataset, mechanism, params, context, worst, UnitsVector.charge(worst), kind)
 
 
 def fingerprint(dataset_id: str, mechanism: str, params: BaseModel) -> str:

@@ -24,7 +24,6 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from mechanisms.accounting import UnitsVector
 from mechanisms.base import InteractiveMechanism, ParamsError, PublicContext
 from mechanisms.catalog import INTERACTIVE
 from service import metrics
@@ -49,6 +48,7 @@ from service.requests import (
     _settle_locked,
     fingerprint,
     refusal,
+    validated_for,
 )
 
 if TYPE_CHECKING:
@@ -62,11 +62,6 @@ class SessionClosed(Conflict):
     title = "The session is closed"
 
 
-def _invalid(prefix: str, exc: ValidationError) -> InvalidInput:
-    first = exc.errors()[0]
-    return InvalidInput(".".join(str(p) for p in (prefix, *first["loc"])), first["msg"])
-
-
 def _mechanism(name: str) -> InteractiveMechanism:
     mechanism = INTERACTIVE.get(name)
     if mechanism is None:
@@ -75,19 +70,9 @@ def _mechanism(name: str) -> InteractiveMechanism:
 
 
 def validate_open(session: Session, principal: Principal, dataset_id: str, name: str, raw: Any) -> Validated:
-    dataset = visible_dataset(session, principal, dataset_id)
-    mechanism = _mechanism(name)
-    try:
-        params = mechanism.params_model.model_validate(raw)
-    except ValidationError as exc:
-        raise _invalid("params", exc) from None
-    context = public_context(dataset)
-    try:
-        mechanism.check(params, context)
-        worst = mechanism.worst_case(params, context)
-    except ParamsError as exc:
-        raise InvalidInput(f"params.{exc.field}", exc.reason) from None
-    return Validated(dataset, mechanism, params, context, worst, UnitsVector.charge(worst), kind="session")
+    return validated_for(
+        visible_dataset(session, principal, dataset_id), _mechanism(name), raw, kind="session"
+    )
 
 
 def open_session(
@@ -222,7 +207,7 @@ def ask(
     try:
         query = ctx.mechanism.query_model.model_validate(raw_query)
     except ValidationError as exc:
-        raise _invalid("query", exc) from None
+        raise InvalidInput.from_validation("query", exc) from None
     query_json = query.model_dump(mode="json")
     with app.sessions() as session, session.begin():
         filters, row, request = _lock(session, session_id, row.analyst, row.dataset_id)
