@@ -1,0 +1,404 @@
+"""The Relative Gaussian Mechanism (RGM) and the relative sensitivity of ridge gradients: pure numerics.
+
+Source: Hendrikx, Mangold, Bellet, "The Relative Gaussian Mechanism and its Application to Private Gradient
+Descent", AISTATS 2024, read through the project note ``seed_004_relative_gaussian.md`` (cited "note §x").
+Nothing here is wired into the service; the curves are ex-ante bounds and the same for every outcome.
+
+Definitions (paper Def. 2 and Def. 3)
+-------------------------------------
+* **Relative L2 sensitivity** (η, R_rel): ‖R(x) − R(y)‖² ≤ η²‖R(x)‖² + R_rel² for all neighbours x ~ y
+  (replace-one, n fixed). By symmetry of ~ this is the same as ≤ η²·min(‖R(x)‖², ‖R(y)‖²) + R_rel².
+* **RGM**: RGM_{γ,σ}(R)(x) = R(x) + N(0, v(x)·I_d) with per-coordinate **variance**
+  v(x) = γ‖R(x)‖² + σ². ``sigma`` is the baseline standard deviation, ``gamma`` multiplies the squared
+  norm; ``rgm_release`` draws ``value + sqrt(v)·Z`` with Z ~ N(0, I_d).
+
+Bounds
+------
+* ``theorem1_epsilon``: Theorem 1, eq. (5),
+  ε_T1(α) = αη²/(2γρ_α) + αdη²(2+η)²(1+η)²/(2ρ_α), ρ_α = 1 − η(α−1)(2+η),
+  for 1 ≤ α < α_max = 1 + 1/(η(2+η)) (+∞ at and beyond α_max: the ceiling is real, note §2.3 item 2),
+  under the σ² condition σ² ≥ γη⁻²[1 − η(α−1)]R_rel².
+* ``exact_epsilon``: the exact worst case over all queries with (η, R_rel)-relative sensitivity, under the
+  same conditions (note §2.6, a **derived** result that is not in the paper):
+  ε_ex(α) = αη²/(2γρ_α) + (d/(α−1))·[−α log(1+η) − ½ log(1 − αη(2+η)/(1+η)²)] ≤ ε_T1(α),
+  evaluated here in the cancellation-free form (d/2)·[(w − log(1+w)) + w(φ(t) − 1)] with w = η(2+η),
+  t = (α−1)w and φ(t) = −log(1−t)/t. The service must not rely on it unless the verification in
+  tests/unit/test_relative_gaussian.py passes (closed form of the Rényi divergence of two isotropic
+  Gaussians with different means and variances, 1-D quadrature, an adversarial search over neighbouring
+  outputs, ε_ex ≤ ε_T1) and the Monte Carlo audit in tests/statistical/test_relative_gaussian_audit.py.
+* ``rgm_rdp_curve`` puts either bound on an order grid as an ``RdpCurve`` (no pure bound).
+
+Conditions enforced by ``rgm_rdp_curve``
+---------------------------------------
+* η > 0 needs γ > 0 (γ = 0 with η > 0 is the plain GM without an absolute sensitivity: unbounded loss).
+  η = 0 is plain absolute sensitivity: γ must be 0 and the curve is ``RdpCurve.gaussian(R_rel, σ)``.
+* σ² below Lemma 1's threshold (γR_rel²/η²)(1+η)/(2+η) is rejected (ValueError): it fails the σ²
+  condition at every α < α_max.
+* σ² ≥ γR_rel²/η² satisfies the σ² condition at every order (the paper's and the note's default).
+  Otherwise the condition holds only for α ≥ α_lo = 1 + (1 − σ²η²/(γR_rel²))/η, and for orders below α_lo
+  the curve charges ε(α_lo), which is valid because D_α is nondecreasing in α (note §2.3 item 1, §6.1
+  pitfall 4). Charging ε(α) there would be wrong: with such σ² the worst-case divergence exceeds ε_ex(α)
+  and even ε_T1(α) (0.134 > 0.106 at α = 2, η = 0.01, γ = 1e-3, d = 10, R_rel = 1, σ² = 7.46; unit tests).
+* +∞ at every order α ≥ α_max (computed with ρ_α rounded down, so orders within rounding of the ceiling
+  are +∞ too). α_max can be small (5.76 at η = 0.1), so standard grids get +∞ entries.
+
+Corrections to the paper taken from the note, and why
+----------------------------------------------------
+1. **Variance, not standard deviation** (note §2.1, §5.2, §6.1 pitfall 1). Eq. (4) and Lemma 2 (σ₁²I_d)
+   make γ‖R(x)‖² + σ² the per-coordinate variance. The authors' code draws with *standard deviation*
+   γ_c‖g‖ + σ_c, which is a different mechanism that Theorem 1 does not literally cover; here the variance
+   convention of eq. (4) is implemented and the noise is applied to all d coordinates.
+2. **Eq. (20) has x and y swapped** (note §2.3): s = ασ₂² + (1−α)σ₁² = σ² + γα‖R(y)‖² − γ(α−1)‖R(x)‖².
+   This changes no result; ``exact_epsilon`` relies on the corrected mean-term bound.
+3. **The log term of Theorem 1 is not tight**: the paper's factor (1+η)² and the 1/2 lost in eq. (36) are
+   what ``exact_epsilon`` removes (note §2.6). The A.6 tCDP constant (η²d(2+η)²/2) is a typo and is not used.
+4. **Eq. (10) scaling** (note §3.2): the paper's b_i = X_i y_i/n makes eq. (10) inconsistent by a factor n.
+   ``ridge_relative_sensitivity`` uses the consistent form with unnormalised per-record gradients,
+   η² = (3/n²)(‖A₀A⁻¹‖² + ‖A₀′A⁻¹‖²), R_rel² = (3/n²)·sup‖∇ℓ₀(θ*) − ∇ℓ₀′(θ*)‖².
+5. **Prop. 1's η** (note §3.3): its proof uses "Ã ⪰ ρC ⇒ Ã⁻² ⪯ ρ⁻²C⁻²", false for a C that does not
+   commute with Ã; for a general C the valid constant is η² = 6κ_C R_c⁴/(ρ²n²). This module only uses C = I
+   (rows clipped to ‖x_i‖ ≤ X, curvature A ⪰ λI from the public ridge λ, so ρ = λ), where Prop. 1 holds:
+   η² = 6X⁴/(λ²n²). Nothing here depends on the data, unlike the paper's experiments (note §6.1 pitfall 9).
+6. **Theorem 2's factor d** (note §3.4), for callers that run gradient descent with ``rgm_release``: with
+   per-coordinate variance the noise floor is τdσ²/μ (not τσ²/μ) and the step size must satisfy
+   τ ≤ 1/((1+dγ)L) (not (L+γ)⁻¹), because E‖noise‖² = d·v.
+
+Numerics: every value returned by the bound functions is an upper bound on the exact real value (inputs
+rounded in the conservative direction, series with tail bounds where the direct formula cancels, then a
+relative pad of a few dozen ulps). Composition over steps, (ε, δ) conversion and PTR are not here.
+Sampling uses numpy's floating-point normal sampler (same documented limitation as ``mechanisms.gaussian``),
+and v(x), ‖R(x)‖ and the noise scale are secret: never release or log them (note §6.1 pitfall 2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from mechanisms.accounting.curve import RdpCurve
+from mechanisms.accounting.orders import validate_orders
+
+Bound = Literal["theorem1", "exact"]
+
+_EPS = float(np.finfo(float).eps)
+_PAD = 64 * _EPS
+
+
+# ----- small numerical helpers -------------------------------------------------------------------------
+def _up(value: float, rel: float = _PAD) -> float:
+    """``value`` raised by ``rel`` relative and one ulp: covers the rounding of a short float computation."""
+    if value == 0.0 or not math.isfinite(value):
+        return value
+    return math.nextafter(value * (1.0 + rel), math.inf)
+
+
+def _finite_nonnegative(value: float, what: str) -> float:
+    value = float(value)
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"{what} must be finite and ≥ 0, got {value!r}")
+    return value
+
+
+def _check_dimension(d: int) -> int:
+    if isinstance(d, bool) or not isinstance(d, int | np.integer) or int(d) < 1:
+        raise ValueError(f"the output dimension d must be an integer ≥ 1, got {d!r}")
+    return int(d)
+
+
+def _check_order(alpha: float) -> float:
+    alpha = float(alpha)
+    if not (math.isfinite(alpha) and alpha >= 1.0):
+        raise ValueError(f"the Rényi order must be finite and ≥ 1, got {alpha!r}")
+    return alpha
+
+
+def _check_eta_gamma(eta: float, gamma: float) -> tuple[float, float]:
+    eta = _finite_nonnegative(eta, "eta")
+    gamma = _finite_nonnegative(gamma, "gamma")
+    if eta == 0.0:
+        raise ValueError("eta must be > 0 for the RGM bounds (eta = 0 is the plain Gaussian mechanism)")
+    if gamma == 0.0:
+        raise ValueError("gamma must be > 0 when eta > 0 (without it the loss is unbounded)")
+    return eta, gamma
+
+
+def _w_upper(eta: float) -> float:
+    """An upper bound on w = η(2+η) = (1+η)² − 1."""
+    return _up(eta * (2.0 + eta), 4 * _EPS)
+
+
+def _t_and_rho(alpha: float, w: float) -> tuple[float, float]:
+    """(t, ρ) with t ≥ (α−1)w and ρ = 1 − t ≤ ρ_α (ρ ≤ 0 means: at or beyond the ceiling)."""
+    t = _up((alpha - 1.0) * w, 4 * _EPS) if alpha > 1.0 else 0.0
+    return t, 1.0 - t
+
+
+def _w_minus_log1p(w: float) -> float:
+    """An upper bound on w − log(1+w) ≥ 0, without cancellation for small w."""
+    if w >= 0.125:
+        return _up(w - math.log1p(w), 256 * _EPS)
+    # Alternating series Σ_{k≥2} (−1)^k w^k/k with decreasing terms: adding the first omitted term
+    # (positive when the last kept one is negative) gives an upper bound.
+    total = 0.0
+    power = w * w
+    k = 2
+    while True:
+        term = power / k
+        total += term if k % 2 == 0 else -term
+        if k % 2 == 1 and term < _EPS * total * 1e-3:
+            total += power * w / (k + 1)  # first omitted term (k+1 even, positive)
+            break
+        power *= w
+        k += 1
+    return _up(total)
+
+
+def _phi_minus_one(t: float, rho: float) -> float:
+    """An upper bound on φ(t) − 1 = −log(1−t)/t − 1 = Σ_{k≥1} t^k/(k+1), for 0 ≤ t < 1 (ρ = 1 − t)."""
+    if t == 0.0:
+        return 0.0
+    if t > 0.5:
+        # −log(1−t) − t ≥ 0.19 t here, so the subtraction loses at most a few ulps.
+        return _up((-math.log(rho) - t) / t, 256 * _EPS)
+    total = 0.0
+    power = t
+    k = 1
+    while True:
+        term = power / (k + 1)
+        total += term
+        power *= t
+        k += 1
+        tail = power / ((k + 1) * (1.0 - t))  # Σ_{j≥k} t^j/(j+1) ≤ t^k/((k+1)(1−t))
+        if tail < _EPS * total * 1e-3:
+            return _up(total + tail)
+
+
+# ----- the α domain and the σ² condition -----------------------------------------------------------------
+def alpha_max(eta: float) -> float:
+    """The ceiling α_max = (1+η)²/(η(2+η)) = 1 + 1/(η(2+η)): bounds are +∞ at and beyond it (∞ for η = 0)."""
+    eta = _finite_nonnegative(eta, "eta")
+    if eta == 0.0:
+        return math.inf
+    return 1.0 + 1.0 / (eta * (2.0 + eta))
+
+
+def sigma2_lemma1_threshold(eta: float, gamma: float, r_rel: float) -> float:
+    """Lemma 1's σ² threshold (γR_rel²/η²)(1+η)/(2+η): below it no order < α_max satisfies Theorem 1."""
+    eta, gamma = _check_eta_gamma(eta, gamma)
+    r_rel = _finite_nonnegative(r_rel, "r_rel")
+    return gamma * r_rel**2 / eta**2 * (1.0 + eta) / (2.0 + eta)
+
+
+def sigma2_required(alpha: float, eta: float, gamma: float, r_rel: float) -> float:
+    """Theorem 1's σ² condition at order α: σ² ≥ γη⁻²[1 − η(α−1)]R_rel² (decreasing in α)."""
+    alpha = _check_order(alpha)
+    eta, gamma = _check_eta_gamma(eta, gamma)
+    r_rel = _finite_nonnegative(r_rel, "r_rel")
+    return max(0.0, gamma * r_rel**2 / eta**2 * (1.0 - eta * (alpha - 1.0)))
+
+
+def alpha_lo(eta: float, gamma: float, sigma: float, r_rel: float) -> float:
+    """The smallest order at which σ² satisfies Theorem 1's condition (rounded up); 1 if it holds for all.
+
+    Raises ValueError if σ² is below Lemma 1's threshold. A result ≥ ``alpha_max(eta)`` means the condition
+    holds at no admissible order (σ² exactly at Lemma 1's threshold).
+    """
+    eta, gamma = _check_eta_gamma(eta, gamma)
+    sigma = _finite_nonnegative(sigma, "sigma")
+    r_rel = _finite_nonnegative(r_rel, "r_rel")
+    if r_rel == 0.0:
+        return 1.0
+    ratio = (sigma * sigma * eta * eta) / (gamma * r_rel * r_rel)  # σ²η²/(γR²); condition: 1−η(α−1) ≤ ratio
+    if ratio >= 1.0:
+        return 1.0
+    if ratio < (1.0 + eta) / (2.0 + eta):
+        raise ValueError(
+            "sigma² is below Lemma 1's threshold γR_rel²(1+η)/(η²(2+η)); use sigma² ≥ γR_rel²/η² "
+            f"(= {gamma * r_rel**2 / eta**2!r}) to satisfy Theorem 1 at every order"
+        )
+    ratio_lo = ratio * (1.0 - 8 * _EPS)
+    return _up(1.0 + (1.0 - ratio_lo) / eta, 8 * _EPS)
+
+
+# ----- the two RDP bounds ----------------------------------------------------------------------------------
+def _mean_term(alpha: float, eta: float, gamma: float, rho: float) -> float:
+    """αη²/(2γρ_α): the bound on α‖R(x)−R(y)‖²/(2s), common to both curves."""
+    return _up(alpha * eta * eta / (2.0 * gamma * rho))
+
+
+def theorem1_epsilon(alpha: float, eta: float, gamma: float, d: int) -> float:
+    """Theorem 1, eq. (5): αη²/(2γρ_α) + αdη²(2+η)²(1+η)²/(2ρ_α); +∞ for α ≥ α_max.
+
+    Valid for the RGM on any query with (η, R_rel)-relative L2 sensitivity **provided** σ² satisfies the
+    condition at α (``sigma2_required``); ``rgm_rdp_curve`` enforces that. α = 1 gives the KL bound.
+    """
+    alpha = _check_order(alpha)
+    eta, gamma = _check_eta_gamma(eta, gamma)
+    d = _check_dimension(d)
+    w = _w_upper(eta)
+    _, rho = _t_and_rho(alpha, w)
+    if rho <= 0.0:
+        return math.inf
+    # η²(2+η)²(1+η)² = w²(1+w)
+    noise_term = _up(alpha * d * w * w * (1.0 + w) / (2.0 * rho))
+    return _up(_mean_term(alpha, eta, gamma, rho) + noise_term, 4 * _EPS)
+
+
+def exact_epsilon(alpha: float, eta: float, gamma: float, d: int) -> float:
+    """The exact worst-case D_α of the RGM over relative-sensitivity queries (note §2.6, derived).
+
+    αη²/(2γρ_α) + (d/(α−1))·[−α log(1+η) − ½ log(1 − αη(2+η)/(1+η)²)], computed as
+    αη²/(2γρ_α) + (d/2)·[(w − log(1+w)) + w(φ(t) − 1)], w = η(2+η), t = (α−1)w, φ(t) = −log(1−t)/t.
+    Same conditions as ``theorem1_epsilon``; ≤ it; +∞ for α ≥ α_max; α = 1 gives the KL limit
+    η²/(2γ) + (d/2)(w − log(1+w)). The supremum is approached (not attained) by R(x) = p·e,
+    R(y) = R(x)/(1+η), p → ∞.
+    """
+    alpha = _check_order(alpha)
+    eta, gamma = _check_eta_gamma(eta, gamma)
+    d = _check_dimension(d)
+    w = _w_upper(eta)
+    t, rho = _t_and_rho(alpha, w)
+    if rho <= 0.0:
+        return math.inf
+    log_term = _up(0.5 * d * (_w_minus_log1p(w) + _up(w * _phi_minus_one(t, rho))))
+    return _up(_mean_term(alpha, eta, gamma, rho) + log_term, 4 * _EPS)
+
+
+def rgm_rdp_curve(
+    orders: Sequence[float],
+    *,
+    eta: float,
+    gamma: float,
+    sigma: float,
+    r_rel: float,
+    d: int,
+    bound: Bound = "theorem1",
+) -> RdpCurve:
+    """The RDP curve of one RGM_{γ,σ} release of a d-dimensional query with (η, R_rel)-relative sensitivity.
+
+    ``bound="theorem1"`` (default) is the paper's eq. (5); ``bound="exact"`` is the derived exact worst case
+    of note §2.6. Orders below α_lo are charged ε(α_lo); orders ≥ α_max are +∞; no pure bound.
+    Raises ValueError on invalid parameters or σ² below Lemma 1's threshold (see the module docstring).
+    """
+    grid = validate_orders(orders)
+    eta = _finite_nonnegative(eta, "eta")
+    gamma = _finite_nonnegative(gamma, "gamma")
+    sigma = _finite_nonnegative(sigma, "sigma")
+    r_rel = _finite_nonnegative(r_rel, "r_rel")
+    d = _check_dimension(d)
+    if bound not in ("theorem1", "exact"):
+        raise ValueError(f"bound must be 'theorem1' or 'exact', got {bound!r}")
+    if eta == 0.0:
+        if gamma != 0.0:
+            raise ValueError("eta = 0 is absolute sensitivity: gamma must be 0 (plain Gaussian mechanism)")
+        return RdpCurve.gaussian(r_rel, sigma, grid)
+    _check_eta_gamma(eta, gamma)
+    lowest = alpha_lo(eta, gamma, sigma, r_rel)
+    epsilon = theorem1_epsilon if bound == "theorem1" else exact_epsilon
+    values = tuple(epsilon(max(alpha, lowest), eta, gamma, d) for alpha in grid)
+    return RdpCurve(grid, values)
+
+
+# ----- the sampler ------------------------------------------------------------------------------------------
+def rgm_release(
+    value: np.ndarray,
+    gamma: float,
+    sigma: float,
+    rng: np.random.Generator,
+    *,
+    draws: int | None = None,
+) -> np.ndarray:
+    """RGM_{γ,σ}: ``value + N(0, (γ‖value‖² + σ²)·I_d)``; γ‖value‖² + σ² is the per-coordinate VARIANCE.
+
+    ``value`` is the true query output R(x), a finite 1-D array. ``draws=k`` returns k independent releases
+    of the same value, shape (k, d) (for audits); the default returns one release, shape (d,).
+    γ = 0 is the plain Gaussian mechanism with standard deviation σ.
+    """
+    vector = np.asarray(value, dtype=float)
+    if vector.ndim != 1 or vector.size == 0:
+        raise ValueError("value must be a non-empty 1-D array (the query output R(x) in R^d)")
+    if not np.all(np.isfinite(vector)):
+        raise ValueError("value must be finite")
+    gamma = _finite_nonnegative(gamma, "gamma")
+    sigma = _finite_nonnegative(sigma, "sigma")
+    with np.errstate(over="ignore"):
+        variance = gamma * float(np.dot(vector, vector)) + sigma * sigma
+    if not math.isfinite(variance):
+        raise ValueError("the noise variance overflows: bound the query output (e.g. by clipping)")
+    std = math.sqrt(variance)
+    if draws is None:
+        noise = rng.standard_normal(vector.shape)
+    else:
+        if isinstance(draws, bool) or int(draws) != draws or draws < 1:
+            raise ValueError(f"draws must be an integer ≥ 1, got {draws!r}")
+        noise = rng.standard_normal((int(draws), vector.size))
+    result: np.ndarray = vector + std * noise
+    return result
+
+
+# ----- relative sensitivity of the ridge least-squares gradient ------------------------------------------
+@dataclass(frozen=True)
+class RelativeSensitivity:
+    """(η, R_rel) of Def. 2: ‖R(x) − R(y)‖² ≤ η²‖R(x)‖² + R_rel² for all neighbours."""
+
+    eta: float
+    r_rel: float
+
+
+def clip_rows(features: np.ndarray, bound: float) -> np.ndarray:
+    """Rows (records, last axis = features) rescaled to Euclidean norm ≤ ``bound``; short rows unchanged."""
+    bound = _finite_nonnegative(bound, "bound")
+    x = np.asarray(features, dtype=float)
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    scale = np.minimum(1.0, bound / np.maximum(norms, np.finfo(float).tiny))
+    clipped: np.ndarray = x * scale
+    return clipped
+
+
+def ridge_gradient(theta: np.ndarray, features: np.ndarray, labels: np.ndarray, reg: float) -> np.ndarray:
+    """∇f(θ) = (1/n)Xᵀ(Xθ − y) + λθ for f(θ) = (1/n)Σ ½(x_iᵀθ − y_i)² + (λ/2)‖θ‖² (paper eq. 9).
+
+    ``features`` has shape (..., n, d) (rows are records), ``labels`` (..., n), ``theta`` (..., d); leading
+    axes broadcast, so a batch of datasets and/or parameters is one call.
+    """
+    x = np.asarray(features, dtype=float)
+    y = np.asarray(labels, dtype=float)
+    th = np.asarray(theta, dtype=float)
+    n = x.shape[-2]
+    residual = np.einsum("...nd,...d->...n", x, th) - y
+    gradient: np.ndarray = np.einsum("...nd,...n->...d", x, residual) / n + reg * th
+    return gradient
+
+
+def ridge_relative_sensitivity(
+    n_rows: int, reg: float, feature_bound: float, label_bound: float
+) -> RelativeSensitivity:
+    """(η, R_rel) of the full-batch ridge gradient θ ↦ ∇f(θ; D), uniformly in θ, from public parameters.
+
+    Setting (note §3.2, paper eqs. 9–11 with the corrected scaling): replace-one neighbours with n public,
+    every record clipped to ‖x_i‖ ≤ X = ``feature_bound`` and |y_i| ≤ Y = ``label_bound``, ridge λ = ``reg``
+    > 0, so A = (1/n)Σ x_i x_iᵀ + λI ⪰ λI for every dataset. With A₀ = x₀x₀ᵀ, θ* = A⁻¹b,
+    n(∇f − ∇f′)(θ) = (A₀ − A₀′)A⁻¹∇f(θ) + [∇ℓ₀(θ*) − ∇ℓ₀′(θ*)] and (a+b+c)² ≤ 3(a²+b²+c²) give
+
+    * η² = (3/n²)(‖A₀A⁻¹‖² + ‖A₀′A⁻¹‖²) ≤ 6X⁴/(λ²n²)  (‖x₀x₀ᵀA⁻¹‖ ≤ ‖x₀‖²/λ),
+    * R_rel² = (3/n²)·sup‖x₀r₀ − x₀′r₀′‖² ≤ 12X²(X·B + Y)²/n², residual r₀ = x₀ᵀθ* − y₀, where
+      ‖θ*‖ ≤ B = Y·min(X/λ, 1/√λ) (‖b‖ ≤ XY, and (λ/2)‖θ*‖² ≤ f(θ*) ≤ f(0) ≤ Y²/2).
+
+    The bound holds for θ that is public (e.g. the previous noisy iterate); it is C = I in Prop. 1.
+    """
+    if isinstance(n_rows, bool) or int(n_rows) != n_rows or n_rows < 1:
+        raise ValueError(f"n_rows must be an integer ≥ 1, got {n_rows!r}")
+    reg = _finite_nonnegative(reg, "reg")
+    if reg == 0.0:
+        raise ValueError("reg must be > 0: the ridge term is the public curvature lower bound")
+    x_max = _finite_nonnegative(feature_bound, "feature_bound")
+    y_max = _finite_nonnegative(label_bound, "label_bound")
+    n = float(n_rows)
+    eta = _up(math.sqrt(6.0) * x_max * x_max / (reg * n))
+    theta_bound = y_max * min(x_max / reg, 1.0 / math.sqrt(reg))
+    r_rel = _up(math.sqrt(12.0) * x_max * (x_max * theta_bound + y_max) / n)
+    return RelativeSensitivity(eta=eta, r_rel=r_rel)
