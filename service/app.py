@@ -20,6 +20,7 @@ from service.errors import PROBLEM_JSON, ServiceError
 from service.logs import configure_logging, failure_fields
 from service.middleware import ObservabilityMiddleware
 from service.routers import dashboard, datasets, health, keys, mechanisms, requests, sessions
+from service.schemas import ERROR_RESPONSES, Problem
 
 log = structlog.get_logger("expost")
 
@@ -35,6 +36,22 @@ def _field(loc: tuple[Any, ...]) -> str:
     if parts and parts[0] in ("body", "query", "path", "header"):
         parts = parts[1:] if parts[0] == "body" else parts
     return ".".join(parts) or "body"
+
+
+def install_openapi(app: FastAPI) -> None:
+    """The generated document, with the Problem schema that ERROR_RESPONSES refers to."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = FastAPI.openapi(app)  # generates and caches app.openapi_schema
+            problem = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas = document.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(problem.pop("$defs", {}))
+            schemas["Problem"] = problem
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -118,8 +135,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    install_openapi(app)
     for module in (health, keys, datasets, requests, sessions, mechanisms, dashboard):
-        app.include_router(module.router)
+        app.include_router(module.router, responses=ERROR_RESPONSES)
     app.mount("/metrics", metrics.asgi_app(app))  # with PROMETHEUS_MULTIPROC_DIR: every process
     app.add_middleware(ObservabilityMiddleware)  # request id, access log, HTTP latency
     return app

@@ -38,6 +38,8 @@ def create_dataset(
     """Validate and store an upload, create its filter (no budget yet) and the first ledger entry."""
     if not name.strip() or len(name) > 200:
         raise InvalidInput("name", "must be 1-200 characters")
+    if "\x00" in name:  # PostgreSQL text cannot hold it
+        raise InvalidInput("name", "must not contain a NUL character")
     schema = parse_schema(schema_raw)
     try:
         loaded = load_csv(csv_bytes, schema)

@@ -8,10 +8,42 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.auth import Role
+from service.errors import PROBLEM_JSON
 
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class InputError(BaseModel):
+    field: str = Field(description="the offending field, dotted (e.g. params.epsilon)")
+    reason: str
+
+
+class Problem(BaseModel):
+    """Every error: an RFC 9457 problem (``application/problem+json``), with extension members."""
+
+    type: str = Field(examples=["/problems/invalid-input"])
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    errors: list[InputError] | None = Field(None, description="input errors: each field and its reason")
+    model_config = ConfigDict(extra="allow")
+
+
+def problem_doc(description: str) -> dict[str, Any]:
+    """An OpenAPI response whose body is a Problem (the schema is registered by service.app)."""
+    return {"description": description,
+            "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+
+
+# Every error is a problem+json (service.app's handlers), documented as such on every operation in place of
+# FastAPI's default 422 HTTPValidationError, which this service never sends.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    "4XX": problem_doc("Client error: bad input, no or wrong key, not found, conflict or refusal"),
+    "5XX": problem_doc("Server error"),
+}
 
 
 class BudgetIn(StrictModel):

@@ -23,6 +23,12 @@ from service.db.models import (
 )
 
 
+def _storable(key: str) -> bool:
+    """No stored id contains NUL, and PostgreSQL cannot even compare text with one (an error, not a
+    mismatch): a lookup by such an id finds nothing, on every backend."""
+    return "\x00" not in key
+
+
 class KeyRepository:
     def __init__(self, session: Session) -> None:
         self.session = session
@@ -47,7 +53,7 @@ class DatasetRepository:
         self.session = session
 
     def get(self, dataset_id: str) -> Dataset | None:
-        return self.session.get(Dataset, dataset_id)
+        return self.session.get(Dataset, dataset_id) if _storable(dataset_id) else None
 
     def add(self, dataset: Dataset) -> None:
         self.session.add(dataset)
@@ -156,7 +162,7 @@ class RequestRepository:
         self.session = session
 
     def get(self, request_id: str) -> AnalysisRequest | None:
-        return self.session.get(AnalysisRequest, request_id)
+        return self.session.get(AnalysisRequest, request_id) if _storable(request_id) else None
 
     def fresh(self, request_id: str) -> AnalysisRequest | None:
         """Re-read from the database (the caller holds the filter locks that guard every transition)."""
@@ -199,7 +205,7 @@ class SessionRepository:
         self.session.add(row)
 
     def get(self, session_id: str) -> AnalysisSession | None:
-        return self.session.get(AnalysisSession, session_id)
+        return self.session.get(AnalysisSession, session_id) if _storable(session_id) else None
 
     def fresh(self, session_id: str) -> AnalysisSession | None:
         """Re-read (the caller holds the filter locks that guard every session transition)."""

@@ -19,6 +19,9 @@ from service.refusals import refusal_out
 
 router = APIRouter(prefix="/v1/datasets", tags=["dashboard"])
 
+MAX_REFUSAL_ID = 2**31 - 1
+"""Refusal ids are 32-bit integers (PostgreSQL ``integer``): a larger cursor is bad input, not a 500."""
+
 
 def _own(who: Principal) -> str | None:
     return who.name if who.role is Role.analyst else None
@@ -89,7 +92,9 @@ def get_refusals(
     dataset_id: str,
     session: SessionDep,
     who: AnyRole,
-    after: Annotated[int, Query(ge=0, le=2**62, description="return refusals with id > after")] = 0,
+    after: Annotated[
+        int, Query(ge=0, le=MAX_REFUSAL_ID, description="return refusals with id > after")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     datasets.visible_dataset(session, who, dataset_id)

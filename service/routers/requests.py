@@ -9,7 +9,7 @@ from service.db.models import AnalysisRequest
 from service.deps import AdminOrAnalyst, Analyst, AnyRole, CtxDep, SessionDep
 from service.errors import BudgetExhausted, MechanismFailed
 from service.refusals import record_refusal
-from service.schemas import RequestIn, RequestOut
+from service.schemas import RequestIn, RequestOut, problem_doc
 
 router = APIRouter(tags=["requests"])
 
@@ -53,7 +53,7 @@ def estimate(dataset_id: str, body: RequestIn, session: SessionDep, who: AdminOr
 @router.post(
     "/v1/datasets/{dataset_id}/requests",
     summary="Run a mechanism: 200 with the release and its realized charge, or 202 while running",
-    responses={202: {"description": "still running; poll the Location"}, 409: {"description": "refused"}},
+    responses={202: {"description": "still running; poll the Location"}, 409: problem_doc("refused")},
 )
 def submit(
     dataset_id: str,
