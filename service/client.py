@@ -793,6 +793,17 @@ class ExpostClient(_Base):
         )
         return LedgerPage.from_json(self._json(call))
 
+    def activity(self, dataset_id: str) -> dict[str, Any]:
+        """Running requests and open sessions (public facts only: no answers, no secret state)."""
+        return dict(self._json(_Call("GET", f"/v1/datasets/{dataset_id}/activity", Retry.SAFE)))
+
+    def refusals_page(self, dataset_id: str, *, after: int = 0, limit: int = 100) -> LedgerPage:
+        """One page of recorded refusals (``items`` and ``next_after``, like the ledger)."""
+        call = _Call(
+            "GET", f"/v1/datasets/{dataset_id}/refusals", Retry.SAFE, params={"after": after, "limit": limit}
+        )
+        return LedgerPage.from_json(self._json(call))
+
     def ledger(self, dataset_id: str, *, after: int = 0, page_size: int = 100) -> Iterator[dict[str, Any]]:
         """Every ledger entry the caller may see, in order, walking all pages."""
         while True:
@@ -1042,6 +1053,15 @@ class AsyncExpostClient(_Base):
     async def ledger_page(self, dataset_id: str, *, after: int = 0, limit: int = 100) -> LedgerPage:
         call = _Call(
             "GET", f"/v1/datasets/{dataset_id}/ledger", Retry.SAFE, params={"after": after, "limit": limit}
+        )
+        return LedgerPage.from_json(await self._json(call))
+
+    async def activity(self, dataset_id: str) -> dict[str, Any]:
+        return dict(await self._json(_Call("GET", f"/v1/datasets/{dataset_id}/activity", Retry.SAFE)))
+
+    async def refusals_page(self, dataset_id: str, *, after: int = 0, limit: int = 100) -> LedgerPage:
+        call = _Call(
+            "GET", f"/v1/datasets/{dataset_id}/refusals", Retry.SAFE, params={"after": after, "limit": limit}
         )
         return LedgerPage.from_json(await self._json(call))
 

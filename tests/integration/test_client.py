@@ -669,3 +669,36 @@ def test_async_client_parity(live_server: LiveServer, tmp_path: Path) -> None:
                 assert affordable["parameter"] == "epsilon"
 
     asyncio.run(run())
+
+
+class TestDashboardEndpoints:
+    def test_activity_and_refusals_through_the_client(self, live_server: LiveServer) -> None:
+        from tests.integration.helpers import make_world
+
+        world = make_world(live_server, {"epsilon": 1.0, "delta": 0.0})
+        analyst = ExpostClient(live_server.base_url, world.analyst.headers["Authorization"].split()[1])
+        viewer = ExpostClient(live_server.base_url, world.viewer.headers["Authorization"].split()[1])
+        with analyst, viewer:
+            session = analyst.open_session(
+                world.dataset_id,
+                "above_threshold",
+                {"threshold": 150, "epsilon_threshold": 0.1, "max_query_epsilon": 0.1, "max_queries": 3},
+            )
+            with pytest.raises(BudgetExhaustedError):
+                analyst.submit(world.dataset_id, "laplace", {"query": {"kind": "count"}, "epsilon": 0.9})
+            activity = viewer.activity(world.dataset_id)
+            assert [s["id"] for s in activity["sessions"]] == [session.id]
+            refusals = viewer.refusals_page(world.dataset_id)
+            assert [r["problem_type"] for r in refusals.items] == ["/problems/budget-exhausted"]
+            assert refusals.next_after is None
+
+            async def async_side() -> tuple[dict[str, Any], int]:
+                key = world.viewer.headers["Authorization"].split()[1]
+                async with AsyncExpostClient(live_server.base_url, key) as client:
+                    return await client.activity(world.dataset_id), len(
+                        (await client.refusals_page(world.dataset_id)).items
+                    )
+
+            async_activity, async_refusals = asyncio.run(async_side())
+            assert async_activity["sessions"] == activity["sessions"]
+            assert async_refusals == 1
