@@ -221,8 +221,8 @@ ODD_IDS = st.one_of(
 def operation_strategy(
     fuzz: FuzzWorld, label: str, mode: GenerationMode, body: st.SearchStrategy[Any] | None = None
 ) -> st.SearchStrategy[Case]:
-    """Real path parameters and a valid key (with ``body`` if given); otherwise one case in three or so
-    with made-up or malformed ids, or with a made-up key."""
+    """Real path parameters and a valid key, with ``body`` if given; without it, up to three cases in seven
+    have made-up or malformed ids (schemathesis's or ``ODD_IDS``) or a made-up key."""
     method, path = label.split(" ", 1)
     operation = fuzz.schema[path][method]
     role = OPERATIONS[label]
