@@ -556,6 +556,13 @@ def request_estimate(
     _show(_kv(f"estimate: {mechanism} on {dataset_id}", rows))
 
 
+def _print_session(session: AnalysisSession, as_json: bool) -> None:
+    if as_json:
+        _print_json(session.raw)
+    else:
+        _show(*_session_tables(session))
+
+
 @session_app.command("open")
 def session_open(
     dataset_id: Annotated[str, typer.Argument(help="dataset id (ds_…)")],
@@ -570,10 +577,7 @@ def session_open(
     body = _json_object(params, "--params")
     with _remote(url, key, as_json) as client:
         session = client.open_session(dataset_id, mechanism, body, idempotency_key=idempotency_key)
-    if as_json:
-        _print_json(session.raw)
-    else:
-        _show(*_session_tables(session))
+    _print_session(session, as_json)
 
 
 @session_app.command("ask")
@@ -622,10 +626,7 @@ def session_close(
     """Close a session now and commit the charge of what it revealed."""
     with _remote(url, key, as_json) as client:
         session = client.close_session(session_id)
-    if as_json:
-        _print_json(session.raw)
-    else:
-        _show(*_session_tables(session))
+    _print_session(session, as_json)
 
 
 @session_app.command("get")
@@ -638,10 +639,7 @@ def session_get(
     """Show a session's state and public transcript."""
     with _remote(url, key, as_json) as client:
         session = client.get_session(session_id)
-    if as_json:
-        _print_json(session.raw)
-    else:
-        _show(*_session_tables(session))
+    _print_session(session, as_json)
 
 
 @budget_app.command("set")

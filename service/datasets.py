@@ -104,7 +104,8 @@ class _ImmutableCache:
 _cache = _ImmutableCache()
 
 
-def _dataset(session: Session, dataset_id: str) -> Dataset | None:
+def dataset_by_id(session: Session, dataset_id: str) -> Dataset | None:
+    """The dataset row, cached once read (datasets are immutable)."""
     dataset = _cache.datasets.get(dataset_id)
     if dataset is None:
         dataset = DatasetRepository(session).get(dataset_id)
@@ -125,7 +126,7 @@ def _is_granted(session: Session, dataset_id: str, analyst: str) -> bool:
 
 def visible_dataset(session: Session, principal: Principal, dataset_id: str) -> Dataset:
     """The dataset if this principal may see it; analysts only see datasets they are granted (else 404)."""
-    dataset = _dataset(session, dataset_id)
+    dataset = dataset_by_id(session, dataset_id)
     if dataset is None or (
         principal.role is Role.analyst and not _is_granted(session, dataset_id, principal.name)
     ):

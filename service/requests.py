@@ -35,9 +35,9 @@ from mechanisms.base import (
 from mechanisms.catalog import MECHANISMS
 from service import budget, ledger, metrics
 from service.auth import Principal
-from service.datasets import TableCache, public_context, visible_dataset
+from service.datasets import TableCache, dataset_by_id, public_context, visible_dataset
 from service.db.models import DATASET_SCOPE, AnalysisRequest, Dataset, PrivacyFilter
-from service.db.repositories import DatasetRepository, FilterRepository, RequestRepository
+from service.db.repositories import FilterRepository, RequestRepository
 from service.errors import (
     BudgetExhausted,
     Forbidden,
@@ -387,7 +387,7 @@ def run_request(sessions: sessionmaker[Session], tables: TableCache, request_id:
         request = RequestRepository(session).get(request_id)
         if request is None or request.state != "running":
             return
-        dataset = DatasetRepository(session).get(request.dataset_id)
+        dataset = dataset_by_id(session, request.dataset_id)
         assert dataset is not None
     mechanism = MECHANISMS[request.mechanism]
     params = mechanism.params_model.model_validate(request.params)

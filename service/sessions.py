@@ -28,9 +28,9 @@ from mechanisms.base import InteractiveMechanism, ParamsError, PublicContext
 from mechanisms.catalog import INTERACTIVE
 from service import metrics
 from service.auth import Principal, Role
-from service.datasets import TableCache, public_context, visible_dataset
+from service.datasets import TableCache, dataset_by_id, public_context, visible_dataset
 from service.db.models import AnalysisRequest, AnalysisSession, PrivacyFilter, SecretState
-from service.db.repositories import DatasetRepository, RequestRepository, SessionRepository
+from service.db.repositories import RequestRepository, SessionRepository
 from service.errors import (
     Conflict,
     IdempotencyKeyReused,
@@ -157,7 +157,7 @@ class _Context:
     """The public pieces a session's transitions need (no data)."""
 
     def __init__(self, session: Session, row: AnalysisSession) -> None:
-        dataset = DatasetRepository(session).get(row.dataset_id)
+        dataset = dataset_by_id(session, row.dataset_id)
         assert dataset is not None
         self.dataset = dataset
         self.mechanism = _mechanism(row.mechanism)
