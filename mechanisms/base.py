@@ -70,6 +70,44 @@ class Mechanism(Protocol):
     ) -> Release: ...
 
 
+# ----- long-running mechanisms ---------------------------------------------------------------------------
+
+ProgressFn = Callable[[float], None]
+"""Called by a long-running ``run`` with the fraction done in [0, 1]; also the worker's heartbeat."""
+
+
+def no_progress(fraction: float) -> None:
+    """The default progress callback: ignore it."""
+
+
+@runtime_checkable
+class LongRunningMechanism(Mechanism, Protocol):
+    """A mechanism whose ``run`` may take minutes (training, tuning).
+
+    ``run`` takes an extra keyword ``progress`` and must call it regularly (at least every few seconds of
+    work): the service uses each call to renew the worker's lease, so a live run is never reaped.
+    ``progress_is_public``: whether the fraction may be shown to the analyst. It must be False when the
+    amount of work done is itself secret (e.g. the latent number of candidates of ex-post tuning); the
+    service then shows only the state and the elapsed time.
+    """
+
+    long_running: ClassVar[bool]
+    progress_is_public: ClassVar[bool]
+
+    def run(
+        self,
+        params: BaseModel,
+        ctx: PublicContext,
+        table: Table,
+        rng: np.random.Generator,
+        progress: ProgressFn = no_progress,
+    ) -> Release: ...
+
+
+def is_long_running(mechanism: object) -> bool:
+    return bool(getattr(mechanism, "long_running", False))
+
+
 def with_cost(params: BaseModel, name: str, value: float) -> BaseModel:
     """A copy of ``params`` with its cost parameter set to ``value`` (re-validated)."""
     return type(params).model_validate({**params.model_dump(), name: value})
