@@ -97,6 +97,17 @@ def ask(
     return AnswerOut(answer=answer, session=_out(ctx, row))
 
 
+@router.post(
+    "/v1/sessions/{session_id}/next",
+    summary="Noise-reduction sessions: release the next, less noisy level (a query with an empty body)",
+)
+def next_release(
+    session_id: str, ctx: CtxDep, analyst: AnalystRole, idempotency_key: IdempotencyKey = None
+) -> AnswerOut:
+    row, answer = domain.ask(ctx, analyst, session_id, {}, idempotency_key)
+    return AnswerOut(answer=answer, session=_out(ctx, row))
+
+
 @router.post("/v1/sessions/{session_id}/close", summary="Close now and commit the charge of the outcome")
 def close(session_id: str, ctx: CtxDep, analyst: AnalystRole) -> SessionOut:
     return _out(ctx, domain.close(ctx, analyst, session_id))
