@@ -28,7 +28,7 @@ from mechanisms.base import InteractiveMechanism, ParamsError, PublicContext
 from mechanisms.catalog import INTERACTIVE
 from service import metrics
 from service.auth import Principal, Role
-from service.datasets import TableCache, dataset_by_id, public_context, visible_dataset
+from service.datasets import dataset_by_id, public_context, visible_dataset
 from service.db.models import AnalysisRequest, AnalysisSession, PrivacyFilter, SecretState
 from service.db.repositories import RequestRepository, SessionRepository
 from service.errors import (
@@ -222,7 +222,7 @@ def ask(
                 close_reason=row.close_reason,
             )
         else:
-            outcome = _step(session, app.tables, filters, row, request, ctx, query, query_json, key)
+            outcome = _step(session, app, filters, row, request, ctx, query, query_json, key)
     if isinstance(outcome, Exception):
         raise outcome
     if outcome[1].get("failed"):
@@ -245,7 +245,7 @@ def _replay(row: AnalysisSession, key: str | None, query_json: dict[str, Any]) -
 
 def _step(
     session: Session,
-    tables: TableCache,
+    app: AppContext,
     filters: list[PrivacyFilter],
     row: AnalysisSession,
     request: AnalysisRequest,
@@ -261,7 +261,7 @@ def _step(
     secret = SessionRepository(session).secret(request.id)
     assert secret is not None, "an open session has its secret state"
     try:
-        table = tables.get(ctx.dataset, ctx.public.schema)
+        table = app.tables.get(ctx.dataset, ctx.public.schema)
         rng = np.random.default_rng(np.random.SeedSequence(secrets.randbits(128)))
         result = ctx.mechanism.step(ctx.params, ctx.public, json.loads(secret.state), query, table, rng)
     except Exception as exc:
@@ -273,7 +273,10 @@ def _step(
         _close(session, filters, row, request, ctx, "failed", failed=True)
         return row, {"failed": True}
     row.steps = [*row.steps, {"query": query_json, "answer": result.answer, "key": key}]
-    row.updated_at = secret.updated_at = datetime.now(UTC)
+    now = datetime.now(UTC)
+    row.updated_at = secret.updated_at = now
+    # Expiry is for idle sessions: every answered query pushes it back by the session TTL.
+    row.expires_at = request.lease_expires_at = now + timedelta(seconds=app.settings.session_ttl_seconds)
     secret.state = _encode(result.state)
     max_queries = getattr(ctx.params, "max_queries", None)
     exhausted = max_queries is not None and len(row.steps) >= max_queries

@@ -144,6 +144,17 @@ class TestOutcomes:
         assert charged(pure(world)["spent"], 1.0)
         assert pure(world)["reserved"] == 0.0
 
+    def test_an_answered_query_pushes_the_idle_expiry_back(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, BUDGET)
+        opened = open_session(world)
+        threading.Event().wait(0.2)
+        asked = ask(world, opened["id"], BELOW, 0.5)
+        assert asked.status_code == 200, asked.text
+        expires = datetime.fromisoformat(asked.json()["session"]["expires_at"])
+        assert expires > datetime.fromisoformat(opened["expires_at"])
+        ttl = timedelta(seconds=live_server.settings.session_ttl_seconds)
+        assert expires - datetime.now(UTC) <= ttl
+
     def test_monotone_queries_cost_eps_i_plus_eps_prime(self, live_server: LiveServer) -> None:
         world = make_world(live_server, BUDGET, schema={**SCHEMA, "neighboring": "add_remove"})
         opened = open_session(world, require_monotone=True)
