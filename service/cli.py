@@ -227,13 +227,41 @@ DEMO_SCHEMA = {
 }
 
 
+def demo_learning_csv(rows: int = 5000, seed: int = 11) -> bytes:
+    """Synthetic customers for the learners: churn follows a logistic model, spend a linear one."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    age = np.clip(rng.normal(45, 14, rows), 18, 90)
+    tenure = np.clip(rng.exponential(4.0, rows), 0, 30)
+    visits = np.clip(rng.poisson(6, rows), 0, 40)
+    logit = 1.5 - 0.04 * (age - 45) - 0.35 * tenure + 0.12 * visits
+    churn = np.where(rng.random(rows) < 1 / (1 + np.exp(-logit)), "yes", "no")
+    spend = np.clip(20 + 0.8 * age + 6 * tenure + 3 * visits + rng.normal(0, 15, rows), 0, 300)
+    columns = zip(age.round(1), tenure.round(2), visits, spend.round(2), churn, strict=True)
+    lines = ["age,tenure,visits,spend,churn", *(",".join(map(str, row)) for row in columns)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+DEMO_LEARNING_SCHEMA = {
+    "columns": [
+        {"name": "age", "type": "float", "min": 18, "max": 90},
+        {"name": "tenure", "type": "float", "min": 0, "max": 30},
+        {"name": "visits", "type": "int", "min": 0, "max": 40},
+        {"name": "spend", "type": "float", "min": 0, "max": 300},
+        {"name": "churn", "type": "categorical", "values": ["no", "yes"]},
+    ],
+    "neighboring": "replace_one",
+}
+
+
 @app.command()
 def demo(
     keys_file: Annotated[Path, typer.Option(help="where the demo keys are kept")] = Path(
         "var/demo-keys.json"
     ),
 ) -> None:
-    """Create a demo dataset with a budget (ε=1, δ=1e-6) and admin/analyst/viewer keys (idempotent)."""
+    """Create two demo datasets with budgets (ε=1, δ=1e-6) and admin/analyst/viewer keys (idempotent)."""
     import numpy as np
 
     from service import budget
@@ -262,9 +290,18 @@ def demo(
                 DEMO_SCHEMA,
                 info["admin"]["name"],
             )
-            grant(session, dataset, info["analyst"]["name"], info["admin"]["name"])
-            budget.set_budget(session, dataset, DATASET_SCOPE, 1.0, 1e-6, info["admin"]["name"])
-            info["dataset"] = dataset.id
+            learning = create_dataset(
+                session,
+                get_settings().data_dir,
+                "demo: synthetic customers (for the learners)",
+                demo_learning_csv(),
+                DEMO_LEARNING_SCHEMA,
+                info["admin"]["name"],
+            )
+            for each in (dataset, learning):
+                grant(session, each, info["analyst"]["name"], info["admin"]["name"])
+                budget.set_budget(session, each, DATASET_SCOPE, 1.0, 1e-6, info["admin"]["name"])
+            info["dataset"], info["learning_dataset"] = dataset.id, learning.id
         keys_file.parent.mkdir(parents=True, exist_ok=True)
         keys_file.write_text(json.dumps(info, indent=2))
         keys_file.chmod(0o600)
@@ -274,8 +311,10 @@ def demo(
 def _print_demo(info: dict[str, object]) -> None:
     keys = {role: info[role]["key"] for role in ("admin", "analyst", "viewer")}  # type: ignore[index]
     ds = info["dataset"]
+    learning = info.get("learning_dataset", "(none: an older demo; delete var/demo-keys.json to remake it)")
     sys.stdout.write(f"""
 Demo dataset: {ds}   (budget ε = 1, δ = 1e-6; keys kept in var/demo-keys.json)
+Learning demo dataset: {learning}   (age, tenure, visits, spend, churn yes/no; same budget and keys)
   admin key:   {keys["admin"]}
   analyst key: {keys["analyst"]}
   viewer key:  {keys["viewer"]}

@@ -19,5 +19,7 @@ def test_migrate_and_demo_in_an_empty_directory(tmp_path: Path) -> None:
     assert (tmp_path / "var" / "expost.db").exists()
     keys = json.loads((tmp_path / "var" / "demo-keys.json").read_text())
     assert keys["dataset"].startswith("ds_")
+    assert keys["learning_dataset"].startswith("ds_")
+    assert keys["learning_dataset"] != keys["dataset"]
     assert {"admin", "analyst", "viewer"} <= set(keys)
     assert oct((tmp_path / "var" / "demo-keys.json").stat().st_mode & 0o777) == "0o600"
