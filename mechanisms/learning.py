@@ -41,32 +41,40 @@ def _magnitude(low: float, high: float) -> float:
     return max(abs(float(low)), abs(float(high)))
 
 
-def check_features(spec: FeatureSpec, ctx: PublicContext, task: Task, field: str = "params") -> None:
-    """Schema-dependent validation: the columns exist, are distinct, and the label suits ``task``."""
+def _at(field: str, name: str) -> str:
+    return f"{field}.{name}" if field else name
+
+
+def check_features(spec: FeatureSpec, ctx: PublicContext, task: Task, field: str = "") -> None:
+    """Schema-dependent validation: the columns exist, are distinct, and the label suits ``task``.
+
+    ``field``: where the FeatureSpec sits inside the mechanism's params ("" when its fields are top-level);
+    the service prefixes ``params.`` itself.
+    """
     names = list(spec.features)
     if len(set(names)) != len(names):
-        raise ParamsError(f"{field}.features", "feature names must be distinct")
+        raise ParamsError(_at(field, "features"), "feature names must be distinct")
     for i, name in enumerate(names):
         column = ctx.schema.column(name)
         if column is None:
-            raise ParamsError(f"{field}.features[{i}]", f"no column {name!r} in the dataset schema")
+            raise ParamsError(_at(field, f"features[{i}]"), f"no column {name!r} in the dataset schema")
         if not isinstance(column, CategoricalColumn) and _magnitude(column.min, column.max) == 0:
-            raise ParamsError(f"{field}.features[{i}]", f"column {name!r} is declared constant zero")
+            raise ParamsError(_at(field, f"features[{i}]"), f"column {name!r} is declared constant zero")
     if spec.label in names:
-        raise ParamsError(f"{field}.label", "the label cannot also be a feature")
+        raise ParamsError(_at(field, "label"), "the label cannot also be a feature")
     label = ctx.schema.column(spec.label)
     if label is None:
-        raise ParamsError(f"{field}.label", f"no column {spec.label!r} in the dataset schema")
+        raise ParamsError(_at(field, "label"), f"no column {spec.label!r} in the dataset schema")
     if task == "regression":
         if isinstance(label, CategoricalColumn):
-            raise ParamsError(f"{field}.label", "a regression label must be a numeric column")
+            raise ParamsError(_at(field, "label"), "a regression label must be a numeric column")
         if _magnitude(label.min, label.max) == 0:
-            raise ParamsError(f"{field}.label", "the label column is declared constant zero")
+            raise ParamsError(_at(field, "label"), "the label column is declared constant zero")
     elif isinstance(label, CategoricalColumn):
         if len(label.values) != 2:
-            raise ParamsError(f"{field}.label", "a classification label needs exactly two declared values")
+            raise ParamsError(_at(field, "label"), "a classification label needs exactly two declared values")
     elif (label.min, label.max) != (0, 1):
-        raise ParamsError(f"{field}.label", "a numeric classification label must be declared on [0, 1]")
+        raise ParamsError(_at(field, "label"), "a numeric classification label must be declared on [0, 1]")
 
 
 def dimension(spec: FeatureSpec, ctx: PublicContext) -> int:

@@ -402,3 +402,54 @@ def ridge_relative_sensitivity(
     theta_bound = y_max * min(x_max / reg, 1.0 / math.sqrt(reg))
     r_rel = _up(math.sqrt(12.0) * x_max * (x_max * theta_bound + y_max) / n)
     return RelativeSensitivity(eta=eta, r_rel=r_rel)
+
+
+def ridge_theta_bound(reg: float, feature_bound: float, label_bound: float) -> float:
+    """sup ‖θ*‖ over datasets with ‖x_i‖ ≤ X, |y_i| ≤ Y: Y/(2√λ) if X ≥ √λ, else XY/(X² + λ) (rounded up).
+
+    θ* = (MᵀM + λI)⁻¹Mᵀỹ with M = X_data/√n, ỹ = y/√n (‖ỹ‖ ≤ Y); the singular values of
+    (MᵀM + λI)⁻¹Mᵀ are s/(s² + λ) for the singular values s ∈ [0, X] of M, maximal at s = min(√λ, X).
+    """
+    reg = _finite_nonnegative(reg, "reg")
+    if reg == 0.0:
+        raise ValueError("reg must be > 0")
+    x_max = _finite_nonnegative(feature_bound, "feature_bound")
+    y_max = _finite_nonnegative(label_bound, "label_bound")
+    root = math.sqrt(reg)
+    if x_max >= root:
+        return _up(y_max / (2.0 * root))
+    return _up(x_max * y_max / (x_max * x_max + reg))
+
+
+def ridge_relative_sensitivity_split(
+    n_rows: int, reg: float, feature_bound: float, label_bound: float, split: float = 3.0
+) -> RelativeSensitivity:
+    """A tighter (η, R_rel) for the full-batch ridge gradient, uniformly in θ (derived; replace-one).
+
+    Same identity as ``ridge_relative_sensitivity``: n(∇f − ∇f′)(θ) = (A₀ − A₀′)A⁻¹∇f(θ) + c with
+    c = ∇ℓ₀(θ*) − ∇ℓ₀′(θ*). Three refinements (proofs in docs/privacy_parts/rgm_gd.md §4):
+
+    * ‖A₀ − A₀′‖ ≤ max(‖x₀‖², ‖x₀′‖²) ≤ X² (x₀x₀ᵀ − x₀′x₀′ᵀ has one eigenvalue in [0, ‖x₀‖²], one in
+      [−‖x₀′‖², 0], the rest 0) and ‖A⁻¹‖ ≤ 1/λ;
+    * Young's inequality ‖a + c‖² ≤ (1 + κ)‖a‖² + (1 + 1/κ)‖c‖² with the public ``split`` κ > 0, instead of
+      (a + b + c)² ≤ 3(a² + b² + c²);
+    * ‖θ*‖ ≤ B = ``ridge_theta_bound`` (Y/(2√λ) instead of Y/√λ), so |r₀| ≤ XB + Y and ‖c‖ ≤ 2X(XB + Y).
+
+    Hence η² = (1 + κ)X⁴/(λ²n²) and R_rel² = (1 + 1/κ)·4X²(XB + Y)²/n². With κ = 3: η = 2X²/(λn)
+    (vs √6X²/(λn)) and R_rel = (4/√3)·X(XB + Y)/n (vs √12·X(XB + Y)/n with a larger B).
+    """
+    if isinstance(n_rows, bool) or int(n_rows) != n_rows or n_rows < 1:
+        raise ValueError(f"n_rows must be an integer ≥ 1, got {n_rows!r}")
+    reg = _finite_nonnegative(reg, "reg")
+    if reg == 0.0:
+        raise ValueError("reg must be > 0: the ridge term is the public curvature lower bound")
+    x_max = _finite_nonnegative(feature_bound, "feature_bound")
+    y_max = _finite_nonnegative(label_bound, "label_bound")
+    split = float(split)
+    if not (math.isfinite(split) and split > 0.0):
+        raise ValueError(f"split must be finite and > 0, got {split!r}")
+    n = float(n_rows)
+    eta = _up(math.sqrt(1.0 + split) * x_max * x_max / (reg * n))
+    theta_bound = ridge_theta_bound(reg, x_max, y_max)
+    r_rel = _up(math.sqrt(1.0 + 1.0 / split) * 2.0 * x_max * (x_max * theta_bound + y_max) / n)
+    return RelativeSensitivity(eta=eta, r_rel=r_rel)

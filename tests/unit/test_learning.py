@@ -54,12 +54,12 @@ def test_regression_label_scaled_by_declared_magnitude() -> None:
 @pytest.mark.parametrize(
     ("spec", "task", "field"),
     [
-        (FeatureSpec(features=("nope",), label="churn"), "classification", "params.features[0]"),
-        (FeatureSpec(features=("age", "age"), label="churn"), "classification", "params.features"),
-        (FeatureSpec(features=("age",), label="age"), "classification", "params.label"),
-        (FeatureSpec(features=("age",), label="region"), "classification", "params.label"),
-        (FeatureSpec(features=("age",), label="income"), "classification", "params.label"),
-        (FeatureSpec(features=("age",), label="churn"), "regression", "params.label"),
+        (FeatureSpec(features=("nope",), label="churn"), "classification", "features[0]"),
+        (FeatureSpec(features=("age", "age"), label="churn"), "classification", "features"),
+        (FeatureSpec(features=("age",), label="age"), "classification", "label"),
+        (FeatureSpec(features=("age",), label="region"), "classification", "label"),
+        (FeatureSpec(features=("age",), label="income"), "classification", "label"),
+        (FeatureSpec(features=("age",), label="churn"), "regression", "label"),
     ],
 )
 def test_bad_columns_name_the_field(spec: FeatureSpec, task: str, field: str) -> None:

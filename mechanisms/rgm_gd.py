@@ -1,0 +1,518 @@
+"""Private full-batch gradient descent with the Relative Gaussian Mechanism on every step (RGM-GD).
+
+Source: Hendrikx, Mangold, Bellet (AISTATS 2024), eq. (7), read through ``seed_004_relative_gaussian.md``
+(cited "note §x"); the RGM and its curves are ``mechanisms.relative_gaussian``. The soundness argument is
+written out in docs/privacy_parts/rgm_gd.md.
+
+Algorithm (replace-one neighbours, n public)::
+
+    θ₀ = 0;  for t = 0 … T−1:
+        g̃_t = ∇f(θ_t; D) + N(0, (γ‖∇f(θ_t; D)‖² + σ²)·I_d)      (RGM_{γ,σ}, per-coordinate VARIANCE)
+        θ_{t+1} = θ_t − τ·g̃_t
+        stop after step t if the stopping rule, evaluated on the released θ₀ … θ_{t+1} only, says so
+
+f(θ; D) = (1/n)Σ ℓ(x_iᵀθ, y_i) + (λ/2)‖θ‖² on the design matrix of ``mechanisms.learning`` (rows ‖x_i‖ ≤ X,
+labels |y_i| ≤ Y = 1), with ℓ the squared loss ½(x_iᵀθ − y_i)² ("ridge") or the logistic loss
+log(1 + e^{−y_i x_iᵀθ}) with y_i = ±1 ("logistic").
+
+Relative sensitivity, uniformly in θ (so it holds at every public iterate θ_t), from public parameters:
+
+* ridge: ``ridge_relative_sensitivity_split`` with κ = 3 (note §3.2 with the corrected scaling, C = I in
+  Prop. 1, curvature A ⪰ λI from the public λ, no data-dependent test and no PTR; tightened in
+  docs/privacy_parts/rgm_gd.md §4): η = 2X²/(λn), R_rel = (4/√3)·X(XB + Y)/n with B = Y/(2√λ) ≥ ‖θ*‖
+  (for X ≥ √λ). The paper-faithful ``ridge_relative_sensitivity`` (η = √6X²/(λn), R_rel = √12·X(XB′ + Y)/n,
+  B′ = Y·min(X/λ, 1/√λ)) is looser in both.
+* logistic: ``logistic_relative_sensitivity`` (App. B.2 of the paper, instantiated in note §3.2 "[derived]
+  Logistic / GLM instantiation"; proof in docs/privacy_parts/rgm_gd.md §3): each per-record loss is convex
+  and L = X²/4 smooth, f is λ-strongly convex, so η = √(6·L·(L/λ)/λ)/n = √(3/8)·X²/(λn) and
+  R_rel = √12·X/n (‖∇ℓ_i‖ ≤ X). Checked on adversarial neighbours in tests/unit/test_rgm_gd.py.
+
+Charge (docs/privacy_parts/rgm_gd.md §2). Each step is an RGM release of a query with (η, R_rel)-relative
+sensitivity, so it is (α, ε_step(α))-RDP conditionally on the past (Theorem 1, or the exact curve of note
+§2.6), with ε_step a function of (α, η, γ, d) only (σ² = γR_rel²/η² satisfies the σ² condition at every α).
+The stopping time T_run is decided from released iterates only, so Π_{s≤t} (p_s/q_s)^{α−1}e^{−(α−1)ε_step}
+is a non-negative supermartingale on the released filtration and optional stopping at T_run ≤ T gives the
+ex-post RDP inequality with the realized charge T_run·ε_step(α). The worst case is T·ε_step(α). Orders
+≥ α_max(η) are +∞. The charge never depends on a true gradient norm or the secret noise variance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Self
+
+import numpy as np
+from pydantic import BaseModel, Field, model_validator
+
+from mechanisms.accounting.conversion import epsilon_at_delta
+from mechanisms.accounting.curve import RdpCurve, _pad_up
+from mechanisms.accounting.orders import validate_orders
+from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress
+from mechanisms.dp_gd import column_names, learner_task
+from mechanisms.learning import FeatureSpec, check_features, design_matrix, dimension
+from mechanisms.relative_gaussian import (
+    Bound,
+    RelativeSensitivity,
+    exact_epsilon,
+    rgm_rdp_curve,
+    rgm_release,
+    ridge_relative_sensitivity_split,
+    theorem1_epsilon,
+)
+
+Model = Literal["ridge", "logistic"]
+
+_UP = 1.0 + 1e-12
+RIDGE_SPLIT = 3.0  # Young's κ of ``ridge_relative_sensitivity_split``: η = 2X²/(λn), R_rel = (4/√3)X(XB+Y)/n
+
+
+# ----- the query and its relative sensitivity --------------------------------------------------------------
+def full_gradient(theta: np.ndarray, x: np.ndarray, y: np.ndarray, model: Model, reg: float) -> np.ndarray:
+    """∇f(θ; D) = (1/n)Σ ∇ℓ_i(θ) + λθ (full batch), in O(nd)."""
+    margin = x @ theta
+    if model == "ridge":
+        scalars = margin - y
+    elif model == "logistic":
+        scalars = -y * np.exp(-np.logaddexp(0.0, y * margin))  # −y·sigmoid(−y m), stable
+    else:
+        raise ValueError(f"model must be 'ridge' or 'logistic', got {model!r}")
+    gradient: np.ndarray = x.T @ scalars / x.shape[0] + reg * theta
+    return gradient
+
+
+def model_objective(theta: np.ndarray, x: np.ndarray, y: np.ndarray, model: Model, reg: float) -> float:
+    """f(θ; D) (non-private; for evaluation)."""
+    margin = x @ theta
+    if model == "ridge":
+        risk = float(np.mean(0.5 * (margin - y) ** 2))
+    else:
+        risk = float(np.mean(np.logaddexp(0.0, -y * margin)))
+    return risk + 0.5 * reg * float(theta @ theta)
+
+
+def logistic_relative_sensitivity(n_rows: int, reg: float, feature_bound: float) -> RelativeSensitivity:
+    """(η, R_rel) of the full-batch ridge-regularised logistic gradient, uniformly in θ (replace-one).
+
+    Paper App. B.2 (general convex losses), instantiated as in note §3.2 and proved in
+    docs/privacy_parts/rgm_gd.md §3: with ℓ_i convex and L-smooth (L = X²/4), f λ-strongly convex and
+    D_{ℓ} ≤ (L/λ)·D_f (relative smoothness, L_rel = L/λ), θ* = argmin f(·; D),
+
+        n(∇f − ∇f′)(θ) = [∇ℓ₀(θ) − ∇ℓ₀(θ*)] − [∇ℓ₀′(θ) − ∇ℓ₀′(θ*)] + [∇ℓ₀(θ*) − ∇ℓ₀′(θ*)],
+        ‖∇ℓ(θ) − ∇ℓ(θ*)‖² ≤ 2L·D_ℓ(θ, θ*) ≤ 2L·L_rel·D_f(θ, θ*) ≤ (L·L_rel/λ)·‖∇f(θ)‖²,
+
+    and (a+b+c)² ≤ 3(a²+b²+c²) give η² = 6L·L_rel/(λn²) = 3X⁴/(8λ²n²), R_rel² = 3(2X)²/n² = 12X²/n².
+    """
+    if isinstance(n_rows, bool) or int(n_rows) != n_rows or n_rows < 1:
+        raise ValueError(f"n_rows must be an integer ≥ 1, got {n_rows!r}")
+    if not (math.isfinite(reg) and reg > 0.0):
+        raise ValueError("reg must be > 0: the ridge term is the public strong-convexity constant")
+    if not (math.isfinite(feature_bound) and feature_bound >= 0.0):
+        raise ValueError(f"feature_bound must be finite and ≥ 0, got {feature_bound!r}")
+    n = float(n_rows)
+    eta = _pad_up(math.sqrt(3.0 / 8.0) * feature_bound * feature_bound / (reg * n))
+    r_rel = _pad_up(math.sqrt(12.0) * feature_bound / n)
+    return RelativeSensitivity(eta=eta, r_rel=r_rel)
+
+
+def relative_sensitivity(
+    model: Model, n_rows: int, reg: float, feature_bound: float, label_bound: float = 1.0
+) -> RelativeSensitivity:
+    """(η, R_rel) of the model's full-batch gradient from public parameters only."""
+    if model == "ridge":
+        return ridge_relative_sensitivity_split(n_rows, reg, feature_bound, label_bound, RIDGE_SPLIT)
+    if model == "logistic":
+        return logistic_relative_sensitivity(n_rows, reg, feature_bound)
+    raise ValueError(f"model must be 'ridge' or 'logistic', got {model!r}")
+
+
+def smoothness(model: Model, reg: float, feature_bound: float) -> float:
+    """A public upper bound L on the smoothness of f: X² + λ (ridge), X²/4 + λ (logistic)."""
+    curvature = feature_bound**2 if model == "ridge" else feature_bound**2 / 4.0
+    return curvature + reg
+
+
+def auto_step_size(model: Model, reg: float, feature_bound: float, gamma: float, d: int) -> float:
+    """τ = 1/((1 + dγ)L): corrected Theorem 2 step condition (note §3.4), from public parameters."""
+    return 1.0 / ((1.0 + d * gamma) * smoothness(model, reg, feature_bound))
+
+
+def baseline_sigma(gamma: float, sens: RelativeSensitivity) -> float:
+    """σ with σ² ≥ γR_rel²/η² (rounded up): Theorem 1's σ² condition then holds at every order."""
+    return math.sqrt(gamma) * sens.r_rel / sens.eta * _UP * _UP
+
+
+# ----- the per-step and total curves ------------------------------------------------------------------------
+def step_curve(
+    orders: Sequence[float], sens: RelativeSensitivity, gamma: float, sigma: float, d: int, bound: Bound
+) -> RdpCurve:
+    """RDP curve of one RGM-GD step (``rgm_rdp_curve``): depends on public parameters only."""
+    return rgm_rdp_curve(orders, eta=sens.eta, gamma=gamma, sigma=sigma, r_rel=sens.r_rel, d=d, bound=bound)
+
+
+def scale_curve(curve: RdpCurve, steps: int) -> RdpCurve:
+    """``steps`` adaptive compositions of ``curve`` (Mironov 2017, Prop. 1): values × steps, padded up."""
+    if isinstance(steps, bool) or int(steps) != steps or steps < 0:
+        raise ValueError(f"steps must be an integer ≥ 0, got {steps!r}")
+    if steps == 0:
+        return RdpCurve.zero(curve.orders)
+    if steps == 1:
+        return curve
+    values = tuple(v if math.isinf(v) else _pad_up(steps * v) for v in curve.values)
+    pure = curve.pure if math.isinf(curve.pure) else _pad_up(steps * curve.pure)
+    return RdpCurve(curve.orders, values, pure)
+
+
+# ----- calibration ------------------------------------------------------------------------------------------
+def gamma_for_step(epsilon: float, alpha: float, eta: float, d: int, bound: Bound = "theorem1") -> float:
+    """The smallest γ (up to 1e-9 relative) with ε_step(α; η, γ, d) ≤ ``epsilon`` (σ² = γR_rel²/η²).
+
+    ε_step = αη²/(2γρ_α) + floor(α) (both bounds; the floor does not depend on γ), so
+    γ = αη²/(2ρ_α(ε − floor)) (note §2.7 for Theorem 1); then raised until the padded bound is ≤ ε.
+    Raises ValueError when ε ≤ floor(α) or α ≥ α_max(η) (the target is unreachable for any γ).
+    """
+    fn = theorem1_epsilon if bound == "theorem1" else exact_epsilon
+    if not (math.isfinite(epsilon) and epsilon > 0.0):
+        raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
+    floor = fn(alpha, eta, 1e300, d)
+    if not math.isfinite(floor) or epsilon <= floor:
+        raise ValueError(
+            f"epsilon {epsilon!r} at order {alpha!r} is below the RGM floor {floor!r} (the norm-leak term "
+            "αdη²K/(2ρ_α), note §2.5) or the order is at or beyond α_max: no γ reaches it"
+        )
+    rho = 1.0 - eta * (alpha - 1.0) * (2.0 + eta)
+    gamma = alpha * eta * eta / (2.0 * rho * (epsilon - floor))
+    for _ in range(200):
+        if fn(alpha, eta, gamma, d) <= epsilon:
+            return gamma
+        gamma *= 1.0 + 1e-9
+    raise ValueError("could not calibrate gamma")  # pragma: no cover - the loop converges in a few rounds
+
+
+def gamma_for_total(
+    epsilon: float,
+    delta: float,
+    steps: int,
+    sens: RelativeSensitivity,
+    d: int,
+    orders: Sequence[float],
+    bound: Bound = "theorem1",
+) -> float:
+    """The smallest γ (bisection, 1e-9 relative) whose T-step curve converts to ≤ ε at δ on the grid.
+
+    Conversion: ``epsilon_at_delta`` (Mironov 2017, Prop. 3, minimised over the grid). ε_step is
+    decreasing in γ, so the converted ε is too. Raises ValueError if even γ → ∞ cannot reach ε.
+    """
+    grid = validate_orders(orders)
+
+    def converted(gamma: float) -> float:
+        one = step_curve(grid, sens, gamma, baseline_sigma(gamma, sens), d, bound)
+        return epsilon_at_delta(scale_curve(one, steps), delta)
+
+    hi = 1e12
+    if converted(hi) > epsilon:
+        raise ValueError(
+            f"(epsilon, delta) = ({epsilon!r}, {delta!r}) over {steps} steps is unreachable with the RGM on "
+            "this grid: the norm-leak floor and the α ceiling bound what any γ can give"
+        )
+    lo = 1e-30
+    if converted(lo) <= epsilon:
+        return lo
+    log_lo, log_hi = math.log(lo), math.log(hi)
+    while log_hi - log_lo > 1e-9:
+        mid = 0.5 * (log_lo + log_hi)
+        if converted(math.exp(mid)) <= epsilon:
+            log_hi = mid
+        else:
+            log_lo = mid
+    return math.exp(log_hi)
+
+
+# ----- training ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StopRule:
+    """Stop once ‖θ_{t+1} − θ_t‖/τ (the released noisy gradient's norm) ≤ ``tolerance`` for ``patience``
+    consecutive steps, not before ``min_steps`` steps. Evaluated on released iterates only."""
+
+    tolerance: float
+    patience: int = 1
+    min_steps: int = 1
+
+    def should_stop(self, released: np.ndarray, step_size: float) -> bool:
+        """``released`` holds θ₀ … θ_{t+1} (public). Post-processing only."""
+        steps_done = released.shape[0] - 1
+        if steps_done < max(self.min_steps, self.patience):
+            return False
+        recent = np.diff(released[-(self.patience + 1) :], axis=0)
+        norms = np.linalg.norm(recent, axis=1) / step_size
+        return bool(np.all(norms <= self.tolerance))
+
+
+@dataclass(frozen=True)
+class RgmGdConfig:
+    """Public parameters of one RGM-GD run (γ and σ already resolved)."""
+
+    model: Model
+    reg: float
+    steps: int
+    step_size: float
+    gamma: float
+    sigma: float
+    stop: StopRule | None = None
+
+    def __post_init__(self) -> None:
+        if self.model not in ("ridge", "logistic"):
+            raise ValueError(f"model must be 'ridge' or 'logistic', got {self.model!r}")
+        if isinstance(self.steps, bool) or int(self.steps) != self.steps or self.steps < 1:
+            raise ValueError(f"steps must be an integer ≥ 1, got {self.steps!r}")
+        for name in ("reg", "step_size", "gamma", "sigma"):
+            value = float(getattr(self, name))
+            if not (math.isfinite(value) and value > 0.0):
+                raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RgmGdResult:
+    """Released iterates θ₁ … θ_{T_run} (shape (T_run, d)) and whether the stopping rule fired."""
+
+    iterates: np.ndarray
+    stopped_early: bool
+
+    @property
+    def steps_run(self) -> int:
+        return int(self.iterates.shape[0])
+
+    @property
+    def theta(self) -> np.ndarray:
+        final: np.ndarray = self.iterates[-1]
+        return final
+
+
+def rgm_gd_train(
+    config: RgmGdConfig,
+    x: np.ndarray,
+    y: np.ndarray,
+    rng: np.random.Generator,
+    progress: ProgressFn = no_progress,
+    *,
+    theta0: np.ndarray | None = None,
+) -> RgmGdResult:
+    """Run RGM-GD from θ₀ (default 0; any **public** start is allowed: the relative sensitivity is uniform
+    in θ). ``x`` must already be clipped to the declared row bound (public X).
+
+    The noise variance γ‖∇f(θ_t)‖² + σ² is secret: it is neither returned nor logged (note §6.1 pitfall 2).
+    ``progress((t+1)/T)`` is called after every step (and ``progress(1.0)`` when stopping early).
+    """
+    features = np.asarray(x, dtype=float)
+    labels = np.asarray(y, dtype=float)
+    if features.ndim != 2 or labels.shape != (features.shape[0],):
+        raise ValueError("x must be (n, d) and y must be (n,)")
+    d = features.shape[1]
+    released = np.zeros((config.steps + 1, d))  # θ₀ … θ_T (θ₀ is public)
+    if theta0 is not None:
+        released[0] = np.asarray(theta0, dtype=float)
+    stopped = False
+    t = 0
+    for t in range(config.steps):
+        gradient = full_gradient(released[t], features, labels, config.model, config.reg)
+        noisy = rgm_release(gradient, config.gamma, config.sigma, rng)
+        released[t + 1] = released[t] - config.step_size * noisy
+        progress((t + 1) / config.steps)
+        if config.stop is not None and config.stop.should_stop(released[: t + 2], config.step_size):
+            stopped = t + 1 < config.steps
+            break
+    if stopped:
+        progress(1.0)
+    return RgmGdResult(iterates=released[1 : t + 2].copy(), stopped_early=stopped)
+
+
+# ----- the service mechanism "rgm.gd" ---------------------------------------------------------------------
+class RgmGdParams(FeatureSpec):
+    """Public parameters of RGM-GD (the columns come from ``FeatureSpec``)."""
+
+    model: Literal["ridge", "logistic"] = Field(
+        default="ridge",
+        description="ridge least squares (note §3.2) or ridge-regularised logistic regression "
+        "(derived bound, docs/privacy_parts/rgm_gd.md §3)",
+    )
+    task: Literal["regression", "classification"] | None = Field(
+        default=None,
+        description="label handling (mechanisms.learning): labels scaled to [-1, 1] or mapped to ±1; "
+        "default: regression for ridge, classification for logistic (which requires it)",
+    )
+    reg: float = Field(
+        gt=0, le=1e6, allow_inf_nan=False, description="ridge λ > 0: the public curvature lower bound"
+    )
+    steps: int = Field(ge=1, le=10_000, description="maximum number of gradient steps T (worst case)")
+    step_size: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="step τ; default 1/((1 + dγ)L), L = X² + λ (ridge) or X²/4 + λ (logistic)",
+    )
+    row_norm: float = Field(
+        default=1.0, gt=0, le=1e6, allow_inf_nan=False, description="rows clipped to this ℓ2 norm X"
+    )
+    gamma: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e12,
+        allow_inf_nan=False,
+        description="RGM γ (noise variance γ‖∇f‖² + σ², σ² = γR_rel²/η²). Give it, or target_epsilon "
+        "with target_alpha (per step) or with target_delta (total over T steps).",
+    )
+    target_epsilon: float | None = Field(
+        default=None, gt=0, le=1e4, allow_inf_nan=False, description="target ε (per step or total)"
+    )
+    target_alpha: float | None = Field(
+        default=None, gt=1, le=1e4, allow_inf_nan=False, description="order of a per-step RDP target"
+    )
+    target_delta: float | None = Field(
+        default=None, gt=0, lt=1, allow_inf_nan=False, description="δ of a total (ε, δ) target"
+    )
+    bound: Literal["theorem1", "exact"] = Field(
+        default="theorem1",
+        description="per-step curve: Theorem 1 (paper) or the exact worst case (note §2.6, derived)",
+    )
+    stop_tolerance: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e12,
+        allow_inf_nan=False,
+        description="stop when the released noisy gradient norm ‖θ_{t+1} − θ_t‖/τ ≤ this for "
+        "stop_patience consecutive steps (charged only for the steps run)",
+    )
+    stop_patience: int = Field(default=1, ge=1, le=10_000, description="consecutive steps below tolerance")
+    stop_min_steps: int = Field(default=1, ge=1, le=10_000, description="never stop before this many steps")
+    return_iterates: bool = Field(
+        default=False, description="release every noisy iterate, not only the final one"
+    )
+
+    @model_validator(mode="after")
+    def _one_noise_spec(self) -> Self:
+        targets = (self.target_epsilon, self.target_alpha, self.target_delta)
+        if self.gamma is not None:
+            if any(t is not None for t in targets):
+                raise ValueError("give gamma, or a target, not both")
+        elif self.target_epsilon is None or (self.target_alpha is None) == (self.target_delta is None):
+            raise ValueError("give gamma, or target_epsilon with exactly one of target_alpha, target_delta")
+        return self
+
+
+def _rgm_params(params: BaseModel) -> RgmGdParams:
+    if not isinstance(params, RgmGdParams):
+        raise TypeError(f"expected RgmGdParams, got {type(params).__name__}")
+    return params
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    sens: RelativeSensitivity
+    d: int
+    config: RgmGdConfig
+    step: RdpCurve
+
+
+class RgmGdMechanism:
+    """RGM gradient descent: noise that follows the gradient norm, charged T_run·ε_step (ex post)."""
+
+    name: ClassVar[str] = "rgm.gd"
+    summary: ClassVar[str] = (
+        "Ridge (or logistic) regression by full-batch gradient descent with the Relative Gaussian Mechanism "
+        "on each gradient (Rényi DP; early stopping on released iterates is charged per step run)."
+    )
+    params_model: ClassVar[type[BaseModel]] = RgmGdParams
+    cost_parameter: ClassVar[str] = "gamma"
+    cost_increases_with_parameter: ClassVar[bool] = False
+    long_running: ClassVar[bool] = True
+    progress_is_public: ClassVar[bool] = True
+
+    def check(self, params: BaseModel, ctx: PublicContext) -> None:
+        p = _rgm_params(params)
+        task = learner_task(p.model, p.task)
+        if p.model == "logistic" and task != "classification":
+            raise ParamsError("task", "logistic regression needs a classification label")
+        check_features(p, ctx, task)
+        self._resolve(p, ctx)
+
+    def _resolve(self, p: RgmGdParams, ctx: PublicContext) -> _Resolved:
+        if ctx.schema.neighboring != "replace_one" or ctx.n_rows is None:
+            raise ParamsError(
+                "model",
+                "rgm.gd needs replace_one neighbouring (public n): the relative sensitivity of the gradient "
+                "is derived for replace-one only (note §6.1 pitfall 8)",
+            )
+        d = dimension(p, ctx)
+        sens = relative_sensitivity(p.model, ctx.n_rows, p.reg, p.row_norm)
+        try:
+            if p.gamma is not None:
+                gamma = p.gamma
+            elif p.target_alpha is not None:
+                assert p.target_epsilon is not None
+                gamma = gamma_for_step(p.target_epsilon, p.target_alpha, sens.eta, d, p.bound)
+            else:
+                assert p.target_epsilon is not None
+                assert p.target_delta is not None
+                gamma = gamma_for_total(
+                    p.target_epsilon, p.target_delta, p.steps, sens, d, ctx.orders, p.bound
+                )
+        except ValueError as error:
+            raise ParamsError("target_epsilon", str(error)) from error
+        sigma = baseline_sigma(gamma, sens)
+        tau = p.step_size if p.step_size is not None else auto_step_size(p.model, p.reg, p.row_norm, gamma, d)
+        stop = (
+            StopRule(p.stop_tolerance, p.stop_patience, p.stop_min_steps)
+            if p.stop_tolerance is not None
+            else None
+        )
+        try:
+            config = RgmGdConfig(p.model, p.reg, p.steps, tau, gamma, sigma, stop)
+            step = step_curve(ctx.orders, sens, gamma, sigma, d, p.bound)
+        except ValueError as error:
+            raise ParamsError("gamma", str(error)) from error
+        return _Resolved(sens, d, config, step)
+
+    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
+        resolved = self._resolve(_rgm_params(params), ctx)
+        return scale_curve(resolved.step, resolved.config.steps)
+
+    def run(
+        self,
+        params: BaseModel,
+        ctx: PublicContext,
+        table: Table,
+        rng: np.random.Generator,
+        progress: ProgressFn = no_progress,
+    ) -> Release:
+        p = _rgm_params(params)
+        self.check(p, ctx)
+        resolved = self._resolve(p, ctx)
+        worst = scale_curve(resolved.step, resolved.config.steps)
+        x, y = design_matrix(p, ctx, table, learner_task(p.model, p.task), p.row_norm)
+        if x.shape[0] != ctx.n_rows:
+            raise ValueError("the table's row count differs from the dataset's public row count")
+        result = rgm_gd_train(resolved.config, x, y, rng, progress)
+        realized = scale_curve(resolved.step, result.steps_run)  # ex post: T_run·ε_step (stopping time)
+        assert realized <= worst
+        config = resolved.config
+        output: dict[str, Any] = {
+            "model": p.model,
+            "columns": column_names(p, ctx),
+            "theta": result.theta.tolist(),
+            "steps_run": result.steps_run,
+            "steps_max": config.steps,
+            "stopped_early": result.stopped_early,
+            "step_size": config.step_size,
+            "gamma": config.gamma,
+            "sigma": config.sigma,
+            "eta": resolved.sens.eta,
+            "r_rel": resolved.sens.r_rel,
+            "bound": p.bound,
+            "scale": "coefficients are on the design matrix of mechanisms.learning (features divided by "
+            "their declared magnitude, rows clipped to row_norm)",
+        }
+        if p.return_iterates:
+            output["iterates"] = result.iterates.tolist()
+        return Release(output=output, realized=realized)

@@ -1,0 +1,560 @@
+"""RGM gradient descent (mechanisms/rgm_gd.py): sensitivity, calibration, charges, stopping, the mechanisms.
+
+The logistic relative-sensitivity bound (derived, docs/privacy_parts/rgm_gd.md §3) is checked on random and
+adversarially optimised neighbouring datasets; the ridge bound has its own tests in test_relative_gaussian.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from scipy import optimize
+
+from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve, epsilon_at_delta
+from mechanisms.base import ParamsError, PublicContext, best_affordable_cost
+from mechanisms.catalog import MECHANISMS
+from mechanisms.dp_gd import DpGdConfig, DpGdMechanism, DpGdParams, dp_gd_curve
+from mechanisms.relative_gaussian import (
+    RelativeSensitivity,
+    alpha_max,
+    clip_rows,
+    ridge_gradient,
+    ridge_relative_sensitivity,
+    ridge_relative_sensitivity_split,
+    ridge_theta_bound,
+    theorem1_epsilon,
+)
+from mechanisms.rgm_gd import (
+    RgmGdConfig,
+    RgmGdMechanism,
+    RgmGdParams,
+    StopRule,
+    auto_step_size,
+    baseline_sigma,
+    full_gradient,
+    gamma_for_step,
+    gamma_for_total,
+    logistic_relative_sensitivity,
+    model_objective,
+    relative_sensitivity,
+    rgm_gd_train,
+    scale_curve,
+    step_curve,
+)
+from mechanisms.schema import DatasetSchema
+from tests.unit.test_relative_gaussian import _pair_quantities, _random_batch, _sup_ratio_over_theta
+
+SCHEMA = {
+    "columns": [
+        {"name": "a", "type": "float", "min": -2.0, "max": 2.0},
+        {"name": "b", "type": "float", "min": 0.0, "max": 10.0},
+        {"name": "g", "type": "categorical", "values": ["u", "v"]},
+        {"name": "y", "type": "float", "min": -3.0, "max": 3.0},
+        {"name": "c", "type": "categorical", "values": ["no", "yes"]},
+    ],
+    "neighboring": "replace_one",
+}
+N = 400
+
+
+def _ctx(neighboring: str = "replace_one") -> PublicContext:
+    schema = DatasetSchema.model_validate({**SCHEMA, "neighboring": neighboring})
+    return PublicContext(schema, N if neighboring == "replace_one" else None, DEFAULT_ORDERS)
+
+
+def _table(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(-2, 2, N)
+    b = rng.uniform(0, 10, N)
+    g = rng.integers(0, 2, N)
+    y = np.clip(0.8 * a - 0.1 * b + 0.5 * g + 0.3 * rng.normal(size=N), -3, 3)
+    c = (a + 0.3 * rng.normal(size=N) > 0).astype(int)
+    return {"a": a, "b": b, "g": g, "y": y, "c": c}
+
+
+def _logistic_grad(theta: np.ndarray, x: np.ndarray, y: np.ndarray, reg: float) -> np.ndarray:
+    """Independent oracle: (1/n)Σ −y_i x_i/(1 + e^{y_i x_iᵀθ}) + λθ, batched over leading axes."""
+    margin = np.einsum("...nd,...d->...n", x, theta)
+    weights = -y / (1.0 + np.exp(y * margin))
+    return np.einsum("...nd,...n->...d", x, weights) / x.shape[-2] + reg * theta
+
+
+# ----- gradients ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model", ["ridge", "logistic"])
+def test_full_gradient_matches_finite_differences(model: str) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(60, 4)) / 2
+    y = np.sign(rng.normal(size=60)) if model == "logistic" else rng.uniform(-1, 1, 60)
+    theta = rng.normal(size=4)
+    grad = full_gradient(theta, x, y, model, 0.1)  # type: ignore[arg-type]
+    numeric = optimize.approx_fprime(theta, lambda t: model_objective(t, x, y, model, 0.1), 1e-7)  # type: ignore[arg-type]
+    np.testing.assert_allclose(grad, numeric, atol=1e-6)
+    if model == "ridge":
+        np.testing.assert_allclose(grad, ridge_gradient(theta, x, y, 0.1), rtol=1e-12)
+    else:
+        np.testing.assert_allclose(grad, _logistic_grad(theta, x, y, 0.1), rtol=1e-12)
+
+
+# ----- logistic relative sensitivity (derived bound) --------------------------------------------------------
+def test_logistic_bound_formula() -> None:
+    sens = logistic_relative_sensitivity(100, 0.1, 2.0)
+    assert sens.eta == pytest.approx(math.sqrt(3 / 8) * 4 / (0.1 * 100), rel=1e-12)
+    assert sens.r_rel == pytest.approx(math.sqrt(12) * 2 / 100, rel=1e-12)
+    assert sens.eta >= math.sqrt(3 / 8) * 4 / (0.1 * 100)
+    assert relative_sensitivity("ridge", 100, 0.1, 2.0) == ridge_relative_sensitivity_split(
+        100, 0.1, 2.0, 1.0, 3.0
+    )
+    with pytest.raises(ValueError, match="reg"):
+        logistic_relative_sensitivity(100, 0.0, 1.0)
+
+
+def _ratio(x: np.ndarray, y: np.ndarray, x0: np.ndarray, y0: float, theta: np.ndarray, reg: float) -> float:
+    """‖∇f − ∇f′‖² / (η²‖∇f‖² + R_rel²) for D = (x, y) and D′ = D with record 0 replaced."""
+    n = x.shape[0]
+    sens = logistic_relative_sensitivity(n, reg, 1.0)
+    x2, y2 = x.copy(), y.copy()
+    x2[0], y2[0] = x0, y0
+    g = _logistic_grad(theta, x, y, reg)
+    g2 = _logistic_grad(theta, x2, y2, reg)
+    return float(np.sum((g - g2) ** 2) / (sens.eta**2 * np.sum(g**2) + sens.r_rel**2))
+
+
+def _unit_ball(v: np.ndarray) -> np.ndarray:
+    return v / np.maximum(1.0, np.linalg.norm(v, axis=-1, keepdims=True))
+
+
+@pytest.mark.parametrize(("n", "d", "reg"), [(1, 1, 0.05), (2, 2, 0.01), (5, 3, 0.1), (20, 4, 0.5)])
+def test_logistic_relative_sensitivity_random_and_adversarial(n: int, d: int, reg: float) -> None:
+    """The inequality on random neighbours (vectorised) and on neighbours optimised by Nelder–Mead."""
+    rng = np.random.default_rng(n * 100 + d)
+    trials = 4000
+    x = _unit_ball(rng.normal(size=(trials, n, d)) * rng.choice([0.3, 1, 3], size=(trials, 1, 1)))
+    y = rng.choice([-1.0, 1.0], size=(trials, n))
+    x2, y2 = x.copy(), y.copy()
+    x2[:, 0] = _unit_ball(rng.normal(size=(trials, d)) * 3)
+    y2[:, 0] = rng.choice([-1.0, 1.0], size=trials)
+    theta = rng.normal(size=(trials, d)) * rng.choice([0.01, 1, 10, 100], size=(trials, 1))
+    sens = logistic_relative_sensitivity(n, reg, 1.0)
+    g, g2 = _logistic_grad(theta, x, y, reg), _logistic_grad(theta, x2, y2, reg)
+    lhs = np.sum((g - g2) ** 2, axis=1)
+    rhs = sens.eta**2 * np.sum(g**2, axis=1) + sens.r_rel**2
+    assert np.max(lhs / rhs) <= 1.0
+
+    # adversarial: maximise the ratio over (D, replaced record, θ) from the best random starts
+    def negative(z: np.ndarray) -> float:
+        xs = _unit_ball(z[: n * d].reshape(n, d))
+        x0 = _unit_ball(z[n * d : n * d + d])
+        th = z[n * d + d :]
+        return -_ratio(xs, ys, x0, -ys[0], th, reg)
+
+    best = 0.0
+    for start in np.argsort(lhs / rhs)[-6:]:
+        ys = y[start]
+        z0 = np.concatenate([x[start].ravel(), x2[start, 0], theta[start]])
+        result = optimize.minimize(
+            negative, z0, method="Nelder-Mead", options={"maxiter": 3000, "xatol": 1e-9}
+        )
+        best = max(best, -float(result.fun))
+    assert best <= 1.0
+    assert best > 0.02  # the search finds pairs that use a visible part of the bound
+
+
+# ----- calibration ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("eps", "alpha", "eta", "d", "expected"),
+    [
+        (0.1, 2.0, 0.01, 10, 0.0010653179004563),
+        (0.1, 2.0, 0.01, 22, 0.0011245668435575),
+        (0.01, 2.0, 0.01, 22, 0.13658836557403),
+    ],
+)
+def test_gamma_for_step_note_vectors(eps: float, alpha: float, eta: float, d: int, expected: float) -> None:
+    gamma = gamma_for_step(eps, alpha, eta, d)
+    assert gamma == pytest.approx(expected, rel=1e-8)
+    assert theorem1_epsilon(alpha, eta, gamma, d) <= eps
+    assert theorem1_epsilon(alpha, eta, gamma * (1 - 1e-6), d) > eps
+    exact_gamma = gamma_for_step(eps, alpha, eta, d, "exact")
+    assert exact_gamma < gamma  # the exact curve is tighter, so less noise is needed
+
+
+def test_gamma_for_step_infeasible() -> None:
+    with pytest.raises(ValueError, match="floor"):
+        gamma_for_step(0.004, 2.0, 0.01, 10)  # floor ε_min = 0.00420584 (note §2.7)
+    with pytest.raises(ValueError, match="floor"):
+        gamma_for_step(10.0, 6.0, 0.1, 1)  # α ≥ α_max(0.1) = 5.76
+
+
+def test_gamma_for_total_meets_target() -> None:
+    sens = ridge_relative_sensitivity(100_000, 0.05, 1.0, 1.0)
+    gamma = gamma_for_total(1.0, 1e-6, 50, sens, 8, DEFAULT_ORDERS)
+
+    def converted(g: float) -> float:
+        return epsilon_at_delta(
+            scale_curve(step_curve(DEFAULT_ORDERS, sens, g, baseline_sigma(g, sens), 8, "theorem1"), 50), 1e-6
+        )
+
+    assert converted(gamma) <= 1.0
+    assert converted(gamma * (1 - 1e-6)) > 1.0
+    with pytest.raises(ValueError, match="unreachable"):
+        gamma_for_total(1.0, 1e-6, 50, RelativeSensitivity(eta=0.05, r_rel=0.01), 8, DEFAULT_ORDERS)
+
+
+# ----- curves -----------------------------------------------------------------------------------------------
+def test_scale_curve_and_ceiling() -> None:
+    sens = RelativeSensitivity(eta=0.01, r_rel=0.5)
+    gamma = 1e-3
+    one = step_curve(DEFAULT_ORDERS, sens, gamma, baseline_sigma(gamma, sens), 10, "theorem1")
+    assert one.at(2.0) == pytest.approx(0.1062570732, rel=1e-9)  # note §6.2, first row
+    for alpha, value in zip(one.orders, one.values, strict=True):
+        assert math.isinf(value) == (alpha >= alpha_max(0.01))
+    forty = scale_curve(one, 40)
+    for a, b in zip(one.values, forty.values, strict=True):
+        assert (math.isinf(a) and math.isinf(b)) or 40 * a <= b <= 40 * a * (1 + 1e-12)
+    assert scale_curve(one, 0) == RdpCurve.zero(DEFAULT_ORDERS)
+    assert scale_curve(one, 3) <= scale_curve(one, 4)
+    with pytest.raises(ValueError, match="steps"):
+        scale_curve(one, -1)
+
+
+# ----- the stopping rule and training -----------------------------------------------------------------------
+def test_stop_rule_reads_released_iterates_only() -> None:
+    rule = StopRule(tolerance=1.0, patience=2, min_steps=3)
+    path = np.array([[0.0], [5.0], [5.1], [5.2], [5.3]])  # steps 5, 0.1, 0.1, 0.1 at τ = 1
+    assert not rule.should_stop(path[:3], 1.0)  # only 2 steps done < min_steps
+    assert rule.should_stop(path[:4], 1.0)
+    assert not rule.should_stop(path[:4], 0.05)  # with τ = 0.05 the noisy gradient norm is 2 > 1
+    assert not StopRule(1.0, patience=3).should_stop(path[:4], 1.0)  # the step 0 → 5 is in the window
+
+
+def _ridge_data(seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(2000, 5))
+    x /= np.maximum(1.0, np.linalg.norm(x, axis=1, keepdims=True))
+    y = np.clip(x @ rng.normal(size=5) * 0.4 + 0.1 * rng.normal(size=2000), -1, 1)
+    return x, y
+
+
+def test_training_converges_with_little_noise_and_reports_progress() -> None:
+    x, y = _ridge_data()
+    reg = 0.1
+    a = x.T @ x / 2000 + reg * np.eye(5)
+    exact = np.linalg.solve(a, x.T @ y / 2000)
+    seen: list[float] = []
+    config = RgmGdConfig("ridge", reg, 300, 1.0 / float(np.linalg.eigvalsh(a).max()), 1e-14, 1e-10)
+    result = rgm_gd_train(config, x, y, np.random.default_rng(0), seen.append)
+    assert result.steps_run == 300
+    assert not result.stopped_early
+    assert len(seen) == 300
+    assert seen[-1] == 1.0
+    np.testing.assert_allclose(result.theta, exact, atol=1e-6)
+
+
+def test_noise_follows_the_gradient() -> None:
+    """From θ₀ far from the optimum the first released gradient's error is ~√(γ)‖∇f‖ per coordinate."""
+    x, y = _ridge_data()
+    reg, gamma, tau = 0.1, 0.04, 1.0
+    errors = []
+    for seed in range(200):
+        config = RgmGdConfig("ridge", reg, 1, tau, gamma, 1e-9)
+        theta1 = rgm_gd_train(config, x, y, np.random.default_rng(seed)).theta
+        errors.append(-theta1 / tau - full_gradient(np.zeros(5), x, y, "ridge", reg))
+    per_coordinate_var = float(np.var(np.asarray(errors)))
+    expected = gamma * float(np.sum(full_gradient(np.zeros(5), x, y, "ridge", reg) ** 2))
+    assert per_coordinate_var == pytest.approx(expected, rel=0.15)  # 1000 draws: std of the ratio ≈ 0.045
+
+
+def test_early_stop_is_charged_for_steps_run() -> None:
+    ctx = _ctx()
+    params = RgmGdParams(
+        features=("a", "b", "g"),
+        label="y",
+        reg=0.1,
+        steps=50,
+        gamma=1e-3,
+        stop_tolerance=1e9,
+        stop_min_steps=4,
+    )
+    mechanism = RgmGdMechanism()
+    release = mechanism.run(params, ctx, _table(), np.random.default_rng(0))
+    worst = mechanism.worst_case(params, ctx)
+    assert release.output["steps_run"] == 4
+    assert release.output["stopped_early"] is True
+    one = scale_curve(worst, 1)  # identity
+    assert one == worst
+    d = 5
+    sens = ridge_relative_sensitivity_split(N, 0.1, 1.0, 1.0)
+    step = step_curve(DEFAULT_ORDERS, sens, 1e-3, baseline_sigma(1e-3, sens), d, "theorem1")
+    assert release.realized == scale_curve(step, 4)
+    assert worst == scale_curve(step, 50)
+    assert release.realized <= worst
+    assert release.realized != worst
+
+
+# ----- the service mechanism --------------------------------------------------------------------------------
+def test_rgm_mechanism_release_and_catalog() -> None:
+    assert isinstance(MECHANISMS["rgm.gd"], RgmGdMechanism)
+    assert isinstance(MECHANISMS["dp_gd"], DpGdMechanism)
+    mechanism = RgmGdMechanism()
+    assert mechanism.long_running
+    assert mechanism.progress_is_public
+    ctx = _ctx()
+    params = RgmGdParams.model_validate(
+        {
+            "features": ["a", "b", "g"],
+            "label": "y",
+            "reg": 0.1,
+            "steps": 20,
+            "target_epsilon": 1.0,
+            "target_alpha": 2.0,
+            "return_iterates": True,
+        }
+    )
+    seen: list[float] = []
+    release = mechanism.run(params, ctx, _table(), np.random.default_rng(1), progress=seen.append)
+    out = release.output
+    assert out["columns"] == ["a", "b", "g=u", "g=v", "(intercept)"]
+    assert len(out["theta"]) == 5
+    assert len(out["iterates"]) == 20
+    assert out["iterates"][-1] == out["theta"]
+    assert len(seen) == 20
+    assert release.realized == mechanism.worst_case(params, ctx)
+    assert release.realized.at(2.0) == pytest.approx(20 * 1.0, rel=1e-6)  # per-step target ε = 1 at α = 2
+    assert release.realized.at(2.0) <= 20 * 1.0 * (1 + 1e-12)
+    # the noise level is not released
+    assert not any("var" in key or "norm" in key for key in out)
+
+
+def test_rgm_total_target_and_affordable_gamma() -> None:
+    ctx = _ctx()
+    params = RgmGdParams(
+        features=("a", "b"), label="y", reg=0.5, steps=10, target_epsilon=5.0, target_delta=1e-5
+    )
+    mechanism = RgmGdMechanism()
+    worst = mechanism.worst_case(params, ctx)
+    assert epsilon_at_delta(worst, 1e-5) <= 5.0
+    assert epsilon_at_delta(worst, 1e-5) > 4.99
+    by_gamma = RgmGdParams(features=("a", "b"), label="y", reg=0.5, steps=10, gamma=0.02)
+    cap = mechanism.worst_case(by_gamma, ctx).at(2.0)
+    best = best_affordable_cost(mechanism, by_gamma, ctx, lambda c: c.at(2.0) <= cap)
+    assert best is not None
+    assert best == pytest.approx(0.02, rel=1e-4)
+
+
+def test_rgm_logistic_runs() -> None:
+    ctx = _ctx()
+    params = RgmGdParams(features=("a", "b"), label="c", model="logistic", reg=0.1, steps=30, gamma=1e-3)
+    release = RgmGdMechanism().run(params, ctx, _table(), np.random.default_rng(2))
+    x_coef = release.output["theta"][0]
+    assert x_coef > 0  # label c is driven by a
+    sens = logistic_relative_sensitivity(N, 0.1, 1.0)
+    assert release.output["eta"] == sens.eta
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"model": "logistic"}, "params.label"),  # label y is numeric, not a classification label
+        ({"model": "logistic", "task": "regression"}, "task"),
+        ({"features": ("zz",)}, "params.features[0]"),
+        ({"gamma": None, "target_epsilon": 1e-9, "target_alpha": 2.0}, "target_epsilon"),
+    ],
+)
+def test_rgm_check_errors(changes: dict[str, object], field: str) -> None:
+    base = {"features": ("a", "b"), "label": "y", "reg": 0.1, "steps": 5, "gamma": 1e-3}
+    params = RgmGdParams.model_validate({**base, **changes})
+    with pytest.raises(ParamsError) as info:
+        RgmGdMechanism().check(params, _ctx())
+    assert info.value.field == field
+
+
+def test_rgm_refuses_add_remove() -> None:
+    params = RgmGdParams(features=("a",), label="y", reg=0.1, steps=5, gamma=1e-3)
+    with pytest.raises(ParamsError, match="replace_one"):
+        RgmGdMechanism().worst_case(params, _ctx("add_remove"))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"gamma": None},
+        {"target_epsilon": 1.0},
+        {"gamma": None, "target_epsilon": 1.0},
+        {"gamma": None, "target_epsilon": 1.0, "target_alpha": 2.0, "target_delta": 1e-6},
+        {"reg": 0.0},
+        {"steps": 0},
+        {"reg": math.nan},
+        {"unknown": 1},
+    ],
+)
+def test_rgm_params_validation(changes: dict[str, object]) -> None:
+    base = {"features": ["a"], "label": "y", "reg": 0.1, "steps": 5, "gamma": 1e-3}
+    with pytest.raises(ValidationError):
+        RgmGdParams.model_validate({**base, **changes})
+
+
+def test_auto_step_size() -> None:
+    assert auto_step_size("ridge", 0.1, 1.0, 0.01, 10) == pytest.approx(1 / (1.1 * 1.1))
+    assert auto_step_size("logistic", 0.1, 2.0, 0.0, 3) == pytest.approx(1 / 1.1)
+
+
+# ----- the dp_gd mechanism ----------------------------------------------------------------------------------
+def test_dp_gd_mechanism_charges_and_releases() -> None:
+    ctx = _ctx()
+    params = DpGdParams(features=("a", "b"), label="c", steps=25, noise_multiplier=4.0, return_iterates=True)
+    mechanism = DpGdMechanism()
+    seen: list[float] = []
+    release = mechanism.run(params, ctx, _table(), np.random.default_rng(0), progress=seen.append)
+    expected = dp_gd_curve(
+        DpGdConfig("logistic", 0.01, 25, 1 / 0.26, 1.0, 4.0), "replace_one", DEFAULT_ORDERS
+    )
+    assert release.realized == expected
+    assert release.realized == mechanism.worst_case(params, ctx)
+    assert release.realized.at(2.0) == pytest.approx(25 * 2.0 / 32)
+    assert len(release.output["iterates"]) == 25
+    assert len(seen) == 25
+    assert release.output["noise_std"] == 8.0
+    assert release.output["theta"][0] > 0
+
+
+def test_dp_gd_mechanism_add_remove_needs_hint() -> None:
+    ctx = _ctx("add_remove")
+    mechanism = DpGdMechanism()
+    params = DpGdParams(features=("a",), label="y", model="ridge", steps=5, noise_multiplier=2.0)
+    with pytest.raises(ParamsError) as info:
+        mechanism.check(params, ctx)
+    assert info.value.field == "n_hint"
+    hinted = params.model_copy(update={"n_hint": 390})
+    mechanism.check(hinted, ctx)
+    release = mechanism.run(hinted, ctx, _table(), np.random.default_rng(0))
+    assert release.output["normaliser"] == 390.0
+    assert release.output["noise_std"] == 2.0  # Δ = C under add_remove
+    assert release.realized.at(2.0) == pytest.approx(5 * 2.0 / (2 * 4.0))
+    with pytest.raises(ParamsError):
+        mechanism.check(hinted, _ctx())  # n_hint is refused where n is public
+
+
+def test_dp_gd_mechanism_target() -> None:
+    params = DpGdParams(features=("a",), label="c", steps=40, target_epsilon=1.0, target_delta=1e-6)
+    worst = DpGdMechanism().worst_case(params, _ctx())
+    assert epsilon_at_delta(worst, 1e-6) <= 1.0
+    assert epsilon_at_delta(worst, 1e-6) > 0.999
+    with pytest.raises(ValidationError):
+        DpGdParams(
+            features=("a",), label="c", steps=4, noise_multiplier=1.0, target_epsilon=1.0, target_delta=1e-6
+        )
+    with pytest.raises(ParamsError):
+        DpGdMechanism().check(params.model_copy(update={"model": "logistic", "task": "regression"}), _ctx())
+
+
+# ----- the tighter ridge bound (derived) ------------------------------------------------------------------
+def test_theta_bound_is_the_supremum() -> None:
+    """‖θ*‖ ≤ B on random and extreme datasets, and B is attained in 1-D (x = min(√λ, X), y = Y)."""
+    rng = np.random.default_rng(0)
+    for reg, x_max in [(0.03, 1.0), (4.0, 1.0), (0.5, 2.0)]:
+        bound = ridge_theta_bound(reg, x_max, 1.0)
+        x = _unit_ball(rng.normal(size=(3000, 3, 2)) * rng.uniform(0.01, 3, size=(3000, 1, 1))) * x_max
+        y = rng.choice([-1.0, 1.0], size=(3000, 3))
+        a = np.einsum("bni,bnj->bij", x, x) / 3 + reg * np.eye(2)
+        theta = np.linalg.solve(a, np.einsum("bni,bn->bi", x, y)[..., None] / 3)[..., 0]
+        assert np.max(np.linalg.norm(theta, axis=1)) <= bound
+        s = min(math.sqrt(reg), x_max)
+        assert s / (s * s + reg) == pytest.approx(bound, rel=1e-12)  # attained by x_i = s·e₁, y_i = 1
+    assert ridge_theta_bound(0.03, 1.0, 1.0) <= 1.0 * min(1.0 / 0.03, 1 / math.sqrt(0.03))
+
+
+def test_split_bound_formula_and_dominance() -> None:
+    sens = ridge_relative_sensitivity_split(1000, 0.1, 2.0, 3.0, split=3.0)
+    b = 3.0 / (2 * math.sqrt(0.1))
+    assert sens.eta == pytest.approx(2 * 4 / (0.1 * 1000), rel=1e-12)
+    assert sens.r_rel == pytest.approx(math.sqrt(4 / 3) * 2 * 2.0 * (2.0 * b + 3.0) / 1000, rel=1e-12)
+    for n, reg, x_max in [(141_691, 0.03, 1.0), (50, 1.0, 0.5), (10, 10.0, 2.0)]:
+        old = ridge_relative_sensitivity(n, reg, x_max, 1.0)
+        new = ridge_relative_sensitivity_split(n, reg, x_max, 1.0)
+        assert new.eta < old.eta
+        assert new.r_rel < old.r_rel
+    with pytest.raises(ValueError, match="split"):
+        ridge_relative_sensitivity_split(10, 1.0, 1.0, 1.0, split=0.0)
+
+
+@pytest.mark.parametrize(
+    ("n", "d", "reg", "split"), [(3, 2, 0.01, 3.0), (4, 2, 0.1, 1.0), (6, 3, 1.0, 3.0), (5, 2, 10.0, 10.0)]
+)
+def test_split_bound_random_and_adversarial(n: int, d: int, reg: float, split: float) -> None:
+    """The exact sup over θ of ‖∇f − ∇f′‖²/(η²‖∇f‖² + R²) (spectral norm of [M/η, c/R], the oracle of
+    test_relative_gaussian.py) on 3,000 random pairs, then Nelder–Mead from the worst ones and the structured
+    worst case (other records 0, x₀ ⟂ x₀′ at full norm, labels ±Y)."""
+    rng = np.random.default_rng(n + 100 * d)
+    sens = ridge_relative_sensitivity_split(n, reg, 1.0, 1.0, split)
+    features, labels, new_row, new_label = _random_batch(rng, 3000, n, d, 1.0, 1.0)
+    _, m, c = _pair_quantities(features, labels, new_row, new_label, reg)
+    random_ratio = _sup_ratio_over_theta(m, c, sens)
+    assert np.max(random_ratio) <= 1.0
+
+    def ratio(z: np.ndarray) -> float:
+        xs = clip_rows(z[: n * d].reshape(1, n, d), 1.0)
+        ys = np.clip(z[n * d : n * d + n], -1, 1)[None]
+        new_x = clip_rows(z[n * d + n : n * d + n + d][None], 1.0)
+        new_y = np.clip(z[-1:], -1, 1)
+        _, mm, cc = _pair_quantities(xs, ys, new_x, new_y, reg)
+        return float(_sup_ratio_over_theta(mm, cc, sens)[0])
+
+    starts = [
+        np.concatenate([features[i].ravel(), labels[i], new_row[i], new_label[i : i + 1]])
+        for i in np.argsort(random_ratio)[-6:]
+    ]
+    structured = np.zeros(n * d + n + d + 1)
+    structured[0], structured[n * d], structured[n * d + n + 1], structured[-1] = 1.0, 1.0, 1.0, -1.0
+    best = ratio(structured)
+    for z0 in [*starts, structured + 0.01 * rng.normal(size=structured.size)]:
+        result = optimize.minimize(lambda z: -ratio(z), z0, method="Nelder-Mead", options={"maxiter": 3000})
+        best = max(best, -float(result.fun))
+    assert best <= 1.0
+    assert best > 0.05
+
+
+# ----- the benchmark's smoke run ----------------------------------------------------------------------------
+def test_benchmark_quick_smoke(tmp_path: Path) -> None:
+    """``benchmarks/rgm_gd.py --quick`` runs, writes its JSON, and compares the methods at equal privacy."""
+    out = tmp_path / "rgm_gd.json"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "rgm_gd.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick", "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["quick"] is True
+    per_step = result["levels"]["per_step_alpha2_eps0.1"]["methods"]
+    total = result["levels"]["total_eps1_delta1e-6"]["methods"]
+    steps = result["setting"]["steps"]
+    for name, method in per_step.items():
+        if name != "nonprivate":
+            assert method["rdp_alpha2_total"] <= steps * 0.1 * (1 + 1e-9)
+            assert method["rdp_alpha2_total"] >= steps * 0.1 * (1 - 1e-6)
+    for name, method in total.items():
+        if name != "nonprivate":
+            assert 0.999 < method["epsilon_at_1e-6"] <= 1.0
+    assert set(result["targets"]) == {
+        "rgm_lower_excess_risk_than_best_clipped_dpgd",
+        "rgm_wall_time_at_most_1.5x_nonprivate",
+    }
+
+
+def test_exact_bound_charges_less_for_the_same_gamma() -> None:
+    ctx = _ctx()
+    base = {"features": ("a", "b"), "label": "y", "reg": 0.1, "steps": 7, "gamma": 1e-3}
+    theorem1 = RgmGdMechanism().worst_case(RgmGdParams.model_validate(base), ctx)
+    exact = RgmGdMechanism().worst_case(RgmGdParams.model_validate({**base, "bound": "exact"}), ctx)
+    assert exact <= theorem1
+    assert exact.at(2.0) < theorem1.at(2.0)
+    finite = [a for a, v in zip(theorem1.orders, theorem1.values, strict=True) if math.isfinite(v)]
+    assert finite == [a for a, v in zip(exact.orders, exact.values, strict=True) if math.isfinite(v)]
