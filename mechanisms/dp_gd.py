@@ -235,7 +235,9 @@ class DpGdParams(FeatureSpec):
         description="label handling (mechanisms.learning); default: classification for logistic, "
         "regression for ridge. Logistic needs classification.",
     )
-    reg: float = Field(default=0.01, ge=0, le=1e6, allow_inf_nan=False, description="ridge λ ≥ 0")
+    regularization: float = Field(
+        default=0.01, ge=0, le=1e6, allow_inf_nan=False, description="ridge λ ≥ 0"
+    )
     steps: int = Field(ge=1, le=10_000, description="number of gradient steps T")
     step_size: float | None = Field(
         default=None,
@@ -360,9 +362,9 @@ class DpGdMechanism:
             except ValueError as error:
                 raise ParamsError("target_epsilon", str(error)) from error
         curvature = p.row_norm**2 if p.model == "ridge" else p.row_norm**2 / 4.0
-        tau = p.step_size if p.step_size is not None else 1.0 / (curvature + p.reg)
+        tau = p.step_size if p.step_size is not None else 1.0 / (curvature + p.regularization)
         loss: Loss = "squared" if p.model == "ridge" else "logistic"
-        return DpGdConfig(loss, p.reg, p.steps, tau, p.clip, z, ctx.schema.neighboring)
+        return DpGdConfig(loss, p.regularization, p.steps, tau, p.clip, z, ctx.schema.neighboring)
 
     def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
         p = _dp_gd_params(params)

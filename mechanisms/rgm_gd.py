@@ -341,7 +341,7 @@ class RgmGdParams(FeatureSpec):
         description="label handling (mechanisms.learning): labels scaled to [-1, 1] or mapped to ±1; "
         "default: regression for ridge, classification for logistic (which requires it)",
     )
-    reg: float = Field(
+    regularization: float = Field(
         gt=0, le=1e6, allow_inf_nan=False, description="ridge λ > 0: the public curvature lower bound"
     )
     steps: int = Field(ge=1, le=10_000, description="maximum number of gradient steps T (worst case)")
@@ -445,7 +445,7 @@ class RgmGdMechanism:
                 "is derived for replace-one only (note §6.1 pitfall 8)",
             )
         d = dimension(p, ctx)
-        sens = relative_sensitivity(p.model, ctx.n_rows, p.reg, p.row_norm)
+        sens = relative_sensitivity(p.model, ctx.n_rows, p.regularization, p.row_norm)
         try:
             if p.gamma is not None:
                 gamma = p.gamma
@@ -461,14 +461,14 @@ class RgmGdMechanism:
         except ValueError as error:
             raise ParamsError("target_epsilon", str(error)) from error
         sigma = baseline_sigma(gamma, sens)
-        tau = p.step_size if p.step_size is not None else auto_step_size(p.model, p.reg, p.row_norm, gamma, d)
+        tau = p.step_size if p.step_size is not None else auto_step_size(p.model, p.regularization, p.row_norm, gamma, d)
         stop = (
             StopRule(p.stop_tolerance, p.stop_patience, p.stop_min_steps)
             if p.stop_tolerance is not None
             else None
         )
         try:
-            config = RgmGdConfig(p.model, p.reg, p.steps, tau, gamma, sigma, stop)
+            config = RgmGdConfig(p.model, p.regularization, p.steps, tau, gamma, sigma, stop)
             step = step_curve(ctx.orders, sens, gamma, sigma, d, p.bound)
         except ValueError as error:
             raise ParamsError("gamma", str(error)) from error

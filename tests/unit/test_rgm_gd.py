@@ -275,7 +275,7 @@ def test_early_stop_is_charged_for_steps_run() -> None:
     params = RgmGdParams(
         features=("a", "b", "g"),
         label="y",
-        reg=0.1,
+        regularization=0.1,
         steps=50,
         gamma=1e-3,
         stop_tolerance=1e9,
@@ -309,7 +309,7 @@ def test_rgm_mechanism_release_and_catalog() -> None:
         {
             "features": ["a", "b", "g"],
             "label": "y",
-            "reg": 0.1,
+            "regularization": 0.1,
             "steps": 20,
             "target_epsilon": 1.0,
             "target_alpha": 2.0,
@@ -334,13 +334,13 @@ def test_rgm_mechanism_release_and_catalog() -> None:
 def test_rgm_total_target_and_affordable_gamma() -> None:
     ctx = _ctx()
     params = RgmGdParams(
-        features=("a", "b"), label="y", reg=0.5, steps=10, target_epsilon=5.0, target_delta=1e-5
+        features=("a", "b"), label="y", regularization=0.5, steps=10, target_epsilon=5.0, target_delta=1e-5
     )
     mechanism = RgmGdMechanism()
     worst = mechanism.worst_case(params, ctx)
     assert epsilon_at_delta(worst, 1e-5) <= 5.0
     assert epsilon_at_delta(worst, 1e-5) > 4.99
-    by_gamma = RgmGdParams(features=("a", "b"), label="y", reg=0.5, steps=10, gamma=0.02)
+    by_gamma = RgmGdParams(features=("a", "b"), label="y", regularization=0.5, steps=10, gamma=0.02)
     cap = mechanism.worst_case(by_gamma, ctx).at(2.0)
     best = best_affordable_cost(mechanism, by_gamma, ctx, lambda c: c.at(2.0) <= cap)
     assert best is not None
@@ -349,7 +349,7 @@ def test_rgm_total_target_and_affordable_gamma() -> None:
 
 def test_rgm_logistic_runs() -> None:
     ctx = _ctx()
-    params = RgmGdParams(features=("a", "b"), label="c", model="logistic", reg=0.1, steps=30, gamma=1e-3)
+    params = RgmGdParams(features=("a", "b"), label="c", model="logistic", regularization=0.1, steps=30, gamma=1e-3)
     release = RgmGdMechanism().run(params, ctx, _table(), np.random.default_rng(2))
     x_coef = release.output["theta"][0]
     assert x_coef > 0  # label c is driven by a
@@ -360,14 +360,14 @@ def test_rgm_logistic_runs() -> None:
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        ({"model": "logistic"}, "params.label"),  # label y is numeric, not a classification label
+        ({"model": "logistic"}, "label"),  # label y is numeric, not a classification label
         ({"model": "logistic", "task": "regression"}, "task"),
-        ({"features": ("zz",)}, "params.features[0]"),
+        ({"features": ("zz",)}, "features[0]"),
         ({"gamma": None, "target_epsilon": 1e-9, "target_alpha": 2.0}, "target_epsilon"),
     ],
 )
 def test_rgm_check_errors(changes: dict[str, object], field: str) -> None:
-    base = {"features": ("a", "b"), "label": "y", "reg": 0.1, "steps": 5, "gamma": 1e-3}
+    base = {"features": ("a", "b"), "label": "y", "regularization": 0.1, "steps": 5, "gamma": 1e-3}
     params = RgmGdParams.model_validate({**base, **changes})
     with pytest.raises(ParamsError) as info:
         RgmGdMechanism().check(params, _ctx())
@@ -375,7 +375,7 @@ def test_rgm_check_errors(changes: dict[str, object], field: str) -> None:
 
 
 def test_rgm_refuses_add_remove() -> None:
-    params = RgmGdParams(features=("a",), label="y", reg=0.1, steps=5, gamma=1e-3)
+    params = RgmGdParams(features=("a",), label="y", regularization=0.1, steps=5, gamma=1e-3)
     with pytest.raises(ParamsError, match="replace_one"):
         RgmGdMechanism().worst_case(params, _ctx("add_remove"))
 
@@ -387,14 +387,14 @@ def test_rgm_refuses_add_remove() -> None:
         {"target_epsilon": 1.0},
         {"gamma": None, "target_epsilon": 1.0},
         {"gamma": None, "target_epsilon": 1.0, "target_alpha": 2.0, "target_delta": 1e-6},
-        {"reg": 0.0},
+        {"regularization": 0.0},
         {"steps": 0},
-        {"reg": math.nan},
+        {"regularization": math.nan},
         {"unknown": 1},
     ],
 )
 def test_rgm_params_validation(changes: dict[str, object]) -> None:
-    base = {"features": ["a"], "label": "y", "reg": 0.1, "steps": 5, "gamma": 1e-3}
+    base = {"features": ["a"], "label": "y", "regularization": 0.1, "steps": 5, "gamma": 1e-3}
     with pytest.raises(ValidationError):
         RgmGdParams.model_validate({**base, **changes})
 
@@ -551,7 +551,7 @@ def test_benchmark_quick_smoke(tmp_path: Path) -> None:
 
 def test_exact_bound_charges_less_for_the_same_gamma() -> None:
     ctx = _ctx()
-    base = {"features": ("a", "b"), "label": "y", "reg": 0.1, "steps": 7, "gamma": 1e-3}
+    base = {"features": ("a", "b"), "label": "y", "regularization": 0.1, "steps": 7, "gamma": 1e-3}
     theorem1 = RgmGdMechanism().worst_case(RgmGdParams.model_validate(base), ctx)
     exact = RgmGdMechanism().worst_case(RgmGdParams.model_validate({**base, "bound": "exact"}), ctx)
     assert exact <= theorem1
