@@ -461,7 +461,9 @@ class RgmGdMechanism:
         except ValueError as error:
             raise ParamsError("target_epsilon", str(error)) from error
         sigma = baseline_sigma(gamma, sens)
-        tau = p.step_size if p.step_size is not None else auto_step_size(p.model, p.regularization, p.row_norm, gamma, d)
+        tau = p.step_size
+        if tau is None:
+            tau = auto_step_size(p.model, p.regularization, p.row_norm, gamma, d)
         stop = (
             StopRule(p.stop_tolerance, p.stop_patience, p.stop_min_steps)
             if p.stop_tolerance is not None

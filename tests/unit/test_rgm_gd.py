@@ -349,7 +349,9 @@ def test_rgm_total_target_and_affordable_gamma() -> None:
 
 def test_rgm_logistic_runs() -> None:
     ctx = _ctx()
-    params = RgmGdParams(features=("a", "b"), label="c", model="logistic", regularization=0.1, steps=30, gamma=1e-3)
+    params = RgmGdParams(
+        features=("a", "b"), label="c", model="logistic", regularization=0.1, steps=30, gamma=1e-3
+    )
     release = RgmGdMechanism().run(params, ctx, _table(), np.random.default_rng(2))
     x_coef = release.output["theta"][0]
     assert x_coef > 0  # label c is driven by a
