@@ -65,11 +65,14 @@ PURE_BUDGET: dict[str, float] = {"epsilon": 1.0, "delta": 0.0}
 
 
 def make_world(
-    server: LiveServer, budget: dict[str, float] | None = PURE_BUDGET, schema: dict[str, Any] | None = None
+    server: LiveServer,
+    budget: dict[str, float] | None = PURE_BUDGET,
+    schema: dict[str, Any] | None = None,
+    csv: bytes = CSV,
 ) -> World:
     admin_name, admin_key = server.create_key(Role.admin)
     admin = server.client(admin_key)
-    created = upload(admin, schema=schema)
+    created = upload(admin, csv, schema)
     assert created.status_code == 201, created.text
     dataset_id = created.json()["id"]
     world = World(server, admin, admin_name, admin, "", admin, dataset_id)
