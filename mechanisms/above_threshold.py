@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Self, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
-from mechanisms.accounting import RdpCurve, laplace_scale
+from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve, laplace_scale
 from mechanisms.accounting.curve import _pad_up, sum_up
 from mechanisms.base import ParamsError, PublicContext, Release, StepResult, Table
 from mechanisms.queries import (
@@ -625,3 +626,206 @@ class DroppingAboveThresholdBatch(BatchAboveThreshold, session=DROPPING):
 
 class LaplaceAboveThresholdBatch(BatchAboveThreshold, session=LAPLACE):
     """``above_threshold.laplace.batch``."""
+
+
+# ----- Ligett et al.'s InteractiveAboveThreshold (accuracy-first stopping) ---------------------------------
+# API (used by mechanisms.accuracy_first and the accuracy-first ERM learners):
+#
+#   iat_paper_calibration(query_sensitivity, width, failure, levels, target=0.0) -> IatCalibration
+#   iat_reference_calibration(query_sensitivity, width, failure, levels, target=0.0) -> IatCalibration
+#   InteractiveAboveThreshold(threshold, epsilon_a, query_sensitivity, rng)   # draws Ŵ once
+#       .test(value: float, rng) -> bool                                      # fresh Lap(4Δ/ε_A) per call
+#       .to_state() -> dict / InteractiveAboveThreshold.from_state(dict)     # secret JSON state
+#   interactive_above_threshold(query, level_epsilons, threshold, epsilon_a, query_sensitivity, rng,
+#                               orders=DEFAULT_ORDERS) -> IatOutcome(level | None, epsilon, charge)
+#       query(t) -> f_t(D) is called for t = 0, 1, … in order until the first pass (lazily, so a learner
+#       computes hypothesis t only when needed).
+#   iat_charge(epsilon_a, level_epsilons, level | None, orders) -> RdpCurve   # ε_A + ε_t, or ε_A + ε_{T−1}
+#
+# Ligett, Neel, Roth, Waggoner, Wu, "Accuracy First" (NeurIPS 2017), Algorithm 2 and Lemma 2.8
+# (notes/seed_001_accuracy_first.md §2.2, §2.3, §2.11 C2/C3, §4.5): Ŵ = W + Lap(2Δ/ε_A) drawn once; at
+# level t the query value f_t(D) (a function of the released prefix, sensitivity ≤ Δ for every fixed
+# prefix) is compared as f_t(D) + Lap(4Δ/ε_A) ≥ Ŵ; the first pass halts. When the levels come from an
+# (ε_0, …, ε_{T−1})-prefix-private generator (Laplace noise reduction), the outcome (t, prefix up to t) is
+# ex-post (ε_A + ε_t)-DP (Lemma 2.8); "no pass" after the last level costs ε_A + ε_{T−1} (note §3 item 8).
+# The noise scales are rounded up (``laplace_scale``), so the charge ε_A holds exactly as given.
+#
+# Calibrations (both give the same privacy, ε_A; they differ in ε_A and W, i.e. in accuracy):
+# * paper-theorem (Theorem A.1 / Theorem 3.2): accepted only if f_t(D) ≥ W − 8Δ·ln(2T/γ)/ε_A, except with
+#   probability γ. With a target f ≥ L and a width α: W = L + α/2 and ε_A = 16Δ·ln(2T/γ)/α.
+# * reference-code (note §2.11 C2 with C3's doubled ε): b = α/(4·ln(1.5^{3/4}·√T/γ)), ε_A = 2Δ/b
+#   = 8Δ·ln(1.5^{3/4}√T/γ)/α, threshold on the excess s = α/4 + (3/4)·b·ln 1.5 − (1/2)·b·ln T, i.e.
+#   W = L + α − s for a target f ≥ L (the excess form of the code, f = −excess, L = −α). Its accuracy is
+#   verified numerically (note T11: failure 0.0152 ≤ γ = 0.1 at T = 1000), not proven in general; label it.
+
+
+@dataclass(frozen=True)
+class IatCalibration:
+    """ε_A and the public threshold W of one InteractiveAboveThreshold instance, and how they were chosen."""
+
+    epsilon_a: float
+    threshold: float
+    calibration: str
+
+
+def _check_calibration_inputs(query_sensitivity: float, width: float, failure: float, levels: int) -> None:
+    if not (query_sensitivity > 0.0 and math.isfinite(query_sensitivity)):
+        raise ValueError("the query sensitivity must be finite and > 0")
+    if not (width > 0.0 and math.isfinite(width)):
+        raise ValueError("the width α must be finite and > 0")
+    if not 0.0 < failure < 1.0:
+        raise ValueError("the failure probability γ must be in (0, 1)")
+    if isinstance(levels, bool) or not isinstance(levels, int) or levels < 1:
+        raise ValueError("levels must be a positive integer")
+
+
+def iat_paper_calibration(
+    query_sensitivity: float, width: float, failure: float, levels: int, target: float = 0.0
+) -> IatCalibration:
+    """Paper-theorem calibration: ε_A = 16Δ·ln(2T/γ)/α, W = target + α/2 (Ligett et al. Thm A.1, 3.2).
+
+    Guarantee (Theorem A.1 with α_IAT = α/2): except with probability γ, a level is accepted only if
+    f_t(D) ≥ target. With f = −excess risk and target −α this is the ERM setting of Algorithms 3 and 5.
+    """
+    _check_calibration_inputs(query_sensitivity, width, failure, levels)
+    epsilon_a = _pad_up(16.0 * query_sensitivity * math.log(2.0 * levels / failure) / width)
+    return IatCalibration(epsilon_a, target + width / 2.0, "paper-theorem")
+
+
+def iat_reference_calibration(
+    query_sensitivity: float, width: float, failure: float, levels: int, target: float = 0.0
+) -> IatCalibration:
+    """Reference-code calibration (note §2.11 C2, with C3's factor 2 applied to ε_A; note §4.5).
+
+    b = α/(4·ln(1.5^{3/4}·√T/γ)), ε_A = 2Δ/b, W = target + α − s with s = α/4 + (3/4)·b·ln 1.5 − ½·b·ln T.
+    Privacy is the same theorem (ε_A + ε_t); the accuracy is only verified numerically (note T11).
+    """
+    _check_calibration_inputs(query_sensitivity, width, failure, levels)
+    log_term = math.log(1.5**0.75 * math.sqrt(levels) / failure)
+    if log_term <= 0.0:
+        raise ValueError("the reference calibration needs 1.5^{3/4}·√T > γ")
+    b = width / (4.0 * log_term)
+    s = width / 4.0 + 0.75 * b * math.log(1.5) - 0.5 * b * math.log(levels)
+    epsilon_a = _pad_up(2.0 * query_sensitivity / b)
+    return IatCalibration(epsilon_a, target + width - s, "reference-code")
+
+
+def iat_scales(epsilon_a: float, query_sensitivity: float) -> tuple[float, float]:
+    """(threshold scale ≥ 2Δ/ε_A, query scale ≥ 4Δ/ε_A) of Ligett et al. Algorithm 2."""
+    delta = query_sensitivity
+    return laplace_scale(2.0 * delta, epsilon_a), laplace_scale(4.0 * delta, epsilon_a)
+
+
+class InteractiveAboveThreshold:
+    """One IAT instance: the noisy threshold Ŵ is drawn once at construction (secret), never re-drawn.
+
+    ``test(value, rng)`` draws fresh query noise and returns whether f_t + ν_t ≥ Ŵ. After the first pass the
+    instance is closed (note P3): further tests raise. ``to_state``/``from_state`` persist it as JSON.
+    """
+
+    def __init__(
+        self,
+        threshold: float,
+        epsilon_a: float,
+        query_sensitivity: float,
+        rng: np.random.Generator | None = None,
+        *,
+        noisy_threshold: float | None = None,
+        halted: bool = False,
+    ) -> None:
+        if not math.isfinite(threshold):
+            raise ValueError("the threshold must be finite")
+        threshold_scale, query_scale = iat_scales(epsilon_a, query_sensitivity)
+        self.threshold = float(threshold)
+        self.epsilon_a = float(epsilon_a)
+        self.query_sensitivity = float(query_sensitivity)
+        self.query_scale = query_scale
+        if noisy_threshold is None:
+            if rng is None:
+                raise ValueError("a new instance needs an rng to draw its noisy threshold")
+            noisy_threshold = self.threshold + float(rng.laplace(0.0, threshold_scale))
+        if not math.isfinite(noisy_threshold):
+            raise ValueError("the noisy threshold must be finite")
+        self._noisy_threshold = float(noisy_threshold)
+        self.halted = bool(halted)
+
+    def test(self, value: float, rng: np.random.Generator) -> bool:
+        """One query: True (and the instance halts) iff value + Lap(4Δ/ε_A) ≥ Ŵ."""
+        if self.halted:
+            raise ValueError("this InteractiveAboveThreshold instance has halted; start a new one")
+        if not math.isfinite(value):
+            raise ValueError("a query value must be finite")
+        passed = value + float(rng.laplace(0.0, self.query_scale)) >= self._noisy_threshold
+        self.halted = passed
+        return passed
+
+    def to_state(self) -> dict[str, Any]:
+        """Secret JSON state (contains Ŵ): store it only in the secret-state table."""
+        return {
+            "threshold": self.threshold,
+            "epsilon_a": self.epsilon_a,
+            "query_sensitivity": self.query_sensitivity,
+            "noisy_threshold": self._noisy_threshold,
+            "halted": self.halted,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> InteractiveAboveThreshold:
+        expected = {"threshold", "epsilon_a", "query_sensitivity", "noisy_threshold", "halted"}
+        if not isinstance(state, dict) or set(state) != expected or not isinstance(state["halted"], bool):
+            raise ValueError("not an InteractiveAboveThreshold state")
+        return cls(
+            float(state["threshold"]),
+            float(state["epsilon_a"]),
+            float(state["query_sensitivity"]),
+            noisy_threshold=float(state["noisy_threshold"]),
+            halted=state["halted"],
+        )
+
+    def __repr__(self) -> str:  # never show Ŵ
+        return f"InteractiveAboveThreshold(threshold={self.threshold!r}, epsilon_a={self.epsilon_a!r})"
+
+
+def iat_charge(
+    epsilon_a: float, level_epsilons: Sequence[float], level: int | None, orders: Sequence[float]
+) -> RdpCurve:
+    """Lemma 2.8: pure ε_A + ε_t for a pass at level t; ε_A + ε_{T−1} when no level passed (⊥)."""
+    if not level_epsilons:
+        raise ValueError("the level grid is empty")
+    index = len(level_epsilons) - 1 if level is None else level
+    if not 0 <= index < len(level_epsilons):
+        raise ValueError(f"level {level} is outside the grid")
+    return _charge((epsilon_a, float(level_epsilons[index])), orders)
+
+
+@dataclass(frozen=True)
+class IatOutcome:
+    """The first level that passed (None: no level passed), its pure ex-post ε and the charge curve."""
+
+    level: int | None
+    epsilon: float
+    charge: RdpCurve
+
+
+def interactive_above_threshold(
+    query: Callable[[int], float],
+    level_epsilons: Sequence[float],
+    threshold: float,
+    epsilon_a: float,
+    query_sensitivity: float,
+    rng: np.random.Generator,
+    orders: Sequence[float] = DEFAULT_ORDERS,
+) -> IatOutcome:
+    """Run Ligett et al. Algorithm 2 over the levels of a prefix-private generator (Lemma 2.8).
+
+    ``query(t)`` returns f_t(D) for level t (a function of the generator's released prefix up to t, with
+    sensitivity ≤ ``query_sensitivity`` for every fixed prefix); it is called in order t = 0, 1, … and not
+    beyond the first pass. ``level_epsilons[t]`` is the prefix-privacy level ε_t of the generator.
+    """
+    iat = InteractiveAboveThreshold(threshold, epsilon_a, query_sensitivity, rng)
+    for t in range(len(level_epsilons)):
+        if iat.test(float(query(t)), rng):
+            charge = iat_charge(epsilon_a, level_epsilons, t, orders)
+            return IatOutcome(t, charge.pure, charge)
+    charge = iat_charge(epsilon_a, level_epsilons, None, orders)
+    return IatOutcome(None, charge.pure, charge)

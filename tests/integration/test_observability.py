@@ -38,7 +38,7 @@ from service.db.repositories import SessionRepository
 from tests.conftest import LiveServer, free_port, running_server, server_settings
 from tests.integration.helpers import db_session, make_world, upload
 
-PUBLIC_STATE = {"mechanism", "asked", "halted"}
+PUBLIC_STATE = {"mechanism", "asked", "released", "halted"}
 REQUESTS_ROUTE = "/v1/datasets/{dataset_id}/requests"
 QUERIES_ROUTE = "/v1/sessions/{session_id}/queries"
 NORTH = {"kind": "count", "where": [{"column": "region", "op": "eq", "value": "north"}]}  # 50 of 200 rows
@@ -60,6 +60,9 @@ SESSIONS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"threshold": 150.0, "epsilon": 1e-6, "max_sensitivity": 1.0, "max_queries": 5},
         {"query": NORTH},
     ),
+    # Noise reduction: the secret is the chain's current noise, of scale 1e9 here (ε = 1e-9, t = 1e18).
+    "noise_reduction.laplace": ({"query": NORTH, "epsilons": [1e-9, 2e-9]}, {}),
+    "noise_reduction.gaussian": ({"query": NORTH, "variances": [1e18, 1e17]}, {}),
 }
 
 
@@ -144,17 +147,33 @@ def secret_of(database_url: str, session_id: str) -> dict[str, Any]:
         secret = SessionRepository(session).secret(row.request_id)
         assert secret is not None, "an open session has its secret state"
         state: dict[str, Any] = json.loads(secret.state)
-    assert set(state) > PUBLIC_STATE, state
+    assert set(state) - PUBLIC_STATE, state
     return state
 
 
-def assert_absent(name: str, secret: Any, where: str, text: str, parsed: list[Any]) -> None:
-    """Neither the secret's field name nor its value, as a token or as a parsed JSON value."""
-    assert f'"{name}"' not in text, f"secret field {name!r} in {where}"
+def secret_values(state: dict[str, Any]) -> list[tuple[str | None, float]]:
+    """(field name, value) of each secret number of a session state; the name is None when the field's name
+    is an ordinary word of answers too (the noise-reduction chain's ``noise``), so only its value is checked."""
+    found: list[tuple[str | None, float]] = []
+    for name, item in state.items():
+        if name in PUBLIC_STATE:
+            continue
+        if name == "sampler":
+            found.extend((None, float(v)) for v in item["noise"])
+        else:
+            assert isinstance(item, int | float), (name, item)
+            found.append((name, item))
+    return found
+
+
+def assert_absent(name: str | None, secret: Any, where: str, text: str, parsed: list[Any]) -> None:
+    """Neither the secret's field name (when it has a distinctive one) nor its value, as a token or as a
+    parsed JSON value."""
+    assert name is None or f'"{name}"' not in text, f"secret field {name!r} in {where}"
     assert not number_token(secret).search(text), f"secret {name}={secret!r} in {where}"
     for document in parsed:
         for key, item in walk(document):
-            assert key != name, f"secret field {name!r} in {where}"
+            assert name is None or key != name, f"secret field {name!r} in {where}"
             if isinstance(item, int | float) and not isinstance(item, bool):
                 assert not (math.isfinite(item) and item == secret), f"secret {name}={secret!r} in {where}"
 
@@ -191,7 +210,9 @@ class TestObservability:
             opened[mechanism] = response.json()["id"]
             secrets[mechanism] = secret_of(server.settings.database_url, opened[mechanism])
         _, during = scrape(world.viewer)
-        assert value(during, "expost_reservations_held", dataset=world.dataset_id, kind="session") == 3
+        assert value(
+            during, "expost_reservations_held", dataset=world.dataset_id, kind="session"
+        ) == len(SESSIONS)
         for mechanism in SESSIONS:
             assert value(during, "expost_sessions_open", mechanism=mechanism) >= 1
         for mechanism, (_, ask) in SESSIONS.items():
@@ -202,8 +223,9 @@ class TestObservability:
             assert answered.status_code == 200, answered.text
             assert answered.headers["X-Request-ID"] == f"obs-ask-{mechanism}"
             if answered.json()["session"]["state"] == "open":
+                progress = {"released": 1} if mechanism.startswith("noise_reduction") else {"asked": 1}
                 assert secret_of(server.settings.database_url, sid) == {
-                    **secrets[mechanism], "asked": 1, "halted": False
+                    **secrets[mechanism], **progress, "halted": False
                 }
                 closed = world.analyst.post(f"/v1/sessions/{sid}/close")
                 assert closed.status_code == 200, closed.text
@@ -283,14 +305,16 @@ class TestObservability:
         # the two closed below, ε/2 = 5e-7 or ε = 1e-6 for the Laplace one (closed or halted).
         commits, ds = "expost_commits_total", world.dataset_id
         assert delta(commits, dataset=ds, kind="request", outcome="released") == 3
-        assert delta(commits, dataset=ds, kind="session", outcome="released") == 3
+        assert delta(commits, dataset=ds, kind="session", outcome="released") == len(SESSIONS)
         charged = delta("expost_charged_epsilon_total", dataset=world.dataset_id)
-        assert 0.7 + 5e-7 - 1e-12 <= charged <= 0.7 + 1e-6 + 2e-9 + 1e-9, charged
+        # + 1e-9 for the Laplace noise-reduction session's one released level (the Brownian one has no pure
+        # charge).
+        assert 0.7 + 5e-7 + 1e-9 - 1e-12 <= charged <= 0.7 + 1e-6 + 2e-9 + 2e-9 + 1e-9, charged
         closed = sum(
             delta("expost_sessions_closed_total", mechanism=m, reason=r)
             for m in SESSIONS for r in ("closed", "halted")
         )
-        assert closed == 3
+        assert closed == len(SESSIONS)
         assert value(after, "expost_reservations_held", dataset=world.dataset_id, kind="session") == 0
         assert delta(
             "expost_http_request_duration_seconds_count", route=REQUESTS_ROUTE, method="POST", status="4xx"
@@ -300,7 +324,7 @@ class TestObservability:
         ) >= 3
         assert delta(
             "expost_http_request_duration_seconds_count", route=QUERIES_ROUTE, method="POST", status="2xx"
-        ) == 3
+        ) == len(SESSIONS)
         for gauge in ("writer_queue_depth", "executor_queued_jobs", "executor_running_jobs"):
             assert (f"expost_{gauge}", ()) in after, gauge
         assert delta("expost_writer_batch_size_count") > 0
@@ -333,10 +357,7 @@ class TestObservability:
             with contextlib.suppress(json.JSONDecodeError):
                 response_docs.append(r.json())
         for mechanism, state in secrets.items():
-            for name, secret in state.items():
-                if name in PUBLIC_STATE:
-                    continue
-                assert isinstance(secret, int | float), (mechanism, name, secret)
+            for name, secret in secret_values(state):
                 assert abs(secret) >= 1000, (mechanism, name, secret)  # distinctive
                 assert secret not in [v for (n, _), v in after.items()], f"secret {name} as a metric value"
                 assert_absent(name, secret, "the logs", logs, log_docs)
@@ -344,7 +365,8 @@ class TestObservability:
                 for text in response_texts:
                     assert_absent(name, secret, "a response", text, [])
                 assert_absent(name, secret, "a response body", "", response_docs)
-                assert not re.search(rf'[{{,]{re.escape(name)}="', metrics_text), f"label {name}"
+                if name is not None:
+                    assert not re.search(rf'[{{,]{re.escape(name)}="', metrics_text), f"label {name}"
         for key in keys:
             assert key not in logs, "an API key in the logs"
             assert key not in metrics_text, "an API key in /metrics"
