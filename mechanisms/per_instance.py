@@ -1,0 +1,339 @@
+"""Per-instance privacy reports for ``objpert.logistic`` releases (thesis ch. 2; Wang's pDP, note §3, §5).
+
+A **reporting function** is published with the model: anyone evaluates it on their own record z = (x, y)
+and gets an upper bound, holding with probability ≥ 1 − ρ over the mechanism's noise, on their ex-post
+per-instance loss (Def 2.2.3 of the thesis note §1.2: |log p_D(o)/p_{D±z}(o)| at the realized output;
+add/remove of z, the pDP notion, whatever the dataset's neighbour relation). Evaluating it reads only the
+release and public parameters, so it is post-processing and costs 0 (billboard lemma, note P7).
+
+What is bounded, exactly
+------------------------
+Cor 2.3.2 (note §1.3) gives the ex-post loss of **exact** ObjPert at its minimizer θ^P:
+    ε₁ = | −log(1 ± f''μ(x)) + f'²‖x‖²/(2σ²) ± f'·bᵀx/σ² |,  μ(x) = xᵀH⁻¹x,  H = ∇²J(θ^P; D),
+with f', f'' at (xᵀθ^P; y). The service releases AMP (``mechanisms.objective_perturbation``):
+out = θ̃ + w with ‖θ̃ − θ^P‖ ≤ τ/λ and w ~ N(0, σ_out² I). No ex-post formula exists for the marginal of
+``out`` (note §1.7 pitfall 4), so the report bounds the ex-post loss of the transcript (θ^P, out[, ĝ, Ĥ]),
+of which the release is a post-processing: ε₁ at θ^P plus the Gaussian output step's ex-post loss
+(note P3: |‖v‖²/(2σ_out²) − vᵀw/σ_out²| with ‖v‖ ≤ 2τ/λ). θ^P is unknown but lies in the ball
+‖θ^P − out‖ ≤ r := τ/λ + σ_out(√d + √(2 log(1/ρ_ball))) (Gaussian norm concentration, E‖w‖ ≤ σ_out√d), so
+f', f'' are replaced by their suprema over u ∈ [xᵀout − r‖x‖, xᵀout + r‖x‖] (f'' is largest nearest 0,
+|f'(u; y)| = σ(−yu) is largest at the smallest yu).
+
+Bounds per term (Alg 2 of note §1.3, with erratum 9 applied: absolute values in ḡ):
+* leverage: −log(1 ± f''μ) ≤ −log(1 − f''μ̄) with μ̄ ≥ μ. Public: μ̄ = ‖x‖²/λ (H ⪰ λI; Thm 2.3.3).
+  Data-dependent: Ĥ = H(out) + σ₃(Z + Zᵀ)/√2 (Alg 11, GOE); on ‖G‖ ≤ σ₃τ_GOE and λ ≥ 2σ₃τ_GOE,
+  xᵀH(out)⁻¹x ≤ (3/2)xᵀĤ⁻¹x (Prop A.5.1); logistic is self-concordant with |f'''| ≤ f'' so
+  ∇²ℓ_i(θ^P) ⪰ e^{−R r}∇²ℓ_i(out) (‖x_i‖ ≤ R), hence μ ≤ e^{R r}(3/2)xᵀĤ⁻¹x; μ̄ = min(that, ‖x‖²/λ).
+* fit: f'²‖x‖²/(2σ²) with the supremum of |f'|.
+* gradient: |f'|·|bᵀx|/σ². Public: bᵀx ~ N(0, σ²‖x‖²) for a fixed x, so |bᵀx| ≤ σ‖x‖z (Thm 2.3.4, the
+  Φ⁻¹ form). Data-dependent: ĝ = ∇J(θ̃; D) + e, e ~ N(0, σ₂² I) (Alg 10 at θ̃), and
+  ∇J(θ̃; D) = ∇L^P(θ̃) − b with ‖∇L^P(θ̃)‖ ≤ τ, so |bᵀx| ≤ |ĝᵀx| + σ₂‖x‖z + τ‖x‖; the min of both branches.
+* output: (2τ/λ)²/(2σ_out²) + (2τ/λ)z/σ_out.
+The failure probability ρ is split evenly over the events used (public: ball, b, w → ρ/3 each;
+data-dependent: ball, b, e, GOE, w → ρ/5 each); z = Φ⁻¹(1 − ρ_i/2) for the two-sided Gaussian events.
+
+GOE quantile (erratum 12 of the note: the thesis's τ = 12 is in the wrong normalization). Used here:
+τ_GOE = 2√d + 2√(log(2/ρ_GOE)) for W = (Z + Zᵀ)/√2. Proof: E λ_max(W) ≤ 2√d by Sudakov–Fernique
+(X_v = vᵀWv = √2 vᵀZv has increments E(X_u − X_v)² = 4(1 − (uᵀv)²) ≤ 8(1 − uᵀv) = E(Y_u − Y_v)² for
+Y_v = 2gᵀv, E sup Y = 2E‖g‖ ≤ 2√d); λ_max is √2-Lipschitz in Z (‖W‖_F ≤ √2‖Z‖_F) so
+P(λ_max ≥ 2√d + t) ≤ e^{−t²/4}; the same for −λ_min; a union bound gives ‖W‖ ≤ τ_GOE w.p. ≥ 1 − ρ_GOE.
+Conservative versus Tracy–Widom (21.2 vs 17.1 at d = 50, ρ = 8.5e-6); checked by Monte Carlo in tests.
+
+Charges: the public report costs 0. The data-dependent report adds Gaussian RDP (note §1.6): gradient
+sensitivity L + 2τ given θ^P (‖∇ℓ(θ^P; z)‖ ≤ L, and θ̃, θ̃′ each within τ of stationarity) — 2L + 2τ under
+replace_one; Hessian at the released ``out`` through the GOE vector [diag/√2, upper] with iid N(0, σ₃²)
+noise and sensitivity ‖ΔH‖_F/√2 ≤ β/√2 (add/remove) or β (replace_one: ‖A − B‖_F² ≤ ‖A‖_F² + ‖B‖_F² for
+PSD A, B). Adaptive composition: θ^P, θ̃ are functions of (D, θ^P) and the AMP proof already composes
+(θ^P, out) (note §3.3 Remark 4.4.2).
+
+The personalized RDP curve ρ_z(α) (note §3.4 [DERIVED], add/remove) depends on z's own record only:
+−log(1 − β_z/λ) + αL_z²/(2σ²) + log(2Φ((α−1)L_z/σ))/(α−1) + AMP term (+ report terms with L_z, β_z),
+L_z = ‖x‖, β_z = ‖x‖²/4.
+
+**True per-record losses are never returned, stored or charged** (note §1.2 Example 2.2.4, §4.1 rule 3).
+``exact_ex_post_loss`` below needs the whole dataset; it exists only to verify the bounds in tests and
+is not reachable from the service.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from scipy import linalg, special, stats
+
+from mechanisms.accounting import RdpCurve
+from mechanisms.objective_perturbation import (
+    Neighboring,
+    amp_rdp,
+    logistic_d1,
+    logistic_d2,
+)
+
+if TYPE_CHECKING:
+    from mechanisms.objective_perturbation import ObjPertFit, ObjPertLogisticParams
+
+PUBLIC_EVENTS = 3
+DATA_DEPENDENT_EVENTS = 5
+
+
+def two_sided_z(rho: float) -> float:
+    """Φ⁻¹(1 − ρ/2): P(|N(0,1)| > z) = ρ."""
+    return float(stats.norm.isf(rho / 2.0))
+
+
+def goe_norm_bound(d: int, rho: float) -> float:
+    """τ with P(‖(Z + Zᵀ)/√2‖₂ > τ) ≤ ρ, Z d×d iid N(0,1): 2√d + 2√(log(2/ρ)) (module docstring)."""
+    return 2.0 * math.sqrt(d) + 2.0 * math.sqrt(math.log(2.0 / rho))
+
+
+def ball_radius(tau: float, lam: float, sigma_out: float, d: int, rho_ball: float) -> float:
+    """r ≥ ‖θ^P − out‖ w.p. ≥ 1 − ρ_ball: τ/λ + σ_out(√d + √(2 log(1/ρ_ball)))."""
+    return tau / lam + sigma_out * (math.sqrt(d) + math.sqrt(2.0 * math.log(1.0 / rho_ball)))
+
+
+def _events(kind: str) -> int:
+    return DATA_DEPENDENT_EVENTS if kind == "data_dependent" else PUBLIC_EVENTS
+
+
+def data_dependent_requirements(p: ObjPertLogisticParams, d: int) -> str | None:
+    """Prop A.5.1 needs λ_min(H) ≥ 2σ₃τ_GOE; H ⪰ λI, so λ ≥ 2σ₃τ_GOE is required (public check)."""
+    assert p.report_hessian_sigma is not None
+    tau_goe = goe_norm_bound(d, p.report_rho / DATA_DEPENDENT_EVENTS)
+    needed = 2.0 * p.report_hessian_sigma * tau_goe
+    if p.regularization < needed:
+        return f"needs regularization ≥ 2·σ₃·τ_GOE = {needed:.6g} (lower σ₃ or raise λ)"
+    return None
+
+
+def report_sensitivities(p: ObjPertLogisticParams, neighboring: Neighboring) -> tuple[float, float]:
+    """(gradient ℓ2 sensitivity, GOE-vector sensitivity) of the data-dependent report."""
+    lipschitz, beta = p.row_norm, p.row_norm**2 / 4.0
+    if neighboring == "replace_one":
+        return 2.0 * lipschitz + 2.0 * p.tolerance, beta
+    return lipschitz + 2.0 * p.tolerance, beta / math.sqrt(2.0)
+
+
+def report_curve(p: ObjPertLogisticParams, neighboring: Neighboring, orders: Sequence[float]) -> RdpCurve:
+    """Gaussian RDP of the data-dependent report: α(Δ_g²/(2σ₂²) + Δ_H²/(2σ₃²))."""
+    assert p.report_gradient_sigma is not None
+    assert p.report_hessian_sigma is not None
+    grad_sens, hess_sens = report_sensitivities(p, neighboring)
+    per_alpha = grad_sens**2 / (2.0 * p.report_gradient_sigma**2) + hess_sens**2 / (
+        2.0 * p.report_hessian_sigma**2
+    )
+    values = np.asarray(orders, dtype=np.float64) * per_alpha
+    padded = tuple(math.nextafter(float(v) * (1.0 + 1e-12), math.inf) for v in values)
+    return RdpCurve(tuple(orders), padded)
+
+
+def report_metadata(p: ObjPertLogisticParams, d: int) -> dict[str, Any]:
+    """The public constants of the reporting function (functions of the parameters only)."""
+    from mechanisms.objective_perturbation import OUTPUT_NOISE_FACTOR
+
+    events = _events(p.report)
+    rho_i = p.report_rho / events
+    sigma_out = p.output_sigma if p.output_sigma is not None else OUTPUT_NOISE_FACTOR * p.tolerance / (
+        p.regularization
+    )
+    meta: dict[str, Any] = {
+        "kind": p.report,
+        "rho": p.report_rho,
+        "events": events,
+        "z": two_sided_z(rho_i),
+        "radius": ball_radius(p.tolerance, p.regularization, sigma_out, d, rho_i),
+        "neighbour_notion": "add_remove of the evaluated record (per-instance DP)",
+    }
+    if p.report == "data_dependent":
+        meta["gradient_sigma"] = p.report_gradient_sigma
+        meta["hessian_sigma"] = p.report_hessian_sigma
+        meta["tau_goe"] = goe_norm_bound(d, rho_i)
+    return meta
+
+
+def data_dependent_statistics(
+    p: ObjPertLogisticParams, x: np.ndarray, y: np.ndarray, fit: ObjPertFit, rng: np.random.Generator
+) -> dict[str, Any]:
+    """ĝ = ∇J(θ̃; D) + N(0, σ₂²I) (Alg 10 at the approximate minimizer) and Ĥ = ∇²J(out; D) + GOE (Alg 11)."""
+    assert p.report_gradient_sigma is not None
+    assert p.report_hessian_sigma is not None
+    d = x.shape[1]
+    theta = fit.approx_minimizer
+    gradient = x.T @ logistic_d1(x @ theta, y) + p.regularization * theta
+    g_hat = gradient + rng.normal(0.0, p.report_gradient_sigma, size=d)
+    w = logistic_d2(x @ fit.released)
+    hessian = (x * w[:, None]).T @ x + p.regularization * np.eye(d)
+    z = rng.normal(0.0, 1.0, size=(d, d))
+    h_hat = hessian + p.report_hessian_sigma * (z + z.T) / math.sqrt(2.0)
+    return {
+        "gradient": [float(v) for v in g_hat],
+        "hessian": [[float(v) for v in row] for row in h_hat],
+    }
+
+
+def _sup_d2(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """sup of f''(u) = σ(u)σ(−u) over [lo, hi]: 1/4 if 0 is inside, else at the end nearest 0."""
+    nearest = np.where((lo <= 0.0) & (hi >= 0.0), 0.0, np.minimum(np.abs(lo), np.abs(hi)))
+    result: np.ndarray = logistic_d2(nearest)
+    return result
+
+
+def _sup_abs_d1(lo: np.ndarray, hi: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """sup of |f'(u; y)| = σ(−yu) over u ∈ [lo, hi] (y = ±1): at the smallest yu."""
+    smallest = np.minimum(y * lo, y * hi)
+    result: np.ndarray = special.expit(-smallest)
+    return result
+
+
+def ex_post_terms(
+    theta: np.ndarray,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    lam: float,
+    sigma: float,
+    z_b: float,
+    radius: float = 0.0,
+    row_norm: float = 1.0,
+    tau: float = 0.0,
+    sigma_out: float | None = None,
+    z_out: float = 0.0,
+    h_hat: np.ndarray | None = None,
+    g_hat: np.ndarray | None = None,
+    sigma_g: float | None = None,
+    z_e: float = 0.0,
+) -> dict[str, np.ndarray]:
+    """The terms of the reported bound for rows ``x`` (m×d, already clipped) and labels ``y`` (±1).
+
+    With radius = τ = 0 and no Ĥ/ĝ this is exactly Alg 2 DATA-INDEP of the thesis (note §1.3).
+    """
+    x = np.atleast_2d(np.asarray(x, dtype=np.float64))
+    y = np.asarray(y, dtype=np.float64).reshape(-1)
+    norms = np.linalg.norm(x, axis=1)
+    u0 = x @ theta
+    spread = radius * norms
+    lo, hi = u0 - spread, u0 + spread
+    f2 = _sup_d2(lo, hi)
+    f1 = _sup_abs_d1(lo, hi, y)
+    mu_bar = norms**2 / lam
+    if h_hat is not None:
+        try:
+            factor = linalg.cholesky(np.asarray(h_hat, dtype=np.float64), lower=True)
+            solved = linalg.solve_triangular(factor, x.T, lower=True)
+            quad = np.sum(solved * solved, axis=0)
+            mu_bar = np.minimum(math.exp(row_norm * radius) * 1.5 * quad, mu_bar)
+        except linalg.LinAlgError:
+            pass  # Ĥ not positive definite: outside the GOE event; ‖x‖²/λ is always valid
+    leverage = -np.log1p(-f2 * mu_bar)
+    fit = f1**2 * norms**2 / (2.0 * sigma**2)
+    bx = sigma * norms * z_b
+    if g_hat is not None:
+        assert sigma_g is not None
+        bx = np.minimum(bx, np.abs(x @ np.asarray(g_hat)) + sigma_g * norms * z_e + tau * norms)
+    gradient = f1 * bx / sigma**2
+    output = np.zeros_like(norms)
+    if sigma_out is not None and tau > 0.0:
+        shift = 2.0 * tau / lam
+        output = output + shift**2 / (2.0 * sigma_out**2) + shift * z_out / sigma_out
+    total = leverage + fit + gradient + output
+    return {"leverage": leverage, "fit": fit, "gradient": gradient, "output": output, "total": total}
+
+
+def personalized_rdp(
+    norms: np.ndarray, p: ObjPertLogisticParams, sigma_out: float, orders: Sequence[float]
+) -> list[RdpCurve]:
+    """ρ_z(α) per record (note §3.4 [DERIVED], add/remove): the bound with L_z = ‖x‖, β_z = ‖x‖²/4.
+
+    Vectorised over records (rows) and orders (columns) with the closed form of ``objpert_rdp``.
+    """
+    alphas = np.asarray(orders, dtype=np.float64)[None, :]
+    norm = np.asarray(norms, dtype=np.float64)[:, None]
+    lam, sigma = p.regularization, p.sigma
+    s = norm / sigma
+    values = (
+        -np.log1p(-(norm**2 / 4.0) / lam)
+        + alphas * s * s / 2.0
+        + (math.log(2.0) + stats.norm.logcdf((alphas - 1.0) * s)) / (alphas - 1.0)
+        + amp_rdp(alphas, p.tolerance, lam, sigma_out)
+    )
+    if p.report == "data_dependent":
+        assert p.report_gradient_sigma is not None
+        assert p.report_hessian_sigma is not None
+        values = values + alphas * (
+            (norm + 2.0 * p.tolerance) ** 2 / (2.0 * p.report_gradient_sigma**2)
+            + (norm**2 / 4.0) ** 2 / (4.0 * p.report_hessian_sigma**2)
+        )
+    padded = np.nextafter(values * (1.0 + 1e-12) + 1e-15, np.inf)
+    return [RdpCurve(tuple(orders), tuple(float(v) for v in row)) for row in padded]
+
+
+def evaluate_report(
+    p: ObjPertLogisticParams,
+    output: dict[str, Any],
+    x: np.ndarray,
+    y: np.ndarray,
+    orders: Sequence[float],
+) -> list[dict[str, Any]]:
+    """Evaluate a release's reporting function on records (rows already through ``design_matrix``).
+
+    Reads only ``output`` (the release) and ``p`` (public parameters): post-processing, charged 0.
+    """
+    report = output.get("report")
+    if not isinstance(report, dict):
+        raise ValueError("this release has no reporting function (report = none)")
+    theta = np.asarray(output["theta"], dtype=np.float64)
+    sigma_out = float(output["output_sigma"])
+    z = float(report["z"])
+    dependent = report["kind"] == "data_dependent"
+    terms = ex_post_terms(
+        theta, x, y,
+        lam=p.regularization, sigma=p.sigma, z_b=z, radius=float(report["radius"]), row_norm=p.row_norm,
+        tau=p.tolerance, sigma_out=sigma_out, z_out=z,
+        h_hat=np.asarray(report["hessian"]) if dependent else None,
+        g_hat=np.asarray(report["gradient"]) if dependent else None,
+        sigma_g=p.report_gradient_sigma, z_e=z,
+    )
+    curves = personalized_rdp(np.linalg.norm(np.atleast_2d(x), axis=1), p, sigma_out, orders)
+    results = []
+    for i, curve in enumerate(curves):
+        results.append({
+            "ex_post_epsilon_upper": float(terms["total"][i]),
+            "confidence": 1.0 - p.report_rho,
+            "terms": {k: float(v[i]) for k, v in terms.items() if k != "total"},
+            "personalized_rdp": curve.as_dict(),
+        })
+    return results
+
+
+# ----- verification only (never reachable from the service) ----------------------------------------------
+
+
+def exact_ex_post_loss(
+    theta: np.ndarray,
+    data_x: np.ndarray,
+    data_y: np.ndarray,
+    x: np.ndarray,
+    y: float,
+    lam: float,
+    sigma: float,
+    member: bool,
+) -> float:
+    """Cor 2.3.2 (note §1.3): the true ex-post loss of exact ObjPert at its minimizer θ for record z=(x,y).
+
+    D = (data_x, data_y) is the dataset actually used; ``member`` says whether z ∈ D (neighbour D \\ {z})
+    or not (neighbour D ∪ {z}). Needs all of D: **for tests only**, never returned by any endpoint.
+    """
+    u = data_x @ theta
+    hessian = (data_x * logistic_d2(u)[:, None]).T @ data_x + lam * np.eye(data_x.shape[1])
+    grad_j = data_x.T @ logistic_d1(u, data_y) + lam * theta
+    b_hat = -grad_j
+    uz = float(x @ theta)
+    f1 = float(logistic_d1(np.asarray(uz), np.asarray(y)))
+    f2 = float(logistic_d2(np.asarray(uz)))
+    g = f1 * np.asarray(x, dtype=np.float64)
+    mu = float(x @ np.linalg.solve(hessian, x))
+    sign = -1.0 if member else 1.0
+    value = -math.log1p(sign * f2 * mu) + float(g @ g) / (2.0 * sigma**2) - sign * float(b_hat @ g) / sigma**2
+    return abs(value)

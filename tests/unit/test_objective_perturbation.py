@@ -1,0 +1,486 @@
+"""Objective perturbation: the Rényi bound (note §3.4–3.5), the (ε, δ) profile, the solver, the mechanism."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from scipy import integrate, optimize, stats
+
+from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve
+from mechanisms.base import ParamsError, PublicContext
+from mechanisms.objective_perturbation import (
+    ObjPertConfig,
+    ObjPertDidNotConverge,
+    ObjPertLogistic,
+    ObjPertLogisticParams,
+    amp_rdp,
+    certified_gradient_norm,
+    fit_objpert,
+    gaussian_hockey_stick,
+    logistic_d1,
+    logistic_d2,
+    objpert_curve,
+    objpert_delta,
+    objpert_rdp,
+    perturbed_hessian,
+    perturbed_objective,
+    solve_to_tolerance,
+    train_objpert_logistic,
+)
+from mechanisms.schema import DatasetSchema
+
+TABLE_ORDERS = (1.5, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+# note §3.5, Thm 4.3.2 test vectors: (σ, β, λ, L) -> ε(α) at TABLE_ORDERS
+RDP_TABLE = {
+    (5.0, 1.0, 20.0, 1.0): (
+        0.23457764,
+        0.23843612,
+        0.25549103,
+        0.29828512,
+        0.41741305,
+        0.71365288,
+        1.34229563,
+        2.61675115,
+    ),
+    (10.0, 1.0, 5.0, 1.0): (
+        0.30884960,
+        0.30978572,
+        0.31372256,
+        0.32258973,
+        0.34474380,
+        0.40547191,
+        0.55414589,
+        0.86860140,
+    ),
+    (8.0, 1.0, 10.0, 1.0): (
+        0.21434593,
+        0.21581963,
+        0.22209524,
+        0.23663968,
+        0.27451247,
+        0.37771838,
+        0.61636285,
+        1.11081837,
+    ),
+    (1.0, 0.25, 1.0, 1.0): (
+        1.68608360,
+        1.80807547,
+        2.51828086,
+        4.38670310,
+        8.33389188,
+        16.31004166,
+        32.29868441,
+        64.29313992,
+    ),
+    (6.86, 0.5, 5.0, math.sqrt(2)): (
+        0.29503844,
+        0.29914558,
+        0.31735472,
+        0.36331862,
+        0.49149848,
+        0.80770888,
+        1.47634041,
+        2.83077349,
+    ),
+}
+
+
+@pytest.mark.parametrize(("setting", "expected"), list(RDP_TABLE.items()))
+def test_rdp_table_of_the_note(
+    setting: tuple[float, float, float, float], expected: tuple[float, ...]
+) -> None:
+    values = objpert_rdp(TABLE_ORDERS, *setting)
+    assert np.max(np.abs(values - np.asarray(expected))) < 1e-8
+
+
+def _rdp_by_quadrature(alpha: float, sigma: float, beta: float, lam: float, lip: float) -> float:
+    """Thm 4.3.2 as stated: a + c + (1/(α−1)) log E_{X~N(0,s²)} e^{(α−1)|X|}, by quadrature."""
+    s = lip / sigma
+    t = alpha - 1.0
+
+    peak = t * s * s  # the integrand's mode; its log-height t²s²/2 is factored out
+    top = t * peak / 2
+
+    def integrand(x: float) -> float:
+        return 2.0 * math.exp(t * x - x * x / (2 * s * s) - top) / (s * math.sqrt(2 * math.pi))
+
+    scaled, _ = integrate.quad(
+        integrand, 0.0, peak + 40 * s, points=[peak], epsabs=0, epsrel=1e-13, limit=200
+    )
+    return -math.log1p(-beta / lam) + s * s / 2 + (math.log(scaled) + top) / t
+
+
+@pytest.mark.parametrize("alpha", [1.01, 1.25, 2.0, 3.5, 10.0, 33.0, 100.0, 256.0])
+@pytest.mark.parametrize(
+    ("sigma", "beta", "lam", "lip"), [(5, 1, 20, 1), (0.7, 0.25, 0.3, 1), (40, 0.5, 3, 1.4)]
+)
+def test_closed_form_equals_quadrature(
+    alpha: float, sigma: float, beta: float, lam: float, lip: float
+) -> None:
+    closed = float(objpert_rdp([alpha], sigma, beta, lam, lip)[0])
+    assert closed == pytest.approx(_rdp_by_quadrature(alpha, sigma, beta, lam, lip), rel=1e-9, abs=1e-10)
+
+
+def test_rdp_shape_invariants() -> None:
+    alphas = np.asarray(DEFAULT_ORDERS)
+    for sigma, beta, lam, lip in RDP_TABLE:
+        values = objpert_rdp(alphas, sigma, beta, lam, lip)
+        a = -math.log1p(-beta / lam)
+        gauss = alphas * lip**2 / (2 * sigma**2)
+        correction = values - gauss
+        assert np.all(correction > a)  # > a: the half-normal part is positive
+        assert np.all(correction <= a + math.log(2) / (alphas - 1) + 1e-12)
+        assert np.all(np.diff(values) > 0)  # nondecreasing in α
+        assert np.all(objpert_rdp(alphas, sigma * 1.1, beta, lam, lip) < values)
+        assert np.all(objpert_rdp(alphas, sigma, beta, lam * 1.1, lip) < values)
+    with pytest.raises(ValueError, match="λ > β"):
+        objpert_rdp(alphas, 1.0, 0.25, 0.25, 1.0)
+
+
+# note §3.5: δ(ε) of Thm 4.3.1 (corrected) vs the Gaussian lower bound
+DELTA_TABLE = [
+    ((5, 1, 20), 0.0, 2.005934e-1, 7.965567e-2),
+    ((5, 1, 20), 0.25, 3.714501e-2, 1.142543e-2),
+    ((5, 1, 20), 0.5, 2.151031e-3, 5.125361e-4),
+    ((5, 1, 20), 1.0, 1.311890e-7, 1.754633e-8),
+    ((10, 1, 5), 0.25, 5.651574e-2, 2.268624e-4),
+    ((10, 1, 5), 0.5, 1.939847e-4, 6.856582e-9),
+    ((8, 1, 10), 0.25, 1.643114e-2, 1.200808e-3),
+    ((8, 1, 10), 0.5, 6.597396e-5, 1.144800e-6),
+    ((8, 1, 10), 1.0, 2.166304e-14, 1.553084e-17),
+]
+
+
+@pytest.mark.parametrize(("setting", "eps", "delta", "gauss"), DELTA_TABLE)
+def test_profile_table_and_gaussian_lower_bound(
+    setting: tuple[float, float, float], eps: float, delta: float, gauss: float
+) -> None:
+    sigma, beta, lam = setting
+    assert objpert_delta(eps, sigma, beta, lam, 1.0) == pytest.approx(delta, rel=1e-5)
+    assert gaussian_hockey_stick(1.0, sigma, eps) == pytest.approx(gauss, rel=1e-5)
+    assert objpert_delta(eps, sigma, beta, lam, 1.0) >= gaussian_hockey_stick(1.0, sigma, eps)
+
+
+def _profile_by_quadrature(eps: float, sigma: float, beta: float, lam: float, lip: float) -> float:
+    """E_{Y~|N(0,s²)|}[1 − e^{ε̂ − Y}]_+ with ε̂ = ε − a − c, the Lemma C.4.3 bound (note §3.4)."""
+    s = lip / sigma
+    eps_hat = eps + math.log1p(-beta / lam) - lip**2 / (2 * sigma**2)
+    low = max(0.0, eps_hat)
+
+    def integrand(y: float) -> float:
+        return (1 - math.exp(eps_hat - y)) * 2 * stats.norm.pdf(y, scale=s)
+
+    value, _ = integrate.quad(integrand, low, low + 40 * s, epsabs=1e-15, epsrel=1e-10, limit=200)
+    return value
+
+
+def test_profile_against_gaussian_lower_bound_rdp_and_quadrature() -> None:
+    """The corrected Thm 4.3.1: ≥ Gaussian lower bound (Lemma 4.3.4), ≤ δ implied by the Thm 4.3.2 RDP curve,
+    = direct integration; the wrong-sign variant of the printed theorem violates the lower bound."""
+    alphas = np.linspace(1.05, 400, 4000)
+    for sigma, beta, lam in [(5, 1, 20), (10, 1, 5), (8, 1, 10), (2, 0.25, 1)]:
+        rdp = objpert_rdp(alphas, sigma, beta, lam, 1.0)
+        for eps in np.linspace(0.0, 3.0, 31):
+            delta = objpert_delta(float(eps), sigma, beta, lam, 1.0)
+            assert delta >= gaussian_hockey_stick(1.0, sigma, float(eps)) * (1 - 1e-9)
+            implied = math.exp(float(np.min((alphas - 1) * (rdp - eps))))
+            assert delta <= implied * (1 + 1e-9) + 1e-300
+            if delta > 1e-11:
+                assert delta == pytest.approx(
+                    _profile_by_quadrature(float(eps), sigma, beta, lam, 1.0), rel=1e-6
+                )
+    # power: the printed sign (ε̃ = ε + a instead of ε − a) under-protects (note erratum 3)
+    a = -math.log1p(-1 / 5)
+    wrong = 2 * gaussian_hockey_stick(1.0, 10.0, 1.0 + a)
+    assert wrong < gaussian_hockey_stick(1.0, 10.0, 1.0)
+
+
+def _log_density_1d(
+    theta: np.ndarray, xs: np.ndarray, ys: np.ndarray, lam: float, sigma: float
+) -> np.ndarray:
+    """log p_D(θ) of exact 1-D ObjPert by change of variables: log φ_σ(J'(θ)) + log J''(θ) (note §1.3)."""
+    u = np.outer(theta, xs)
+    grad = (logistic_d1(u, ys) * xs).sum(axis=1) + lam * theta
+    curv = (logistic_d2(u) * xs**2).sum(axis=1) + lam
+    result: np.ndarray = stats.norm.logpdf(grad, scale=sigma) + np.log(curv)
+    return result
+
+
+def _renyi_1d(
+    p_data: tuple[np.ndarray, np.ndarray],
+    q_data: tuple[np.ndarray, np.ndarray],
+    alpha: float,
+    lam: float,
+    sigma: float,
+) -> float:
+    grid = np.linspace(-30, 30, 120001)
+    log_integrand = alpha * _log_density_1d(grid, *p_data, lam, sigma) + (1 - alpha) * _log_density_1d(
+        grid, *q_data, lam, sigma
+    )
+    top = float(np.max(log_integrand))
+    return (math.log(integrate.trapezoid(np.exp(log_integrand - top), grid)) + top) / (alpha - 1)
+
+
+AUDIT_X = np.array([1.0, -1.0, 0.5, 1.0])
+AUDIT_Y = np.array([1.0, -1.0, 1.0, -1.0])
+
+
+def test_exact_1d_divergences_of_the_note_lie_below_the_bound() -> None:
+    """note §3.5 exact 1-D audit: λ=1, σ=1, D = {(1,+1),(−1,−1),(0.5,+1),(1,−1)}, z = (1,+1)."""
+    plus = (np.append(AUDIT_X, 1.0), np.append(AUDIT_Y, 1.0))
+    expected = {2.0: 0.26398, 4.0: 1.19957, 8.0: 3.90409, 16.0: 7.99990}
+    bounds = objpert_rdp(list(expected), 1.0, 0.25, 1.0, 1.0)
+    for (alpha, value), bound in zip(expected.items(), bounds, strict=True):
+        forward = _renyi_1d((AUDIT_X, AUDIT_Y), plus, alpha, 1.0, 1.0)
+        backward = _renyi_1d(plus, (AUDIT_X, AUDIT_Y), alpha, 1.0, 1.0)
+        assert forward == pytest.approx(value, abs=2e-5)
+        assert max(forward, backward) <= bound
+        assert alpha / 2 <= bound  # Gaussian lower bound αL²/(2σ²)
+
+
+def test_replace_one_bound_covers_exact_1d_divergences() -> None:
+    """Replace-one pairs (derived bound: L → 2L) on 1-D data, including the worst label flip at x = ±1."""
+    config = ObjPertConfig(lam=1.0, sigma=1.0, neighboring="replace_one")
+    orders = (2.0, 4.0, 8.0)
+    curve = objpert_curve(config, orders)
+    base_x, base_y = AUDIT_X[:3], AUDIT_Y[:3]
+    worst = 0.0
+    for z, z2 in [((1.0, 1.0), (1.0, -1.0)), ((1.0, 1.0), (-1.0, 1.0)), ((0.3, -1.0), (-1.0, -1.0))]:
+        d1 = (np.append(base_x, z[0]), np.append(base_y, z[1]))
+        d2 = (np.append(base_x, z2[0]), np.append(base_y, z2[1]))
+        for alpha in orders:
+            value = max(_renyi_1d(d1, d2, alpha, 1.0, 1.0), _renyi_1d(d2, d1, alpha, 1.0, 1.0))
+            assert value <= curve.at(alpha)
+            worst = max(worst, value / curve.at(alpha))
+    # a label flip at x = 1 shifts the gradient by exactly −x (σ(u) + σ(−u) = 1) with equal curvature:
+    # exactly a Gaussian mechanism of sensitivity 1, D_α = α/2 — the quadrature sees it
+    d1 = (np.append(base_x, 1.0), np.append(base_y, 1.0))
+    d2 = (np.append(base_x, 1.0), np.append(base_y, -1.0))
+    assert _renyi_1d(d1, d2, 8.0, 1.0, 1.0) == pytest.approx(4.0, rel=1e-6)
+    assert worst < 1.0
+
+
+def test_curve_adds_the_amp_term_and_replace_one_doubles_l() -> None:
+    config = ObjPertConfig(lam=2.0, sigma=3.0, tau=0.01, sigma_out=0.05, row_norm=math.sqrt(2))
+    curve = objpert_curve(config, DEFAULT_ORDERS)
+    expected = objpert_rdp(DEFAULT_ORDERS, 3.0, 0.5, 2.0, math.sqrt(2)) + np.asarray(DEFAULT_ORDERS) * (
+        2 * 0.01**2 / (0.05**2 * 2.0**2)
+    )
+    assert np.all(np.asarray(curve.values) >= expected)
+    assert np.allclose(curve.values, expected, rtol=1e-10)
+    assert np.allclose(amp_rdp([10.0], 0.01, 10.0, 0.15), [8.888888888888e-4])  # note §3.5
+    replace = objpert_curve(
+        ObjPertConfig(
+            lam=2.0, sigma=3.0, tau=0.01, sigma_out=0.05, row_norm=math.sqrt(2), neighboring="replace_one"
+        ),
+        DEFAULT_ORDERS,
+    )
+    assert replace >= curve
+    gauss = RdpCurve.gaussian(2 * math.sqrt(2), 3.0, DEFAULT_ORDERS)
+    assert replace >= gauss  # ≥ the linear-loss (Gaussian) lower bound with sensitivity 2L
+
+
+def test_bias_radius_sets_beta_and_l() -> None:
+    config = ObjPertConfig(lam=1.0, sigma=1.0, row_norm=math.sqrt(2))
+    assert config.beta == pytest.approx(0.5)
+    assert config.lipschitz == pytest.approx(math.sqrt(2))
+    with pytest.raises(ValueError, match="λ must exceed β"):
+        ObjPertConfig(lam=0.5, sigma=1.0, row_norm=math.sqrt(2))
+
+
+def _problem(seed: int, n: int = 300, d: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d))
+    x /= np.maximum(1.0, np.linalg.norm(x, axis=1))[:, None]
+    w = rng.normal(size=d) * 2
+    y = np.where(rng.random(n) < 1 / (1 + np.exp(-x @ w)), 1.0, -1.0)
+    return x, y
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_approximate_minimizer_is_within_tau_over_lambda(seed: int) -> None:
+    """Thm C.6.1's premise: the certified stop gives ‖θ̃ − argmin L^P‖ ≤ τ/λ (argmin to ~1e-13)."""
+    x, y = _problem(seed)
+    rng = np.random.default_rng(100 + seed)
+    lam, tau = 2.0, 1e-3
+    b = rng.normal(0, 4.0, size=x.shape[1])
+    approx = solve_to_tolerance(x, y, lam, b, tau)
+    assert certified_gradient_norm(approx, x, y, lam, b) <= 0.99 * tau
+    exact = approx.copy()
+    for _ in range(30):
+        _, g = perturbed_objective(exact, x, y, lam, b)
+        exact = exact - np.linalg.solve(perturbed_hessian(exact, x, lam), g)
+    assert np.linalg.norm(perturbed_objective(exact, x, y, lam, b)[1]) < 1e-10
+    assert np.linalg.norm(approx - exact) <= tau / lam
+    # scipy's L-BFGS agrees on the exact minimizer
+    ref = optimize.minimize(
+        lambda t: perturbed_objective(t, x, y, lam, b),
+        np.zeros(x.shape[1]),
+        jac=True,
+        method="L-BFGS-B",
+        options={"gtol": 1e-10, "ftol": 0, "maxiter": 10000},
+    )
+    assert np.linalg.norm(ref.x - exact) < 1e-6
+
+
+def test_certified_gradient_norm_bounds_the_exact_norm() -> None:
+    x, y = _problem(7, n=2000, d=8)
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        theta, b = rng.normal(size=8), rng.normal(size=8)
+        exact = perturbed_objective(theta, x, y, 1.0, b)[1]
+        assert certified_gradient_norm(theta, x, y, 1.0, b) >= np.linalg.norm(exact)
+
+
+def test_no_convergence_raises_and_never_loosens() -> None:
+    x, y = _problem(3)
+    config = ObjPertConfig(lam=1.0, sigma=1.0, tau=1e-9, max_iterations=1)
+    with pytest.raises(ObjPertDidNotConverge) as info:
+        fit_objpert(x, y, config, np.random.default_rng(0))
+    assert "worst case" in str(info.value)
+    assert not any(ch.isdigit() for ch in str(info.value))  # no data-dependent numbers in the message
+
+
+def test_fit_rejects_unclipped_rows_and_bad_labels() -> None:
+    config = ObjPertConfig(lam=1.0, sigma=1.0)
+    with pytest.raises(ValueError, match="row_norm"):
+        fit_objpert(np.array([[2.0, 0.0]]), np.array([1.0]), config, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="±1"):
+        fit_objpert(np.array([[0.5, 0.0]]), np.array([0.5]), config, np.random.default_rng(0))
+
+
+def test_reusable_learner_returns_model_and_curve() -> None:
+    x, y = _problem(11, n=3000, d=4)
+    config = ObjPertConfig(lam=1.0, sigma=0.5)
+    theta, curve = train_objpert_logistic(x, y, config, np.random.default_rng(5), orders=(2.0, 8.0))
+    assert curve == objpert_curve(config, (2.0, 8.0))
+    assert np.mean(np.sign(x @ theta) == y) > 0.7
+    same, _ = train_objpert_logistic(x, y, config, np.random.default_rng(5), orders=(2.0, 8.0))
+    assert np.array_equal(theta, same)  # the noise comes from the rng only
+
+
+# ----- the service mechanism --------------------------------------------------------------------------
+
+SCHEMA = DatasetSchema.model_validate(
+    {
+        "neighboring": "add_remove",
+        "columns": [
+            {"name": "a", "type": "float", "min": -1, "max": 1},
+            {"name": "b", "type": "float", "min": -2, "max": 2},
+            {"name": "label", "type": "categorical", "values": ["no", "yes"]},
+        ],
+    }
+)
+
+
+def _ctx(neighboring: str = "add_remove") -> PublicContext:
+    schema = SCHEMA.model_copy(update={"neighboring": neighboring})
+    return PublicContext(schema, 400 if neighboring == "replace_one" else None, DEFAULT_ORDERS)
+
+
+def _table(n: int = 400, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(-1, 1, n)
+    b = rng.uniform(-2, 2, n)
+    label = (a + 0.5 * b + 0.3 * rng.normal(size=n) > 0).astype(np.int64)
+    return {"a": a, "b": b, "label": label}
+
+
+def _params(**extra: object) -> ObjPertLogisticParams:
+    base: dict[str, object] = {"features": ["a", "b"], "label": "label", "regularization": 1.0, "sigma": 2.0}
+    return ObjPertLogisticParams.model_validate({**base, **extra})
+
+
+def test_params_validation() -> None:
+    with pytest.raises(ValidationError, match="exceed"):
+        _params(regularization=0.25)
+    with pytest.raises(ValidationError, match="exceed"):
+        _params(regularization=0.4, row_norm=1.5)
+    with pytest.raises(ValidationError, match="needs report_gradient_sigma"):
+        _params(report="data_dependent")
+    with pytest.raises(ValidationError, match="only apply"):
+        _params(report_gradient_sigma=1.0)
+    with pytest.raises(ValidationError):
+        _params(sigma=float("inf"))
+    with pytest.raises(ValidationError):
+        _params(seed=3)
+    mech = ObjPertLogistic()
+    with pytest.raises(ParamsError, match="report_hessian_sigma"):
+        mech.check(
+            _params(report="data_dependent", report_gradient_sigma=1.0, report_hessian_sigma=1.0), _ctx()
+        )
+    with pytest.raises(ParamsError):
+        mech.check(_params(features=["nope"]), _ctx())
+    assert ObjPertLogisticParams.model_json_schema()["properties"]["report"]["enum"] == [
+        "none",
+        "public",
+        "data_dependent",
+    ]
+
+
+@pytest.mark.parametrize("neighboring", ["add_remove", "replace_one"])
+def test_run_release_and_charge(neighboring: str) -> None:
+    mech = ObjPertLogistic()
+    ctx = _ctx(neighboring)
+    params = _params()
+    worst = mech.worst_case(params, ctx)
+    expected = objpert_curve(params.config(neighboring), DEFAULT_ORDERS)  # type: ignore[arg-type]
+    assert worst == expected
+    calls: list[float] = []
+    release = mech.run(params, ctx, _table(), np.random.default_rng(0), progress=calls.append)
+    assert release.realized == worst
+    assert calls[0] == 0.0
+    assert calls[-1] == 1.0
+    out = release.output
+    assert len(out["theta"]) == 3  # a, b, intercept
+    forbidden = {"iterations", "gradient_norm", "objective", "time", "b", "approx_minimizer"}
+    assert not forbidden & set(out)
+    assert out["report"]["kind"] == "public"
+    theta = np.asarray(out["theta"])
+    assert theta[0] > 0
+    assert theta[1] > 0
+
+
+def test_data_dependent_report_is_charged() -> None:
+    mech = ObjPertLogistic()
+    ctx = _ctx()
+    params = _params(
+        regularization=50.0, report="data_dependent", report_gradient_sigma=2.0, report_hessian_sigma=0.5
+    )
+    mech.check(params, ctx)
+    plain = mech.worst_case(_params(regularization=50.0), ctx)
+    worst = mech.worst_case(params, ctx)
+    alphas = np.asarray(DEFAULT_ORDERS)
+    extra = alphas * ((1.0 + 2e-6) ** 2 / (2 * 4.0) + (0.25 / math.sqrt(2)) ** 2 / (2 * 0.25))
+    assert np.allclose(np.asarray(worst.values) - np.asarray(plain.values), extra, rtol=1e-9)
+    release = mech.run(params, ctx, _table(), np.random.default_rng(1))
+    report = release.output["report"]
+    assert len(report["gradient"]) == 3
+    assert np.asarray(report["hessian"]).shape == (3, 3)
+    assert release.realized == worst
+
+
+def test_benchmark_quick_smoke(tmp_path: Path) -> None:
+    """benchmarks/objpert.py --quick runs and writes its JSON (each method calibrated to the same (ε, δ))."""
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "objpert.json"
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "objpert.py"), "--quick", "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    payload = json.loads(out.read_text())
+    rows = payload["results"]["synthetic-L"]["rows"]
+    assert [r["epsilon"] for r in rows] == [0.1, 1.0, 8.0]
+    assert rows[-1]["objpert"]["mean"] > 0.85  # ε = 8 is close to non-private
+    assert rows[0]["objpert_lambda"] > rows[-1]["objpert_lambda"]  # smaller ε needs a larger λ
