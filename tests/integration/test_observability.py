@@ -152,8 +152,10 @@ def secret_of(database_url: str, session_id: str) -> dict[str, Any]:
 
 
 def secret_values(state: dict[str, Any]) -> list[tuple[str | None, float]]:
-    """(field name, value) of each secret number of a session state; the name is None when the field's name
-    is an ordinary word of answers too (the noise-reduction chain's ``noise``), so only its value is checked."""
+    """(field name, value) of each secret number of a session state.
+
+    The name is None when it is an ordinary word of answers too (the noise-reduction chain's ``noise``):
+    only the value is checked then."""
     found: list[tuple[str | None, float]] = []
     for name, item in state.items():
         if name in PUBLIC_STATE:

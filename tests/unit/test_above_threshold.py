@@ -126,7 +126,7 @@ def transcript(
 
 # ===== registry ==========================================================================================
 def test_registries() -> None:
-    sessions = {name: mechanism for name, mechanism in INTERACTIVE.items() if name.startswith("above_threshold")}
+    sessions = {name: m for name, m in INTERACTIVE.items() if name.startswith("above_threshold")}
     assert sessions == {
         "above_threshold": GEOMETRIC,
         "above_threshold.dropping": DROPPING,
