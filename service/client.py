@@ -9,28 +9,33 @@ models here are the client's own, lenient (unknown fields are kept) copies of th
   (:class:`BudgetExhaustedError` for ``/problems/budget-exhausted`` and ``/problems/not-admissible``,
   :class:`InvalidInputError`, :class:`NotFoundError`, :class:`AuthError`, :class:`ConflictError`,
   :class:`ServerError`).
-* ``submit``, ``open_session`` and ``ask`` send an ``Idempotency-Key`` (generated unless given) and, on a
-  connection error or a 5xx, retry with the same key, so a lost response never charges twice. Other calls
-  are retried only when they are safe to repeat (GET, PUT, grants, estimates, closing a session); key and
-  dataset creation only when the connection could not even be opened. 4xx responses are never retried.
+* ``submit``, ``open_session``, ``ask`` and ``next`` send an ``Idempotency-Key`` (generated unless given)
+  and, on a connection error or a 5xx, retry with the same key, so a lost response never charges twice.
+  Other calls are retried only when they are safe to repeat (GET, PUT, grants, estimates, closing a
+  session); key and dataset creation only when the connection could not even be opened. 4xx responses are
+  never retried.
 * ``submit`` follows a ``202 Accepted`` by polling ``GET /v1/requests/{id}`` until the request leaves
-  ``running`` (calling ``progress(request_dict)`` with the 202 body and after each poll), up to a timeout.
+  ``running`` (calling ``progress(request_dict)`` with the 202 body and after each poll; the dict carries
+  ``progress``, the fraction done, when the mechanism's progress is public), up to a timeout.
+* Each endpoint is written once (``_Endpoints``, a sans-IO generator of HTTP calls, sleeps and progress
+  reports); the two clients only drive those generators, blocking or awaiting.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import inspect
 import json
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
@@ -58,6 +63,7 @@ __all__ = [
     "MechanismFailedError",
     "MechanismInfo",
     "NotFoundError",
+    "PrivacyReport",
     "RetryPolicy",
     "ServerError",
     "Session",
@@ -92,6 +98,8 @@ class ApiModel(BaseModel):
 
 
 M = TypeVar("M", bound=ApiModel)
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class ApiKey(ApiModel):
@@ -162,6 +170,10 @@ class AnalysisRequest(ApiModel):
     error: str | None = None
     created_at: datetime
     updated_at: datetime
+    # Newer servers: the fraction done (only when the mechanism's progress is public) and the timing.
+    progress: float | None = None
+    elapsed_seconds: float | None = None  # since submission: until now while running, else until settled
+    started_at: datetime | None = None
 
 
 class Estimate(ApiModel):
@@ -211,6 +223,20 @@ class MechanismInfo(ApiModel):
     cost_parameter: str | None = None
     params_schema: dict[str, Any]
     query_schema: dict[str, Any] | None = None
+
+
+class PrivacyReport(ApiModel):
+    """A release's per-instance privacy report evaluated on the caller's own record (charged nothing):
+    a bound on that record's ex-post loss holding with probability ≥ ``confidence``, and its Rényi curve."""
+
+    request_id: str
+    mechanism: str
+    report_kind: str
+    charged: float
+    ex_post_epsilon_upper: Loss
+    confidence: float
+    terms: dict[str, Loss]
+    personalized_rdp: Curve
 
 
 class LedgerPage(ApiModel):
@@ -429,8 +455,20 @@ def _should_retry_response(retry: Retry, response: httpx.Response) -> bool:
     return True
 
 
-@dataclass
+# ----- one request layer for both clients ---------------------------------------------------------------
+#
+# Every endpoint is written once, below in ``_Endpoints``, as a sans-IO generator: it yields effects and
+# returns the parsed result. ``_Call`` sends one HTTP attempt (the driver resumes the generator with the
+# response, or throws the transport error in); ``_Sleep`` waits; ``_Report`` calls a progress callback;
+# ``_Emit`` hands one item to a streaming caller. Retries, status handling, parsing, 202 polling and the
+# ETag cache therefore exist once; ``ExpostClient`` and ``AsyncExpostClient`` only perform the effects,
+# blocking or awaiting, and the ``@_endpoint`` descriptor exposes each generator as a typed method of both.
+
+
+@dataclass(frozen=True)
 class _Call:
+    """One HTTP exchange: what to send, how it may be retried, and which statuses are a success."""
+
     method: str
     path: str
     retry: Retry
@@ -439,10 +477,46 @@ class _Call:
     headers: dict[str, str] = field(default_factory=dict)
     data: dict[str, str] | None = None
     files: dict[str, tuple[str, bytes, str]] | None = None
+    ok: tuple[int, ...] = (200, 201)
+
+    def request_args(self) -> dict[str, Any]:
+        """The keyword arguments of ``httpx.Client.request`` (and of ``httpx.AsyncClient.request``)."""
+        sent = ("json", "params", "headers", "data", "files")
+        return {"method": self.method, "url": self.path, **{name: getattr(self, name) for name in sent}}
 
 
-def _new_key() -> str:
-    return f"expost-{uuid.uuid4()}"
+@dataclass(frozen=True)
+class _Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _Report:
+    progress: Progress
+    body: dict[str, Any]
+
+
+_Item = dict[str, Any]  # one item of a paged listing (a ledger entry)
+
+
+@dataclass(frozen=True)
+class _Emit:
+    item: _Item
+
+
+_Effect = _Call | _Sleep | _Report | _Emit
+_Op = Generator[_Effect, Any, T]  # resumed with a _Call's response, else with None
+_Stream = Generator[_Effect, Any, None]  # emits its items
+P = ParamSpec("P")
+
+
+def _get(path: str, **params: Any) -> _Call:
+    return _Call("GET", path, Retry.SAFE, params=params or None)
+
+
+def _keyed_post(path: str, body: Any, key: str | None) -> _Call:
+    """A POST that may charge: retried with one Idempotency-Key, so the server replays, never re-runs."""
+    return _Call("POST", path, Retry.SAFE, body, headers={"Idempotency-Key": key or f"expost-{uuid.uuid4()}"})
 
 
 def _budget_path(dataset_id: str, analyst: str | None) -> str:
@@ -451,39 +525,12 @@ def _budget_path(dataset_id: str, analyst: str | None) -> str:
     return f"/v1/datasets/{dataset_id}/analysts/{analyst}/budget"
 
 
-def _upload_call(
-    file: str | Path | bytes, schema: Mapping[str, Any] | str, name: str | None, filename: str | None
-) -> _Call:
-    if isinstance(file, bytes):
-        content, default_name = file, "data.csv"
-    else:
-        path = Path(file)
-        content, default_name = path.read_bytes(), path.name
-    data = {"schema": schema if isinstance(schema, str) else json.dumps(dict(schema))}
-    if name is not None:
-        data["name"] = name
-    return _Call(
-        "POST",
-        "/v1/datasets",
-        Retry.CONNECT,
-        data=data,
-        files={"file": (filename or default_name, content, "text/csv")},
-    )
-
-
 def _request_body(mechanism: str, params: Mapping[str, Any]) -> dict[str, Any]:
     return {"mechanism": mechanism, "params": dict(params)}
 
 
-def _ask_body(query: Mapping[str, Any], epsilon: float | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"query": dict(query)}
-    if epsilon is not None:
-        body["epsilon"] = epsilon
-    return body
-
-
-def _parse_list(model: type[M], data: Any) -> list[M]:
-    return [model.from_json(item) for item in data]
+def _list_of(model: type[M]) -> Callable[[Any], list[M]]:
+    return lambda data: [model.from_json(item) for item in data]
 
 
 def _budget(response: httpx.Response) -> Budget:
@@ -492,34 +539,93 @@ def _budget(response: httpx.Response) -> Budget:
     return budget
 
 
-def _failed(request: AnalysisRequest) -> MechanismFailedError:
+def _settled(request: AnalysisRequest) -> AnalysisRequest:
+    """The request, or MechanismFailedError when it ended ``failed_charged``."""
+    if request.state != "failed_charged":
+        return request
     type_ = "/problems/mechanism-failed"
     title = "The mechanism failed after reading the data; its worst case was charged"
     detail = request.error or "failed"
-    body = {
-        "type": type_,
-        "title": title,
-        "status": 500,
-        "detail": detail,
-        "request_id": request.id,
-        "charged": request.raw.get("realized"),
-    }
-    return MechanismFailedError(500, type_, title, detail, body)
+    body = {"type": type_, "title": title, "status": 500, "detail": detail, "request_id": request.id}
+    body["charged"] = request.raw.get("realized")
+    raise MechanismFailedError(500, type_, title, detail, body)
 
 
-def _settled(request: AnalysisRequest) -> AnalysisRequest:
-    if request.state == "failed_charged":
-        raise _failed(request)
-    return request
+class _Wrapped(Generic[P, R]):
+    """An ``_Endpoints`` generator function; on the class it is that function (``_Endpoints.f(self, ...)``
+    composes endpoints), on a client instance its ``__get__`` gives the client's typed method."""
+
+    def __init__(self, op: Callable[Concatenate[_Endpoints, P], R]) -> None:
+        self.op = op
+        functools.update_wrapper(self, op)
+        signature = inspect.signature(op)  # as the client's method: no self, no generator type
+        parameters = list(signature.parameters.values())[1:]
+        self.signature = signature.replace(parameters=parameters, return_annotation=inspect.Signature.empty)
+
+    def __call__(self, client: _Endpoints, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.op(client, *args, **kwargs)
+
+    def _as_method(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        """``method`` with the endpoint's name, docstring and signature (without ``self``)."""
+        functools.update_wrapper(method, self.op)
+        method.__signature__ = self.signature  # type: ignore[attr-defined]
+        return method
 
 
-class _Base:
-    def __init__(
-        self,
-        base_url: str,
-        key: str | None,
-        retry: RetryPolicy | None,
-    ) -> None:
+class _endpoint(_Wrapped[P, _Op[T]]):
+    """``@_endpoint``: ``ExpostClient.f(...)`` runs the generator blocking and returns T;
+    ``AsyncExpostClient.f(...)`` is a coroutine that returns T."""
+
+    @overload
+    def __get__(self, client: None, owner: type[Any]) -> Self: ...
+    @overload
+    def __get__(self, client: ExpostClient, owner: type[Any]) -> Callable[P, T]: ...
+    @overload
+    def __get__(self, client: AsyncExpostClient, owner: type[Any]) -> Callable[P, Coroutine[Any, Any, T]]: ...
+    def __get__(self, client: _Endpoints | None, owner: type[Any]) -> Any:
+        if client is None:
+            return self
+        op = self.op
+        if isinstance(client, AsyncExpostClient):
+
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                return await client._execute(op(client, *args, **kwargs))
+
+            return self._as_method(run_async)
+        assert isinstance(client, ExpostClient)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return client._execute(op(client, *args, **kwargs))
+
+        return self._as_method(run)
+
+
+class _stream_endpoint(_Wrapped[P, _Stream]):
+    """``@_stream_endpoint``: for a generator that emits items; an iterator of them on ``ExpostClient``, an
+    async iterator on ``AsyncExpostClient``."""
+
+    @overload
+    def __get__(self, client: None, owner: type[Any]) -> Self: ...
+    @overload
+    def __get__(self, client: ExpostClient, owner: type[Any]) -> Callable[P, Iterator[_Item]]: ...
+    @overload
+    def __get__(self, client: AsyncExpostClient, owner: type[Any]) -> Callable[P, AsyncIterator[_Item]]: ...
+    def __get__(self, client: _Endpoints | None, owner: type[Any]) -> Any:
+        if client is None:
+            return self
+        assert isinstance(client, ExpostClient | AsyncExpostClient)
+        op = self.op
+
+        def stream(*args: Any, **kwargs: Any) -> Any:
+            return client._stream(op(client, *args, **kwargs))
+
+        return self._as_method(stream)
+
+
+class _Endpoints:
+    """Every endpoint, written once (the comment above); both clients inherit them."""
+
+    def __init__(self, base_url: str, key: str | None, retry: RetryPolicy | None) -> None:
         self.base_url = base_url.rstrip("/")
         self.retry_policy = retry or RetryPolicy()
         self._headers = {"User-Agent": USER_AGENT, "Accept": "application/json, application/problem+json"}
@@ -527,11 +633,302 @@ class _Base:
             self._headers["Authorization"] = f"Bearer {key}"
         self._budget_cache: dict[str, Budget] = {}
 
+    # -- the exchange: retries and status handling
 
-# ----- the sync client ----------------------------------------------------------------------------------
+    def _exchange(self, call: _Call) -> _Op[httpx.Response]:
+        """Send ``call``, retrying per ``call.retry`` with bounded backoff; a status not in ``ok`` raises."""
+        policy, attempt = self.retry_policy, 0
+        while True:
+            try:
+                response: httpx.Response = yield call
+            except httpx.TransportError as exc:
+                if attempt + 1 >= policy.attempts or not _should_retry_exception(call.retry, exc):
+                    raise
+                yield _Sleep(policy.delay(attempt))
+                attempt += 1
+                continue
+            if response.status_code in call.ok:
+                return response
+            if attempt + 1 >= policy.attempts or not _should_retry_response(call.retry, response):
+                raise error_from_response(response)
+            yield _Sleep(policy.delay(attempt, response))
+            attempt += 1
+
+    def _fetch(self, call: _Call, parse: Callable[[Any], T]) -> _Op[T]:
+        response = yield from self._exchange(call)
+        return parse(response.json())
+
+    # -- health
+
+    @_endpoint
+    def health(self) -> _Op[dict[str, str]]:
+        """``GET /healthz``: the process answers."""
+        return self._fetch(_get("/healthz"), dict)
+
+    @_endpoint
+    def ready(self) -> _Op[dict[str, str]]:
+        """``GET /readyz``: the database answers."""
+        return self._fetch(_get("/readyz"), dict)
+
+    # -- keys (admin)
+
+    @_endpoint
+    def create_key(self, name: str, role: str) -> _Op[ApiKey]:
+        """Create an API key; ``.key`` is shown only in this response."""
+        call = _Call("POST", "/v1/keys", Retry.CONNECT, {"name": name, "role": role})
+        return self._fetch(call, ApiKey.from_json)
+
+    @_endpoint
+    def list_keys(self) -> _Op[list[ApiKey]]:
+        return self._fetch(_get("/v1/keys"), _list_of(ApiKey))
+
+    # -- datasets
+
+    @_endpoint
+    def upload_dataset(
+        self,
+        file: str | Path | bytes,
+        schema: Mapping[str, Any] | str,
+        name: str | None = None,
+        *,
+        filename: str | None = None,
+    ) -> _Op[Dataset]:
+        """Upload a CSV (a path, or its bytes) with its public schema (admin)."""
+        if isinstance(file, bytes):
+            content, default_name = file, "data.csv"
+        else:
+            content, default_name = Path(file).read_bytes(), Path(file).name
+        data = {"schema": schema if isinstance(schema, str) else json.dumps(dict(schema))}
+        if name is not None:
+            data["name"] = name
+        files = {"file": (filename or default_name, content, "text/csv")}
+        call = _Call("POST", "/v1/datasets", Retry.CONNECT, data=data, files=files)
+        return self._fetch(call, Dataset.from_json)
+
+    @_endpoint
+    def list_datasets(self) -> _Op[list[Dataset]]:
+        return self._fetch(_get("/v1/datasets"), _list_of(Dataset))
+
+    @_endpoint
+    def get_dataset(self, dataset_id: str) -> _Op[Dataset]:
+        return self._fetch(_get(f"/v1/datasets/{dataset_id}"), Dataset.from_json)
+
+    @_endpoint
+    def grant(self, dataset_id: str, analyst: str) -> _Op[Grant]:
+        """Grant an analyst key access (admin; idempotent: ``created`` is False the second time)."""
+        call = _Call("POST", f"/v1/datasets/{dataset_id}/grants", Retry.SAFE, {"analyst": analyst})
+        return self._fetch(call, Grant.from_json)
+
+    @_endpoint
+    def grants(self, dataset_id: str) -> _Op[list[str]]:
+        return self._fetch(_get(f"/v1/datasets/{dataset_id}/grants"), list)
+
+    # -- budgets
+
+    @_endpoint
+    def set_budget(
+        self, dataset_id: str, epsilon: float, delta: float, analyst: str | None = None
+    ) -> _Op[Budget]:
+        """Set the dataset's (or an analyst's) (ε, δ) budget (admin); δ = 0 makes a pure filter."""
+        call = _Call(
+            "PUT", _budget_path(dataset_id, analyst), Retry.SAFE, {"epsilon": epsilon, "delta": delta}
+        )
+        return _budget((yield from self._exchange(call)))
+
+    @_endpoint
+    def get_budget(
+        self, dataset_id: str, analyst: str | None = None, *, etag: str | None = None
+    ) -> _Op[Budget | None]:
+        """The budget view; with ``etag`` (a previous ``Budget.etag``), None when nothing changed (304)."""
+        headers = {"If-None-Match": etag} if etag else {}
+        call = _Call("GET", _budget_path(dataset_id, analyst), Retry.SAFE, headers=headers, ok=(200, 304))
+        response = yield from self._exchange(call)
+        return None if response.status_code == 304 else _budget(response)
+
+    @_endpoint
+    def get_budget_cached(self, dataset_id: str, analyst: str | None = None) -> _Op[Budget]:
+        """The budget view, revalidated with ``If-None-Match``: the cached object itself when unchanged."""
+        path = _budget_path(dataset_id, analyst)
+        cached = self._budget_cache.get(path)
+        etag = cached.etag if cached else None
+        fresh = yield from _Endpoints.get_budget(self, dataset_id, analyst, etag=etag)
+        if fresh is None:
+            assert cached is not None
+            return cached
+        self._budget_cache[path] = fresh
+        return fresh
+
+    # -- requests
+
+    @_endpoint
+    def estimate(self, dataset_id: str, mechanism: str, params: Mapping[str, Any]) -> _Op[Estimate]:
+        """Dry run: the worst case and whether it would be admitted now (nothing is charged)."""
+        path, body = f"/v1/datasets/{dataset_id}/requests:estimate", _request_body(mechanism, params)
+        return self._fetch(_Call("POST", path, Retry.SAFE, body), Estimate.from_json)
+
+    @_endpoint
+    def submit(
+        self,
+        dataset_id: str,
+        mechanism: str,
+        params: Mapping[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        wait: bool = True,
+        timeout: float = 300.0,
+        poll_interval: float = 0.25,
+        progress: Progress | None = None,
+    ) -> _Op[AnalysisRequest]:
+        """Run a mechanism. Retries reuse one Idempotency-Key (generated unless given). On 202, polls until
+        the request leaves ``running`` (unless ``wait=False``), calling ``progress(request_dict)`` with the
+        202 body and after each poll; the dict has ``progress`` (fraction done) when the server shows it."""
+        path, body = f"/v1/datasets/{dataset_id}/requests", _request_body(mechanism, params)
+        call = replace(_keyed_post(path, body, idempotency_key), ok=(200, 202))
+        started = time.monotonic()
+        response = yield from self._exchange(call)
+        request = AnalysisRequest.from_json(response.json())
+        if response.status_code == 200 or request.state != "running" or not wait:
+            return _settled(request)
+        if progress is not None:
+            yield _Report(progress, request.raw)
+        return (
+            yield from _Endpoints.wait_request(
+                self,
+                request.id,
+                timeout=max(0.0, timeout - (time.monotonic() - started)),
+                poll_interval=poll_interval,
+                progress=progress,
+            )
+        )
+
+    @_endpoint
+    def wait_request(
+        self,
+        request_id: str,
+        *,
+        timeout: float = 300.0,
+        poll_interval: float = 0.25,
+        progress: Progress | None = None,
+    ) -> _Op[AnalysisRequest]:
+        """Poll ``GET /v1/requests/{id}`` until it leaves ``running`` (ExpostTimeoutError at timeout),
+        calling ``progress(request_dict)`` after each poll."""
+        deadline = time.monotonic() + timeout
+        while True:
+            request = yield from _Endpoints.get_request(self, request_id)
+            if progress is not None:
+                yield _Report(progress, request.raw)
+            if request.state != "running":
+                return _settled(request)
+            if time.monotonic() >= deadline:
+                raise ExpostTimeoutError(request, timeout)
+            yield _Sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
+
+    @_endpoint
+    def get_request(self, request_id: str) -> _Op[AnalysisRequest]:
+        return self._fetch(_get(f"/v1/requests/{request_id}"), AnalysisRequest.from_json)
+
+    @_endpoint
+    def privacy_report(self, request_id: str, record: Mapping[str, Any]) -> _Op[PrivacyReport]:
+        """Evaluate a committed release's per-instance privacy report on ``record`` (your own row: feature
+        values and the label by column name). Reads no data and charges nothing, so it is retried safely;
+        the server rate-limits it per key (a 429 is an ExpostError, not retried)."""
+        body = {"record": dict(record)}
+        call = _Call("POST", f"/v1/requests/{request_id}/privacy-report", Retry.SAFE, body, ok=(200,))
+        return self._fetch(call, PrivacyReport.from_json)
+
+    # -- sessions
+
+    @_endpoint
+    def open_session(
+        self,
+        dataset_id: str,
+        mechanism: str,
+        params: Mapping[str, Any],
+        *,
+        idempotency_key: str | None = None,
+    ) -> _Op[Session]:
+        """Open an interactive session (reserves its worst case); retries reuse one Idempotency-Key."""
+        path, body = f"/v1/datasets/{dataset_id}/sessions", _request_body(mechanism, params)
+        return self._fetch(_keyed_post(path, body, idempotency_key), Session.from_json)
+
+    @_endpoint
+    def ask(
+        self,
+        session_id: str,
+        query: Mapping[str, Any],
+        epsilon: float | None = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> _Op[Answer]:
+        """Ask one query of an open session; retries reuse one Idempotency-Key."""
+        body: dict[str, Any] = {"query": dict(query)} | ({} if epsilon is None else {"epsilon": epsilon})
+        call = _keyed_post(f"/v1/sessions/{session_id}/queries", body, idempotency_key)
+        return self._fetch(call, Answer.from_json)
+
+    @_endpoint
+    def next(self, session_id: str, *, idempotency_key: str | None = None) -> _Op[Answer]:
+        """Noise-reduction sessions: release the next, less noisy level (``POST /v1/sessions/{id}/next``).
+        Retries reuse one Idempotency-Key, so a lost answer is replayed rather than a level skipped."""
+        call = _keyed_post(f"/v1/sessions/{session_id}/next", None, idempotency_key)
+        return self._fetch(call, Answer.from_json)
+
+    @_endpoint
+    def close_session(self, session_id: str) -> _Op[Session]:
+        """Close now and commit the charge of the outcome (idempotent)."""
+        return self._fetch(_Call("POST", f"/v1/sessions/{session_id}/close", Retry.SAFE), Session.from_json)
+
+    @_endpoint
+    def get_session(self, session_id: str) -> _Op[Session]:
+        return self._fetch(_get(f"/v1/sessions/{session_id}"), Session.from_json)
+
+    # -- catalog, ledger and dashboard
+
+    @_endpoint
+    def mechanisms(self) -> _Op[list[MechanismInfo]]:
+        return self._fetch(_get("/v1/mechanisms"), _list_of(MechanismInfo))
+
+    @_endpoint
+    def ledger_page(self, dataset_id: str, *, after: int = 0, limit: int = 100) -> _Op[LedgerPage]:
+        call = _get(f"/v1/datasets/{dataset_id}/ledger", after=after, limit=limit)
+        return self._fetch(call, LedgerPage.from_json)
+
+    @_endpoint
+    def activity(self, dataset_id: str) -> _Op[dict[str, Any]]:
+        """Running requests and open sessions (public facts only: no answers, no secret state)."""
+        return self._fetch(_get(f"/v1/datasets/{dataset_id}/activity"), dict)
+
+    @_endpoint
+    def refusals_page(self, dataset_id: str, *, after: int = 0, limit: int = 100) -> _Op[LedgerPage]:
+        """One page of recorded refusals (``items`` and ``next_after``, like the ledger)."""
+        call = _get(f"/v1/datasets/{dataset_id}/refusals", after=after, limit=limit)
+        return self._fetch(call, LedgerPage.from_json)
+
+    @_stream_endpoint
+    def ledger(self, dataset_id: str, *, after: int = 0, page_size: int = 100) -> _Stream:
+        """Every ledger entry the caller may see, in order, walking all pages."""
+        while True:
+            page = yield from _Endpoints.ledger_page(self, dataset_id, after=after, limit=page_size)
+            for item in page.items:
+                yield _Emit(item)
+            if page.next_after is None:
+                return
+            after = page.next_after
 
 
-class ExpostClient(_Base):
+def _advance(op: Generator[_Effect, Any, Any], reply: Any, error: BaseException | None) -> _Effect:
+    """Resume ``op`` with the last effect's result, or throw its error in (StopIteration when done)."""
+    return op.throw(error) if error is not None else op.send(reply)
+
+
+def _returning(op: _Op[T], into: list[T]) -> _Stream:
+    """``op`` as a stream that emits nothing and stores its result in ``into`` (one loop per driver)."""
+    into.append((yield from op))
+
+
+# ----- the drivers --------------------------------------------------------------------------------------
+
+
+class ExpostClient(_Endpoints):
     """Blocking client. Use as a context manager, or call :meth:`close`."""
 
     def __init__(
@@ -557,268 +954,36 @@ class ExpostClient(_Base):
     def close(self) -> None:
         self._http.close()
 
-    # -- transport
-
-    def _send(self, call: _Call, ok: tuple[int, ...] = (200, 201)) -> httpx.Response:
-        attempt = 0
+    def _stream(self, op: _Stream) -> Iterator[_Item]:
+        reply, error = None, None
         while True:
             try:
-                response = self._http.request(
-                    call.method,
-                    call.path,
-                    json=call.json,
-                    params=call.params,
-                    headers=call.headers,
-                    data=call.data,
-                    files=call.files,
-                )
-            except httpx.TransportError as exc:
-                if attempt + 1 >= self.retry_policy.attempts or not _should_retry_exception(call.retry, exc):
-                    raise
-                time.sleep(self.retry_policy.delay(attempt))
-                attempt += 1
-                continue
-            if response.status_code in ok:
-                return response
-            if attempt + 1 < self.retry_policy.attempts and _should_retry_response(call.retry, response):
-                time.sleep(self.retry_policy.delay(attempt, response))
-                attempt += 1
-                continue
-            raise error_from_response(response)
-
-    def _json(self, call: _Call) -> Any:
-        return self._send(call).json()
-
-    # -- health
-
-    def health(self) -> dict[str, str]:
-        """``GET /healthz``: the process answers."""
-        return dict(self._json(_Call("GET", "/healthz", Retry.SAFE)))
-
-    def ready(self) -> dict[str, str]:
-        """``GET /readyz``: the database answers."""
-        return dict(self._json(_Call("GET", "/readyz", Retry.SAFE)))
-
-    # -- keys (admin)
-
-    def create_key(self, name: str, role: str) -> ApiKey:
-        """Create an API key; ``.key`` is shown only in this response."""
-        return ApiKey.from_json(
-            self._json(_Call("POST", "/v1/keys", Retry.CONNECT, {"name": name, "role": role}))
-        )
-
-    def list_keys(self) -> list[ApiKey]:
-        return _parse_list(ApiKey, self._json(_Call("GET", "/v1/keys", Retry.SAFE)))
-
-    # -- datasets
-
-    def upload_dataset(
-        self,
-        file: str | Path | bytes,
-        schema: Mapping[str, Any] | str,
-        name: str | None = None,
-        *,
-        filename: str | None = None,
-    ) -> Dataset:
-        """Upload a CSV (a path, or its bytes) with its public schema (admin)."""
-        return Dataset.from_json(self._json(_upload_call(file, schema, name, filename)))
-
-    def list_datasets(self) -> list[Dataset]:
-        return _parse_list(Dataset, self._json(_Call("GET", "/v1/datasets", Retry.SAFE)))
-
-    def get_dataset(self, dataset_id: str) -> Dataset:
-        return Dataset.from_json(self._json(_Call("GET", f"/v1/datasets/{dataset_id}", Retry.SAFE)))
-
-    def grant(self, dataset_id: str, analyst: str) -> Grant:
-        """Grant an analyst key access (admin; idempotent: ``created`` is False the second time)."""
-        call = _Call("POST", f"/v1/datasets/{dataset_id}/grants", Retry.SAFE, {"analyst": analyst})
-        return Grant.from_json(self._json(call))
-
-    def grants(self, dataset_id: str) -> list[str]:
-        return list(self._json(_Call("GET", f"/v1/datasets/{dataset_id}/grants", Retry.SAFE)))
-
-    # -- budgets
-
-    def set_budget(self, dataset_id: str, epsilon: float, delta: float, analyst: str | None = None) -> Budget:
-        """Set the dataset's (or an analyst's) (ε, δ) budget (admin); δ = 0 makes a pure filter."""
-        call = _Call(
-            "PUT", _budget_path(dataset_id, analyst), Retry.SAFE, {"epsilon": epsilon, "delta": delta}
-        )
-        return _budget(self._send(call))
-
-    def get_budget(
-        self, dataset_id: str, analyst: str | None = None, *, etag: str | None = None
-    ) -> Budget | None:
-        """The budget view; with ``etag`` (a previous ``Budget.etag``), None when nothing changed (304)."""
-        headers = {"If-None-Match": etag} if etag else {}
-        call = _Call("GET", _budget_path(dataset_id, analyst), Retry.SAFE, headers=headers)
-        response = self._send(call, ok=(200, 304))
-        return None if response.status_code == 304 else _budget(response)
-
-    def get_budget_cached(self, dataset_id: str, analyst: str | None = None) -> Budget:
-        """The budget view, revalidated with ``If-None-Match``: the cached object itself when unchanged."""
-        path = _budget_path(dataset_id, analyst)
-        cached = self._budget_cache.get(path)
-        fresh = self.get_budget(dataset_id, analyst, etag=cached.etag if cached else None)
-        if fresh is None:
-            assert cached is not None
-            return cached
-        self._budget_cache[path] = fresh
-        return fresh
-
-    # -- requests
-
-    def estimate(self, dataset_id: str, mechanism: str, params: Mapping[str, Any]) -> Estimate:
-        """Dry run: the worst case and whether it would be admitted now (nothing is charged)."""
-        call = _Call(
-            "POST",
-            f"/v1/datasets/{dataset_id}/requests:estimate",
-            Retry.SAFE,
-            _request_body(mechanism, params),
-        )
-        return Estimate.from_json(self._json(call))
-
-    def submit(
-        self,
-        dataset_id: str,
-        mechanism: str,
-        params: Mapping[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        wait: bool = True,
-        timeout: float = 300.0,
-        poll_interval: float = 0.25,
-        progress: Progress | None = None,
-    ) -> AnalysisRequest:
-        """Run a mechanism. Retries reuse one Idempotency-Key (generated unless given). On 202, polls until
-        the request leaves ``running`` (unless ``wait=False``), calling ``progress(request_dict)``."""
-        key = idempotency_key or _new_key()
-        call = _Call(
-            "POST",
-            f"/v1/datasets/{dataset_id}/requests",
-            Retry.SAFE,
-            _request_body(mechanism, params),
-            headers={"Idempotency-Key": key},
-        )
-        started = time.monotonic()
-        response = self._send(call, ok=(200, 202))
-        request = AnalysisRequest.from_json(response.json())
-        if response.status_code == 200 or request.state != "running" or not wait:
-            return _settled(request) if request.state != "running" else request
-        if progress is not None:
-            progress(request.raw)
-        return self.wait_request(
-            request.id,
-            timeout=max(0.0, timeout - (time.monotonic() - started)),
-            poll_interval=poll_interval,
-            progress=progress,
-        )
-
-    def wait_request(
-        self,
-        request_id: str,
-        *,
-        timeout: float = 300.0,
-        poll_interval: float = 0.25,
-        progress: Progress | None = None,
-    ) -> AnalysisRequest:
-        """Poll ``GET /v1/requests/{id}`` until it leaves ``running`` (ExpostTimeoutError at timeout)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            request = self.get_request(request_id)
-            if progress is not None:
-                progress(request.raw)
-            if request.state != "running":
-                return _settled(request)
-            if time.monotonic() >= deadline:
-                raise ExpostTimeoutError(request, timeout)
-            time.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
-
-    def get_request(self, request_id: str) -> AnalysisRequest:
-        return AnalysisRequest.from_json(self._json(_Call("GET", f"/v1/requests/{request_id}", Retry.SAFE)))
-
-    # -- sessions
-
-    def open_session(
-        self,
-        dataset_id: str,
-        mechanism: str,
-        params: Mapping[str, Any],
-        *,
-        idempotency_key: str | None = None,
-    ) -> Session:
-        """Open an interactive session (reserves its worst case); retries reuse one Idempotency-Key."""
-        call = _Call(
-            "POST",
-            f"/v1/datasets/{dataset_id}/sessions",
-            Retry.SAFE,
-            _request_body(mechanism, params),
-            headers={"Idempotency-Key": idempotency_key or _new_key()},
-        )
-        return Session.from_json(self._json(call))
-
-    def ask(
-        self,
-        session_id: str,
-        query: Mapping[str, Any],
-        epsilon: float | None = None,
-        *,
-        idempotency_key: str | None = None,
-    ) -> Answer:
-        """Ask one query of an open session; retries reuse one Idempotency-Key."""
-        call = _Call(
-            "POST",
-            f"/v1/sessions/{session_id}/queries",
-            Retry.SAFE,
-            _ask_body(query, epsilon),
-            headers={"Idempotency-Key": idempotency_key or _new_key()},
-        )
-        return Answer.from_json(self._json(call))
-
-    def close_session(self, session_id: str) -> Session:
-        """Close now and commit the charge of the outcome (idempotent)."""
-        return Session.from_json(self._json(_Call("POST", f"/v1/sessions/{session_id}/close", Retry.SAFE)))
-
-    def get_session(self, session_id: str) -> Session:
-        return Session.from_json(self._json(_Call("GET", f"/v1/sessions/{session_id}", Retry.SAFE)))
-
-    # -- catalog and ledger
-
-    def mechanisms(self) -> list[MechanismInfo]:
-        return _parse_list(MechanismInfo, self._json(_Call("GET", "/v1/mechanisms", Retry.SAFE)))
-
-    def ledger_page(self, dataset_id: str, *, after: int = 0, limit: int = 100) -> LedgerPage:
-        call = _Call(
-            "GET", f"/v1/datasets/{dataset_id}/ledger", Retry.SAFE, params={"after": after, "limit": limit}
-        )
-        return LedgerPage.from_json(self._json(call))
-
-    def activity(self, dataset_id: str) -> dict[str, Any]:
-        """Running requests and open sessions (public facts only: no answers, no secret state)."""
-        return dict(self._json(_Call("GET", f"/v1/datasets/{dataset_id}/activity", Retry.SAFE)))
-
-    def refusals_page(self, dataset_id: str, *, after: int = 0, limit: int = 100) -> LedgerPage:
-        """One page of recorded refusals (``items`` and ``next_after``, like the ledger)."""
-        call = _Call(
-            "GET", f"/v1/datasets/{dataset_id}/refusals", Retry.SAFE, params={"after": after, "limit": limit}
-        )
-        return LedgerPage.from_json(self._json(call))
-
-    def ledger(self, dataset_id: str, *, after: int = 0, page_size: int = 100) -> Iterator[dict[str, Any]]:
-        """Every ledger entry the caller may see, in order, walking all pages."""
-        while True:
-            page = self.ledger_page(dataset_id, after=after, limit=page_size)
-            yield from page.items
-            if page.next_after is None:
+                effect = _advance(op, reply, error)
+            except StopIteration:
                 return
-            after = page.next_after
+            reply, error = None, None
+            if isinstance(effect, _Call):
+                try:
+                    reply = self._http.request(**effect.request_args())
+                except httpx.TransportError as exc:
+                    error = exc
+            elif isinstance(effect, _Sleep):
+                time.sleep(effect.seconds)
+            elif isinstance(effect, _Report):
+                effect.progress(effect.body)
+            else:
+                yield effect.item
+
+    def _execute(self, op: _Op[T]) -> T:
+        result: list[T] = []
+        for _ in self._stream(_returning(op, result)):
+            pass
+        return result[0]
 
 
-# ----- the async client ---------------------------------------------------------------------------------
-
-
-class AsyncExpostClient(_Base):
-    """The asyncio twin of :class:`ExpostClient` (same methods, awaited; ``ledger`` is an async iterator)."""
+class AsyncExpostClient(_Endpoints):
+    """The asyncio twin of :class:`ExpostClient`: the same methods, awaited (``ledger`` is an async
+    iterator, and a ``progress`` callback may be a coroutine function)."""
 
     def __init__(
         self,
@@ -843,235 +1008,30 @@ class AsyncExpostClient(_Base):
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def _send(self, call: _Call, ok: tuple[int, ...] = (200, 201)) -> httpx.Response:
-        attempt = 0
+    async def _stream(self, op: _Stream) -> AsyncIterator[_Item]:
+        reply, error = None, None
         while True:
             try:
-                response = await self._http.request(
-                    call.method,
-                    call.path,
-                    json=call.json,
-                    params=call.params,
-                    headers=call.headers,
-                    data=call.data,
-                    files=call.files,
-                )
-            except httpx.TransportError as exc:
-                if attempt + 1 >= self.retry_policy.attempts or not _should_retry_exception(call.retry, exc):
-                    raise
-                await asyncio.sleep(self.retry_policy.delay(attempt))
-                attempt += 1
-                continue
-            if response.status_code in ok:
-                return response
-            if attempt + 1 < self.retry_policy.attempts and _should_retry_response(call.retry, response):
-                await asyncio.sleep(self.retry_policy.delay(attempt, response))
-                attempt += 1
-                continue
-            raise error_from_response(response)
-
-    async def _json(self, call: _Call) -> Any:
-        return (await self._send(call)).json()
-
-    @staticmethod
-    async def _report(progress: Progress | None, body: dict[str, Any]) -> None:
-        if progress is not None:
-            result = progress(body)
-            if inspect.isawaitable(result):
-                await result
-
-    async def health(self) -> dict[str, str]:
-        return dict(await self._json(_Call("GET", "/healthz", Retry.SAFE)))
-
-    async def ready(self) -> dict[str, str]:
-        return dict(await self._json(_Call("GET", "/readyz", Retry.SAFE)))
-
-    async def create_key(self, name: str, role: str) -> ApiKey:
-        call = _Call("POST", "/v1/keys", Retry.CONNECT, {"name": name, "role": role})
-        return ApiKey.from_json(await self._json(call))
-
-    async def list_keys(self) -> list[ApiKey]:
-        return _parse_list(ApiKey, await self._json(_Call("GET", "/v1/keys", Retry.SAFE)))
-
-    async def upload_dataset(
-        self,
-        file: str | Path | bytes,
-        schema: Mapping[str, Any] | str,
-        name: str | None = None,
-        *,
-        filename: str | None = None,
-    ) -> Dataset:
-        return Dataset.from_json(await self._json(_upload_call(file, schema, name, filename)))
-
-    async def list_datasets(self) -> list[Dataset]:
-        return _parse_list(Dataset, await self._json(_Call("GET", "/v1/datasets", Retry.SAFE)))
-
-    async def get_dataset(self, dataset_id: str) -> Dataset:
-        return Dataset.from_json(await self._json(_Call("GET", f"/v1/datasets/{dataset_id}", Retry.SAFE)))
-
-    async def grant(self, dataset_id: str, analyst: str) -> Grant:
-        call = _Call("POST", f"/v1/datasets/{dataset_id}/grants", Retry.SAFE, {"analyst": analyst})
-        return Grant.from_json(await self._json(call))
-
-    async def grants(self, dataset_id: str) -> list[str]:
-        return list(await self._json(_Call("GET", f"/v1/datasets/{dataset_id}/grants", Retry.SAFE)))
-
-    async def set_budget(
-        self, dataset_id: str, epsilon: float, delta: float, analyst: str | None = None
-    ) -> Budget:
-        call = _Call(
-            "PUT", _budget_path(dataset_id, analyst), Retry.SAFE, {"epsilon": epsilon, "delta": delta}
-        )
-        return _budget(await self._send(call))
-
-    async def get_budget(
-        self, dataset_id: str, analyst: str | None = None, *, etag: str | None = None
-    ) -> Budget | None:
-        headers = {"If-None-Match": etag} if etag else {}
-        call = _Call("GET", _budget_path(dataset_id, analyst), Retry.SAFE, headers=headers)
-        response = await self._send(call, ok=(200, 304))
-        return None if response.status_code == 304 else _budget(response)
-
-    async def get_budget_cached(self, dataset_id: str, analyst: str | None = None) -> Budget:
-        path = _budget_path(dataset_id, analyst)
-        cached = self._budget_cache.get(path)
-        fresh = await self.get_budget(dataset_id, analyst, etag=cached.etag if cached else None)
-        if fresh is None:
-            assert cached is not None
-            return cached
-        self._budget_cache[path] = fresh
-        return fresh
-
-    async def estimate(self, dataset_id: str, mechanism: str, params: Mapping[str, Any]) -> Estimate:
-        call = _Call(
-            "POST",
-            f"/v1/datasets/{dataset_id}/requests:estimate",
-            Retry.SAFE,
-            _request_body(mechanism, params),
-        )
-        return Estimate.from_json(await self._json(call))
-
-    async def submit(
-        self,
-        dataset_id: str,
-        mechanism: str,
-        params: Mapping[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        wait: bool = True,
-        timeout: float = 300.0,
-        poll_interval: float = 0.25,
-        progress: Progress | None = None,
-    ) -> AnalysisRequest:
-        key = idempotency_key or _new_key()
-        call = _Call(
-            "POST",
-            f"/v1/datasets/{dataset_id}/requests",
-            Retry.SAFE,
-            _request_body(mechanism, params),
-            headers={"Idempotency-Key": key},
-        )
-        started = time.monotonic()
-        response = await self._send(call, ok=(200, 202))
-        request = AnalysisRequest.from_json(response.json())
-        if response.status_code == 200 or request.state != "running" or not wait:
-            return _settled(request) if request.state != "running" else request
-        await self._report(progress, request.raw)
-        return await self.wait_request(
-            request.id,
-            timeout=max(0.0, timeout - (time.monotonic() - started)),
-            poll_interval=poll_interval,
-            progress=progress,
-        )
-
-    async def wait_request(
-        self,
-        request_id: str,
-        *,
-        timeout: float = 300.0,
-        poll_interval: float = 0.25,
-        progress: Progress | None = None,
-    ) -> AnalysisRequest:
-        deadline = time.monotonic() + timeout
-        while True:
-            request = await self.get_request(request_id)
-            await self._report(progress, request.raw)
-            if request.state != "running":
-                return _settled(request)
-            if time.monotonic() >= deadline:
-                raise ExpostTimeoutError(request, timeout)
-            await asyncio.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
-
-    async def get_request(self, request_id: str) -> AnalysisRequest:
-        call = _Call("GET", f"/v1/requests/{request_id}", Retry.SAFE)
-        return AnalysisRequest.from_json(await self._json(call))
-
-    async def open_session(
-        self,
-        dataset_id: str,
-        mechanism: str,
-        params: Mapping[str, Any],
-        *,
-        idempotency_key: str | None = None,
-    ) -> Session:
-        call = _Call(
-            "POST",
-            f"/v1/datasets/{dataset_id}/sessions",
-            Retry.SAFE,
-            _request_body(mechanism, params),
-            headers={"Idempotency-Key": idempotency_key or _new_key()},
-        )
-        return Session.from_json(await self._json(call))
-
-    async def ask(
-        self,
-        session_id: str,
-        query: Mapping[str, Any],
-        epsilon: float | None = None,
-        *,
-        idempotency_key: str | None = None,
-    ) -> Answer:
-        call = _Call(
-            "POST",
-            f"/v1/sessions/{session_id}/queries",
-            Retry.SAFE,
-            _ask_body(query, epsilon),
-            headers={"Idempotency-Key": idempotency_key or _new_key()},
-        )
-        return Answer.from_json(await self._json(call))
-
-    async def close_session(self, session_id: str) -> Session:
-        call = _Call("POST", f"/v1/sessions/{session_id}/close", Retry.SAFE)
-        return Session.from_json(await self._json(call))
-
-    async def get_session(self, session_id: str) -> Session:
-        return Session.from_json(await self._json(_Call("GET", f"/v1/sessions/{session_id}", Retry.SAFE)))
-
-    async def mechanisms(self) -> list[MechanismInfo]:
-        return _parse_list(MechanismInfo, await self._json(_Call("GET", "/v1/mechanisms", Retry.SAFE)))
-
-    async def ledger_page(self, dataset_id: str, *, after: int = 0, limit: int = 100) -> LedgerPage:
-        call = _Call(
-            "GET", f"/v1/datasets/{dataset_id}/ledger", Retry.SAFE, params={"after": after, "limit": limit}
-        )
-        return LedgerPage.from_json(await self._json(call))
-
-    async def activity(self, dataset_id: str) -> dict[str, Any]:
-        return dict(await self._json(_Call("GET", f"/v1/datasets/{dataset_id}/activity", Retry.SAFE)))
-
-    async def refusals_page(self, dataset_id: str, *, after: int = 0, limit: int = 100) -> LedgerPage:
-        call = _Call(
-            "GET", f"/v1/datasets/{dataset_id}/refusals", Retry.SAFE, params={"after": after, "limit": limit}
-        )
-        return LedgerPage.from_json(await self._json(call))
-
-    async def ledger(
-        self, dataset_id: str, *, after: int = 0, page_size: int = 100
-    ) -> AsyncIterator[dict[str, Any]]:
-        while True:
-            page = await self.ledger_page(dataset_id, after=after, limit=page_size)
-            for item in page.items:
-                yield item
-            if page.next_after is None:
+                effect = _advance(op, reply, error)
+            except StopIteration:
                 return
-            after = page.next_after
+            reply, error = None, None
+            if isinstance(effect, _Call):
+                try:
+                    reply = await self._http.request(**effect.request_args())
+                except httpx.TransportError as exc:
+                    error = exc
+            elif isinstance(effect, _Sleep):
+                await asyncio.sleep(effect.seconds)
+            elif isinstance(effect, _Report):
+                result = effect.progress(effect.body)
+                if inspect.isawaitable(result):
+                    await result
+            else:
+                yield effect.item
+
+    async def _execute(self, op: _Op[T]) -> T:
+        result: list[T] = []
+        async for _ in self._stream(_returning(op, result)):
+            pass
+        return result[0]

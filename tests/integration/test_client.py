@@ -8,6 +8,7 @@ must be charged once.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import secrets
 import subprocess
 import sys
@@ -15,15 +16,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import numpy as np
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
-from mechanisms.base import PublicContext, Release, Table
-from mechanisms.catalog import MECHANISMS
+from mechanisms.accounting import RdpCurve
+from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, StepResult, Table, no_progress
+from mechanisms.catalog import INTERACTIVE, MECHANISMS
 from mechanisms.laplace import Laplace
 from service.auth import Role
 from service.client import (
@@ -39,6 +41,7 @@ from service.client import (
     InvalidInputError,
     MechanismFailedError,
     NotFoundError,
+    PrivacyReport,
     RetryPolicy,
     ServerError,
 )
@@ -121,6 +124,23 @@ def test_the_client_imports_neither_fastapi_nor_sqlalchemy() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_both_clients_have_the_same_methods_with_the_same_signatures() -> None:
+    sync, asynchronous = ExpostClient("http://expost.test"), AsyncExpostClient("http://expost.test")
+    names = {n for n in dir(ExpostClient) if not n.startswith("_")}
+    assert names == {n for n in dir(AsyncExpostClient) if not n.startswith("_")}
+    assert {"next", "submit", "ledger", "get_budget_cached"} <= names
+    for name in names - {"close", "retry_policy", "base_url"}:
+        method = getattr(sync, name)
+        assert inspect.signature(method) == inspect.signature(getattr(asynchronous, name)), name
+        assert "self" not in inspect.signature(method).parameters, name
+        assert method.__doc__ == getattr(asynchronous, name).__doc__, name
+        assert inspect.iscoroutinefunction(getattr(asynchronous, name)) is (name != "ledger"), name
+        assert not inspect.iscoroutinefunction(method), name
+    assert inspect.iscoroutinefunction(asynchronous.close)
+    sync.close()
+    asyncio.run(asynchronous.close())
 
 
 # ----- every method against the live server ----------------------------------------------------------------
@@ -702,3 +722,380 @@ class TestDashboardEndpoints:
             async_activity, async_refusals = asyncio.run(async_side())
             assert async_activity["sessions"] == activity["sessions"]
             assert async_refusals == 1
+
+
+# ----- noise-reduction sessions: POST /v1/sessions/{id}/next ---------------------------------------------
+
+
+class _LevelsParams(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    epsilons: list[float] = Field(min_length=1, max_length=5, description="ε of each level, increasing")
+
+
+class _NextQuery(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ReleaseLevels:
+    """Test-only, noise-reduction shaped session: level k releases the row count plus fresh Laplace noise of
+    scale 1/ε_k (ε_k increasing, so each level is less noisy). The noise is independent across levels, so the
+    charge is basic composition of pure ε-DP releases: Σ of the released ε_k (worst case: all of them); the
+    count's sensitivity is ≤ 1 under either neighbouring, so this over-charges, never under-charges."""
+
+    name: ClassVar[str] = "client_levels"
+    summary: ClassVar[str] = "test only: release a count at increasing ε, one level per POST .../next"
+    params_model: ClassVar[type[BaseModel]] = _LevelsParams
+    query_model: ClassVar[type[BaseModel]] = _NextQuery
+
+    def check(self, params: BaseModel, ctx: PublicContext) -> None:
+        assert isinstance(params, _LevelsParams)
+        if any(not 0 < e <= 10 for e in params.epsilons) or params.epsilons != sorted(params.epsilons):
+            raise ParamsError("epsilons", "each in (0, 10], increasing")
+
+    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
+        assert isinstance(params, _LevelsParams)
+        return RdpCurve.from_pure(sum(params.epsilons), ctx.orders)
+
+    def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None:
+        assert isinstance(params, _LevelsParams)
+        if asked >= len(params.epsilons):
+            raise ParamsError("next", "every level was released")
+
+    def start(self, params: BaseModel, ctx: PublicContext, rng: np.random.Generator) -> dict[str, Any]:
+        return {"level": 0}
+
+    def step(
+        self,
+        params: BaseModel,
+        ctx: PublicContext,
+        state: dict[str, Any],
+        query: BaseModel,
+        table: Table,
+        rng: np.random.Generator,
+    ) -> StepResult:
+        assert isinstance(params, _LevelsParams)
+        level = int(state["level"])
+        epsilon = params.epsilons[level]
+        count = len(next(iter(table.values())))
+        value = float(count + rng.laplace(0.0, 1.0 / epsilon))
+        halted = level + 1 >= len(params.epsilons)
+        return StepResult({"level": level, "epsilon": epsilon, "value": value}, {"level": level + 1}, halted)
+
+    def realized(
+        self,
+        params: BaseModel,
+        ctx: PublicContext,
+        steps: list[tuple[dict[str, Any], dict[str, Any]]],
+        halted: bool,
+    ) -> RdpCurve:
+        assert isinstance(params, _LevelsParams)
+        return RdpCurve.from_pure(sum(params.epsilons[: len(steps)]), ctx.orders)
+
+
+LEVELS = {"epsilons": [0.1, 0.2, 0.4]}
+
+
+@pytest.fixture
+def levels_mechanism() -> Iterator[None]:
+    INTERACTIVE[ReleaseLevels.name] = ReleaseLevels()
+    yield
+    del INTERACTIVE[ReleaseLevels.name]
+
+
+@pytest.mark.usefixtures("levels_mechanism")
+class TestNext:
+    def test_next_releases_each_level_then_the_session_is_closed(self, world: ClientWorld) -> None:
+        session = world.analyst.open_session(world.dataset_id, ReleaseLevels.name, LEVELS)
+        assert session.worst_case.pure == pytest.approx(0.7)
+        first = world.analyst.next(session.id, idempotency_key="level-0")
+        assert first.answer["level"] == 0
+        assert first.answer["epsilon"] == 0.1
+        assert isinstance(first.answer["value"], float)
+        assert first.session.asked == 1
+        assert first.session.state == "open"
+        replay = world.analyst.next(session.id, idempotency_key="level-0")  # a retry is replayed
+        assert replay.answer == first.answer
+        assert replay.session.asked == 1
+        assert world.analyst.next(session.id).answer["level"] == 1
+        last = world.analyst.next(session.id)
+        assert last.answer["level"] == 2
+        assert last.session.state == "closed"
+        assert last.session.close_reason == "halted"
+        assert last.session.realized is not None
+        assert last.session.realized.pure == pytest.approx(0.7)
+        assert [s["answer"]["level"] for s in world.analyst.get_session(session.id).steps] == [0, 1, 2]
+        with pytest.raises(ConflictError) as closed:
+            world.analyst.next(session.id)
+        assert closed.value.status == 409
+        assert pure_spent(world) == pytest.approx(0.7)
+
+    def test_closing_early_charges_only_the_released_levels(self, world: ClientWorld) -> None:
+        session = world.analyst.open_session(world.dataset_id, ReleaseLevels.name, LEVELS)
+        world.analyst.next(session.id)
+        closed = world.analyst.close_session(session.id)
+        assert closed.realized is not None
+        assert closed.realized.pure == pytest.approx(0.1)
+        assert pure_spent(world) == pytest.approx(0.1)
+
+    def test_next_errors(self, world: ClientWorld) -> None:
+        with pytest.raises(NotFoundError):
+            world.analyst.next("se_doesnotexist")
+        world.admin.set_budget(world.dataset_id, 10.0, 0.0)
+        at = world.analyst.open_session(world.dataset_id, "above_threshold", SESSION_PARAMS)
+        with pytest.raises(InvalidInputError) as invalid:  # an AboveThreshold step needs a query
+            world.analyst.next(at.id)
+        assert invalid.value.status == 422
+        assert any(f.startswith("query") for f in invalid.value.fields)
+        assert world.analyst.get_session(at.id).asked == 0
+        levels = world.analyst.open_session(world.dataset_id, ReleaseLevels.name, LEVELS)
+        with pytest.raises(AuthError) as forbidden:
+            world.viewer.next(levels.id)
+        assert forbidden.value.status == 403
+
+    def test_a_lost_next_is_retried_with_the_same_key_and_released_once(self, world: ClientWorld) -> None:
+        session = world.analyst.open_session(world.dataset_id, ReleaseLevels.name, LEVELS)
+        transport = LosingTransport(lose=2)
+        with world.client(world.analyst_key, transport=transport, retry=FAST_RETRY) as client:
+            answer = client.next(session.id)
+        assert len(transport.attempts) == 3
+        assert len({k for k, _ in transport.attempts}) == 1
+        assert None not in {k for k, _ in transport.attempts}
+        assert {body["answer"]["value"] for _, body in transport.attempts} == {answer.answer["value"]}
+        assert answer.session.asked == 1  # the lost answer was replayed, not the next level released
+        assert answer.answer["level"] == 0
+
+    def test_async_next(self, world: ClientWorld) -> None:
+        key = world.analyst_key
+
+        async def run() -> list[int]:
+            async with AsyncExpostClient(world.server.base_url, key) as client:
+                session = await client.open_session(world.dataset_id, ReleaseLevels.name, LEVELS)
+                levels = [(await client.next(session.id)).answer["level"] for _ in range(3)]
+                with pytest.raises(ConflictError):
+                    await client.next(session.id)
+                return levels
+
+        assert asyncio.run(run()) == [0, 1, 2]
+        assert pure_spent(world) == pytest.approx(0.7)
+
+
+# ----- progress while polling (scripted: the fields are optional on the server) --------------------------
+
+
+def _request_body(state: str, **extra: Any) -> dict[str, Any]:
+    curve = {"orders": [2.0], "values": [0.1], "pure": 0.1}
+    return {
+        "id": "rq_1",
+        "dataset_id": "ds_1",
+        "analyst": "a",
+        "mechanism": "laplace",
+        "params": {},
+        "state": state,
+        "worst_case": curve,
+        "realized": curve if state == "committed" else None,
+        "release": {"value": 1.0} if state == "committed" else None,
+        "error": None,
+        "created_at": "2024-01-01T00:00:00Z",
+        "updated_at": "2024-01-01T00:00:00Z",
+        **extra,
+    }
+
+
+def _polled_script() -> list[httpx.Response]:
+    return [
+        httpx.Response(202, json=_request_body("running", progress=0.0, elapsed_seconds=0.0)),
+        httpx.Response(200, json=_request_body("running", progress=0.5, elapsed_seconds=1.5)),
+        httpx.Response(200, json=_request_body("running", elapsed_seconds=2.0)),  # progress is not public
+        httpx.Response(200, json=_request_body("committed", progress=1.0, elapsed_seconds=3.0)),
+    ]
+
+
+def test_progress_and_elapsed_seconds_reach_the_model_and_the_callback() -> None:
+    script = _polled_script()
+    paths: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        paths.append(f"{request.method} {request.url.path}")
+        return script.pop(0)
+
+    seen: list[dict[str, Any]] = []
+    with ExpostClient("http://expost.test", "xp_k", transport=httpx.MockTransport(handler)) as client:
+        done = client.submit("ds_1", "laplace", COUNT, poll_interval=0.0, progress=seen.append)
+    assert paths == ["POST /v1/datasets/ds_1/requests"] + ["GET /v1/requests/rq_1"] * 3
+    assert [body.get("progress") for body in seen] == [0.0, 0.5, None, 1.0]
+    assert [body["elapsed_seconds"] for body in seen] == [0.0, 1.5, 2.0, 3.0]
+    assert done.state == "committed"
+    assert done.progress == 1.0
+    assert done.elapsed_seconds == 3.0
+    old_server = AnalysisRequest.from_json(_request_body("committed"))  # the fields are optional
+    assert old_server.progress is None
+    assert old_server.elapsed_seconds is None
+
+    async_script = _polled_script()
+
+    async def async_handler(request: httpx.Request) -> httpx.Response:
+        return async_script.pop(0)
+
+    async_seen: list[float | None] = []
+
+    async def progress(body: dict[str, Any]) -> None:
+        await asyncio.sleep(0)
+        async_seen.append(body.get("progress"))
+
+    async def run() -> AnalysisRequest:
+        mock = httpx.MockTransport(async_handler)
+        async with AsyncExpostClient("http://expost.test", "xp_k", transport=mock) as client:
+            return await client.submit("ds_1", "laplace", COUNT, poll_interval=0.0, progress=progress)
+
+    assert asyncio.run(run()).progress == 1.0
+    assert async_seen == [0.0, 0.5, None, 1.0]
+
+
+class ProgressLaplace(Laplace):
+    """Long-running with public progress: reports 1/5 … 4/5 over about a second, then releases."""
+
+    name = "client_progress_laplace"
+    long_running = True
+    progress_is_public = True
+
+    def run(
+        self,
+        params: BaseModel,
+        ctx: PublicContext,
+        table: Table,
+        rng: np.random.Generator,
+        progress: ProgressFn = no_progress,
+    ) -> Release:
+        for step in range(1, 5):  # four steps of work, not a loop over rows
+            time.sleep(0.25)
+            progress(step / 5)
+        return super().run(params, ctx, table, rng)
+
+
+class SecretProgressLaplace(ProgressLaplace):
+    """The same, but its progress is not public: only the state and the elapsed time are shown."""
+
+    name = "client_secret_progress_laplace"
+    progress_is_public = False
+
+
+@pytest.fixture
+def progress_world(database_url: str, tmp_path: Path) -> Iterator[ClientWorld]:
+    MECHANISMS[ProgressLaplace.name] = ProgressLaplace()
+    MECHANISMS[SecretProgressLaplace.name] = SecretProgressLaplace()
+    settings = server_settings(
+        database_url, tmp_path, wait_seconds=0, inline_mechanisms=set(), heartbeat_seconds=0.05
+    )
+    try:
+        with running_server(settings) as server:
+            made = build_world(server)
+            yield made
+            for client in (made.admin, made.analyst, made.viewer):
+                client.close()
+    finally:
+        del MECHANISMS[ProgressLaplace.name], MECHANISMS[SecretProgressLaplace.name]
+
+
+class TestLiveProgress:
+    def test_public_progress_reaches_the_callback(self, progress_world: ClientWorld) -> None:
+        seen: list[dict[str, Any]] = []
+        request = progress_world.analyst.submit(
+            progress_world.dataset_id, ProgressLaplace.name, COUNT, poll_interval=0.05, progress=seen.append
+        )
+        assert request.state == "committed"
+        assert request.progress == 1.0
+        assert request.elapsed_seconds is not None
+        assert request.elapsed_seconds >= 1.0  # four sleeps of 0.25 s
+        assert request.started_at is not None
+        fractions = [body.get("progress") for body in seen]
+        shown = [f for f in fractions if f is not None]
+        assert shown == sorted(shown)  # never goes back
+        assert any(0 < f < 1 for f in shown), fractions  # a poll saw it partway
+        assert fractions[-1] == 1.0
+        running = [body["elapsed_seconds"] for body in seen if body["state"] == "running"]
+        assert running == sorted(running)  # the clock runs while it runs (settled: until updated_at)
+
+    def test_secret_progress_is_never_shown(self, progress_world: ClientWorld) -> None:
+        seen: list[dict[str, Any]] = []
+        request = progress_world.analyst.submit(
+            progress_world.dataset_id,
+            SecretProgressLaplace.name,
+            COUNT,
+            poll_interval=0.05,
+            progress=seen.append,
+        )
+        assert request.state == "committed"
+        assert len(seen) >= 3
+        assert all(body.get("progress") is None for body in seen)
+        assert request.progress is None
+        assert request.elapsed_seconds is not None
+        assert request.elapsed_seconds >= 1.0
+
+
+# ----- per-instance privacy reports: POST /v1/requests/{id}/privacy-report ---------------------------------
+
+REPORT_SCHEMA: dict[str, Any] = {
+    "columns": [
+        {"name": "x1", "type": "float", "min": -1, "max": 1},
+        {"name": "x2", "type": "float", "min": -1, "max": 1},
+        {"name": "label", "type": "categorical", "values": ["no", "yes"]},
+    ],
+    "neighboring": "add_remove",
+}
+REPORT_PARAMS = {"features": ["x1", "x2"], "label": "label", "regularization": 2.0, "sigma": 3.0}
+RECORD = {"x1": 0.4, "x2": -0.2, "label": "yes"}
+
+
+def _report_csv(n: int = 200) -> bytes:
+    rng = np.random.default_rng(7)
+    x1, x2 = rng.uniform(-1, 1, n), rng.uniform(-1, 1, n)
+    label = (x1 - 0.5 * x2 + 0.3 * rng.normal(size=n)) > 0
+    rows = [f"{a:.6f},{b:.6f},{'yes' if y else 'no'}" for a, b, y in zip(x1, x2, label, strict=True)]
+    return ("x1,x2,label\n" + "\n".join(rows) + "\n").encode()
+
+
+def test_privacy_report_is_free_deterministic_and_typed(world: ClientWorld) -> None:
+    dataset = world.admin.upload_dataset(_report_csv(), REPORT_SCHEMA, name="report data")
+    world.admin.grant(dataset.id, world.analyst_name)
+    world.admin.set_budget(dataset.id, 50.0, 1e-5)
+    trained = world.analyst.submit(dataset.id, "objpert.logistic", REPORT_PARAMS, poll_interval=0.05)
+    assert trained.state == "committed"
+    budget = world.viewer.get_budget_cached(dataset.id)
+    entries = len(list(world.admin.ledger(dataset.id)))
+
+    report = world.analyst.privacy_report(trained.id, RECORD)
+    assert isinstance(report, PrivacyReport)
+    assert report.request_id == trained.id
+    assert report.mechanism == "objpert.logistic"
+    assert report.report_kind == "public"
+    assert report.charged == 0.0
+    assert isinstance(report.ex_post_epsilon_upper, float)
+    assert 0 < report.ex_post_epsilon_upper < 50
+    assert 0 < report.confidence < 1
+    assert report.terms
+    assert report.personalized_rdp.orders == dataset.orders
+    assert len(report.personalized_rdp.values) == len(report.personalized_rdp.orders)
+    assert world.admin.privacy_report(trained.id, RECORD).raw == report.raw  # deterministic
+    assert world.viewer.get_budget_cached(dataset.id) is budget  # nothing charged: the ETag did not move
+    assert len(list(world.admin.ledger(dataset.id))) == entries
+
+    async def async_report() -> PrivacyReport:
+        async with AsyncExpostClient(world.server.base_url, world.analyst_key) as client:
+            return await client.privacy_report(trained.id, RECORD)
+
+    assert asyncio.run(async_report()).raw == report.raw
+
+    with pytest.raises(InvalidInputError) as missing:
+        world.analyst.privacy_report(trained.id, {"x1": 0.4, "x2": -0.2})
+    assert missing.value.fields == ["record.label"]
+    with pytest.raises(InvalidInputError):
+        world.analyst.privacy_report(trained.id, {**RECORD, "x1": "high"})
+    laplace = world.analyst.submit(world.dataset_id, "laplace", COUNT)
+    with pytest.raises(ConflictError) as no_report:  # a Laplace release publishes no report
+        world.analyst.privacy_report(laplace.id, RECORD)
+    assert no_report.value.status == 409
+    with pytest.raises(NotFoundError):
+        world.analyst.privacy_report("rq_doesnotexist", RECORD)
+    with pytest.raises(AuthError) as forbidden:
+        world.viewer.privacy_report(trained.id, RECORD)
+    assert forbidden.value.status == 403
