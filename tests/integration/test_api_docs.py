@@ -34,6 +34,9 @@ def test_every_curl_example_in_the_api_docs_works(live_server: LiveServer) -> No
     assert "False" in out  # the dry run over the analyst's sub-budget
     assert "cannot afford" in out  # the refusal
     assert "closed" in out  # the session
+    assert "\nTrue\n" in out  # the accuracy-first count reached its target
+    assert "\n0\n0.02\n0.02\n" in out  # noise reduction: level 0, then ε of level 1, charged that ε
+    assert re.search(r"\n\[-?[0-9.e-]+, -[0-9.e-]+, -?[0-9.e-]+\]\n[0-9.e-]+\n", out)  # θ, report
     assert "/problems/" in out  # a recorded refusal
     assert '"status":"ok"' in out
     assert '"status":"ready"' in out
