@@ -1,0 +1,503 @@
+"""Accuracy-first ERM (Ligett et al. Alg. 3 and 5): sensitivities, the test, charges, the service adapters.
+
+Known values are the note's test vectors (notes/seed_001_accuracy_first.md §6, T12, T13, T14).
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from mechanisms import accuracy_first_erm as af
+from mechanisms.accounting import DEFAULT_ORDERS
+from mechanisms.base import (
+    LongRunningMechanism,
+    Mechanism,
+    ParamsError,
+    PublicContext,
+    best_affordable_cost,
+    with_cost,
+)
+from mechanisms.catalog import MECHANISMS
+from mechanisms.learning import design_matrix
+from mechanisms.schema import DatasetSchema
+
+ROOT = Path(__file__).resolve().parents[2]
+N, LAM, GAMMA, T = 100_000, 0.005, 0.1, 1000
+
+
+# ----- helpers ---------------------------------------------------------------------------------------------
+def _l1_rows(rng: np.random.Generator, n: int, p: int) -> np.ndarray:
+    """Rows with ‖x‖₁ ≤ 1, some exactly on the sphere and some sparse (near-extremal)."""
+    x = rng.standard_normal((n, p))
+    x[: n // 2] /= np.abs(x[: n // 2]).sum(axis=1, keepdims=True)
+    x[n // 2 :] /= np.abs(x[n // 2 :]).sum(axis=1).max()
+    return x
+
+
+def _neighbour(x: np.ndarray, y: np.ndarray, row: np.ndarray, label: float, i: int = 0) -> tuple[Any, Any]:
+    x2, y2 = x.copy(), y.copy()
+    x2[i], y2[i] = row, label
+    return x2, y2
+
+
+def _schema(p: int, task: str) -> DatasetSchema:
+    columns: list[dict[str, Any]] = [
+        {"name": f"f{j}", "type": "float", "min": -1, "max": 1} for j in range(p)
+    ]
+    if task == "ridge":
+        columns.append({"name": "y", "type": "float", "min": -1, "max": 1})
+    else:
+        columns.append({"name": "y", "type": "categorical", "values": ["neg", "pos"]})
+    return DatasetSchema.model_validate({"columns": columns, "neighboring": "replace_one"})
+
+
+def _table(rng: np.random.Generator, n: int, p: int, task: str) -> dict[str, np.ndarray]:
+    x = rng.uniform(-1, 1, (n, p))
+    beta = np.linspace(1.0, -1.0, p)
+    if task == "ridge":
+        y = np.clip(x @ beta / p + 0.1 * rng.standard_normal(n), -1, 1)
+    else:
+        y = (x @ beta + rng.logistic(size=n) > 0).astype(np.int64)
+    table = {f"f{j}": x[:, j] for j in range(p)}
+    table["y"] = y
+    return table
+
+
+def _params(task: str, p: int, **extra: Any) -> af.AccuracyFirstParams:
+    raw: dict[str, Any] = {
+        "features": [f"f{j}" for j in range(p)],
+        "label": "y",
+        "regularization": 0.05,
+        "target_excess_risk": 0.05,
+        "levels": 200,
+        **extra,
+    }
+    return af.AccuracyFirstParams.model_validate(raw)
+
+
+MECHANISM: dict[str, af.AccuracyFirstErm] = {
+    "ridge": af.AccuracyFirstRidge(),
+    "logistic": af.AccuracyFirstLogistic(),
+}
+
+
+# ----- public constants: note T12 / T13 -------------------------------------------------------------------
+def test_radius_and_query_sensitivity_match_the_note() -> None:
+    assert af.radius("ridge", LAM) == pytest.approx(14.1421356, rel=1e-8)
+    assert af.radius("logistic", LAM) == pytest.approx(16.6511, rel=1e-5)
+    # paper values ×(1 + slack): never below them
+    assert af.query_sensitivity("ridge", N, LAM) >= (1 / math.sqrt(LAM) + 1) ** 2 / N
+    assert af.query_sensitivity("ridge", N, LAM) == pytest.approx(2.29284e-3, rel=1e-5)
+    assert af.query_sensitivity("logistic", N, LAM) == pytest.approx(3.33022e-4, rel=1e-5)
+    # Claim A.12's form (2/n)·ln((1+e^M)/(1+e^{−M})) equals 2M/n (note §2.5)
+    m = af.radius("logistic", LAM)
+    assert 2 / N * math.log((1 + math.exp(m)) / (1 + math.exp(-m))) == pytest.approx(2 * m / N, rel=1e-12)
+    assert af.statistic_sensitivity("logistic", N, LAM, 38) == pytest.approx(0.0246577, rel=1e-5)
+    assert af.statistic_sensitivity("ridge", N, LAM, 77) >= 4.0
+
+
+@pytest.mark.parametrize(
+    ("task", "calibration", "expected"),
+    [
+        ("ridge", "paper_theorem", 0.3633142),
+        ("logistic", "paper_theorem", 0.0527692),
+        ("ridge", "reference_code", 0.1111673),
+        ("logistic", "reference_code", 0.0161464),
+    ],
+)
+def test_test_epsilon_times_alpha_matches_t12(
+    task: af.Task, calibration: af.Calibration, expected: float
+) -> None:
+    for alpha in (0.025, 0.05, 0.2):
+        cal = af.iat_calibration(calibration, af.query_sensitivity(task, N, LAM), alpha, GAMMA, T)
+        assert cal.epsilon_a * alpha == pytest.approx(expected, rel=1e-5)
+        assert cal.epsilon_a * alpha >= expected * (1 - 1e-7)
+
+
+def test_thresholds_use_the_corrected_sign() -> None:
+    """Alg. 5 erratum: the threshold on f = L(θ*) − L(θ) ≤ 0 is −α/2, not +α/2 (note §2.5)."""
+    cal = af.iat_calibration("paper_theorem", 1e-3, 0.05, GAMMA, T)
+    assert cal.threshold == pytest.approx(-0.025)
+    ref = af.iat_calibration("reference_code", 1e-3, 0.05, GAMMA, T)
+    assert ref.threshold == pytest.approx(-0.12007 * 0.05, rel=1e-3)  # s = 0.12007α (note §4.5)
+
+
+def test_failure_probability_reproduces_t11() -> None:
+    """Note T11: worst case (every level at excess exactly α), α = 0.05, γ = 0.1, T = 1000: the paper
+    calibration fails w.p. 1.67e−6, the reference calibration w.p. 0.01517 (quadrature, scale-free)."""
+    delta_q, alpha = af.query_sensitivity("ridge", N, LAM), 0.05
+    for calibration, expected in (("paper_theorem", 1.67e-6), ("reference_code", 0.01517)):
+        cal = af.iat_calibration(calibration, delta_q, alpha, GAMMA, T)  # type: ignore[arg-type]
+        margin = alpha + cal.threshold
+        assert af.iat_failure_probability(cal.epsilon_a, delta_q, margin, T) == pytest.approx(
+            expected, rel=3e-3
+        )
+    # one level: 1 − E[F(u + ρ)] in closed form, P[ν − ρ > u] for ν ~ Lap(1), ρ ~ Lap(1/2)
+    u = 1.3
+    closed = (4 * math.exp(-u) - math.exp(-2 * u)) / 6  # = ½·(4/3)e^{−u} − (1/6)e^{−2u}
+    assert af.iat_failure_probability(4.0, 1.0, u, 1) == pytest.approx(closed, rel=1e-9)
+
+
+@pytest.mark.parametrize(("task", "levels", "gamma"), [("ridge", 1000, 0.1), ("logistic", 50, 0.05)])
+def test_exact_bound_calibration_is_tight_and_cheaper(task: af.Task, levels: int, gamma: float) -> None:
+    delta_q, alpha = af.query_sensitivity(task, N, LAM), 0.05
+    exact = af.iat_calibration("exact_bound", delta_q, alpha, gamma, levels)
+    paper = af.iat_calibration("paper_theorem", delta_q, alpha, gamma, levels)
+    assert exact.threshold == paper.threshold == -alpha / 2
+    failure = af.iat_failure_probability(exact.epsilon_a, delta_q, alpha / 2, levels)
+    assert gamma * (1 - 1e-5) <= failure <= gamma
+    assert exact.epsilon_a < paper.epsilon_a / 2  # the union bound costs more than a factor 2
+    assert af.iat_failure_probability(exact.epsilon_a * 0.999, delta_q, alpha / 2, levels) > gamma
+    # doubling: the exact per-round failure of T rounds is γ
+    scale = af.doubling_test("exact_bound", delta_q, alpha, gamma, 24)
+    assert 1 - (1 - 0.5 * math.exp(-(alpha / 2) / scale)) ** 24 == pytest.approx(gamma, rel=1e-8)
+    assert 1 - (1 - 0.5 * math.exp(-(alpha / 2) / scale)) ** 24 <= gamma
+
+
+def test_theory_inversion_matches_t13() -> None:
+    assert af.theory_epsilon("ridge", N, 77, LAM, 0.05) == pytest.approx(17.703910, rel=1e-7)
+    assert af.theory_epsilon("logistic", N, 38, LAM, 0.05) == pytest.approx(4.2992092, rel=1e-7)
+    assert af.theory_epsilon("ridge", N, 77, LAM, 0.2) == pytest.approx(4.42598, rel=1e-5)
+
+
+def test_doubling_charge_matches_t12() -> None:
+    """ℰ(k) = 2kΔ ln(T/γ)/α + (2^k − 1)ε_1 with T = 24, ridge Δ_q, α = 0.05, ε_1 = 1e−5."""
+    delta_q, alpha = af.query_sensitivity("ridge", N, LAM), 0.05
+    scale = af.doubling_test("paper_theorem", delta_q, alpha, GAMMA, 24)
+    eps_test = delta_q / scale
+    grid = 1e-5 * 2.0 ** np.arange(24)
+    for k, expected in ((12, 6.07275), (13, 6.61636), (14, 7.20093)):
+        assert af.doubling_charge(eps_test, grid, k) == pytest.approx(expected, rel=2e-6)
+    ref = delta_q / af.doubling_test("reference_code", delta_q, alpha, GAMMA, 24)
+    assert ref == pytest.approx(0.43908, rel=1e-4)  # note §4.5, C7
+    assert af.doubling_grid(1e-5, 70.8156)[-1] >= 70.8156
+    assert len(af.doubling_grid(1e-5, 70.8156)) == 24
+
+
+# ----- sensitivities from the bounds: note T14 -------------------------------------------------------------
+def test_covariance_statistic_sensitivity_on_random_and_extremal_neighbours() -> None:
+    rng = np.random.default_rng(1)
+    n, p = 50, 6
+    x, y = _l1_rows(rng, n, p), rng.uniform(-1, 1, n)
+    base = af.RidgeData.from_arrays(x, y).statistic()
+    rows = [_l1_rows(rng, 1, p)[0] for _ in range(200)]
+    extremal = [np.eye(p)[0], -np.eye(p)[0], np.full(p, 1 / p), -x[0] / np.abs(x[0]).sum()]
+    worst = 0.0
+    for row in rows + extremal:
+        for label in (-1.0, 1.0, -y[0]):
+            other = af.RidgeData.from_arrays(*_neighbour(x, y, row, label)).statistic()
+            worst = max(worst, float(np.abs(other - base).sum()))
+    assert worst <= af.statistic_sensitivity("ridge", n, LAM, p)
+    assert worst > 3.0  # the bound 4 is nearly attained (x₀ → −x₀ with y flipped)
+    # ‖x xᵀ‖₁ (entrywise) = ‖x‖₁²
+    row = rows[0]
+    assert np.abs(np.outer(row, row)).sum() == pytest.approx(np.abs(row).sum() ** 2)
+
+
+@pytest.mark.parametrize("task", ["ridge", "logistic"])
+def test_excess_risk_query_sensitivity(task: af.Task) -> None:
+    rng = np.random.default_rng(2)
+    n, p, lam = 40, 4, 0.05
+    x = _l1_rows(rng, n, p)
+    y = rng.uniform(-1, 1, n) if task == "ridge" else np.where(rng.random(n) < 0.5, -1.0, 1.0)
+    m = af.radius(task, lam)
+    thetas = rng.standard_normal((300, p))
+    thetas = m * thetas / np.linalg.norm(thetas, axis=1, keepdims=True) * rng.random((300, 1)) ** 0.1
+    data = af.make_data(task, x, y)
+    star = data.minimizer(lam)
+    assert np.linalg.norm(star) <= m
+    f = data.losses(star[None, :], lam)[0] - data.losses(thetas, lam)
+    worst = 0.0
+    for _ in range(60):
+        row = _l1_rows(rng, 1, p)[0]
+        row = row / np.abs(row).sum() if rng.random() < 0.5 else row
+        label = float(-y[0]) if task == "logistic" else float(rng.choice([-1.0, 1.0]))
+        other = af.make_data(task, *_neighbour(x, y, row, label))
+        star2 = other.minimizer(lam)
+        f2 = other.losses(star2[None, :], lam)[0] - other.losses(thetas, lam)
+        worst = max(worst, float(np.abs(f - f2).max()))
+        if task == "logistic":  # Lemma A.10: ‖θ* − θ•‖₂ ≤ 2/(nλ), so ℓ1 ≤ 2√p/(nλ)
+            assert np.abs(star - star2).sum() <= af.statistic_sensitivity(task, n, lam, p)
+            assert np.linalg.norm(star - star2) <= 2 / (n * lam)
+    assert worst <= af.query_sensitivity(task, n, lam)
+    assert worst > 0.05 * af.query_sensitivity(task, n, lam)  # the check is not vacuous
+
+
+# ----- solvers ----------------------------------------------------------------------------------------------
+def test_trust_region_solver_is_optimal_on_indefinite_problems() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        p = int(rng.integers(2, 8))
+        b = rng.standard_normal((p, p))
+        a = 0.5 * (b + b.T) * rng.uniform(0.1, 5)
+        z = rng.standard_normal(p) * rng.uniform(0.01, 5)
+        m = float(rng.uniform(0.2, 3))
+        theta = af.trust_region_minimizer(a, z, m)
+        assert np.linalg.norm(theta) <= m
+
+        def objective(t: np.ndarray, a: np.ndarray = a, z: np.ndarray = z) -> np.ndarray:
+            value: np.ndarray = 0.5 * np.einsum("ij,jk,ik->i", t, a, t) - t @ z
+            return value
+
+        cands = rng.standard_normal((4000, p))
+        cands = m * cands / np.linalg.norm(cands, axis=1, keepdims=True) * rng.random((4000, 1)) ** (1 / p)
+        assert objective(theta[None, :])[0] <= objective(cands).min() + 1e-9
+
+
+def test_trust_region_hard_case_and_interior() -> None:
+    a = np.diag([-1.0, 2.0, 3.0])
+    z = np.array([0.0, 1.0, 1.0])  # ⟂ the bottom eigenvector: the hard case
+    theta = af.trust_region_minimizer(a, z, 2.0)
+    assert np.linalg.norm(theta) == pytest.approx(2.0, rel=1e-9)
+    assert abs(theta[0]) > 1.0  # completed along the bottom eigenvector
+    spd = np.diag([2.0, 4.0])
+    inner = af.trust_region_minimizer(spd, np.array([1.0, 1.0]), 10.0)
+    assert np.allclose(inner, [0.5, 0.25])
+
+
+def test_minimizers_are_certified() -> None:
+    rng = np.random.default_rng(4)
+    x = _l1_rows(rng, 500, 5)
+    y = np.where(rng.random(500) < 0.4, -1.0, 1.0)
+    for task in ("ridge", "logistic"):
+        data = af.make_data(task, x, y)
+        star = data.minimizer(0.01)
+        h = 1e-6
+        grad = [
+            (data.losses((star + h * e)[None, :], 0.01)[0] - data.losses((star - h * e)[None, :], 0.01)[0])
+            / (2 * h)
+            for e in np.eye(5)
+        ]
+        assert np.linalg.norm(grad) < 1e-7
+
+
+# ----- the walk, the charge, realized ≤ worst case ----------------------------------------------------------
+@pytest.mark.parametrize("task", ["ridge", "logistic"])
+@pytest.mark.parametrize("calibration", ["paper_theorem", "reference_code", "exact_bound"])
+def test_run_releases_an_accurate_model_and_charges_eps_a_plus_eps_t(task: str, calibration: str) -> None:
+    rng = np.random.default_rng(5)
+    n, p = 20_000, 3
+    schema = _schema(p, task)
+    ctx = PublicContext(schema, n, DEFAULT_ORDERS)
+    table = _table(rng, n, p, task)
+    params = _params(task, p, calibration=calibration)
+    mech = MECHANISM[task]
+    mech.check(params, ctx)
+    worst = mech.worst_case(params, ctx)
+    seen: list[float] = []
+    release = mech.run(params, ctx, table, np.random.default_rng(6), progress=seen.append)
+    out = release.output
+    assert set(out) == {
+        "coefficients",
+        "level",
+        "levels",
+        "target_reached",
+        "epsilon_level",
+        "epsilon_test",
+        "epsilon",
+        "calibration",
+        "norm_bound",
+    }
+    assert out["target_reached"] is True
+    problem, grid = mech.problem(params, ctx)
+    assert 1 <= out["level"] <= 200
+    assert out["epsilon_level"] == grid[out["level"] - 1]
+    assert out["epsilon_test"] == problem.test(200).epsilon_a
+    assert release.realized.is_pure
+    assert release.realized.pure >= out["epsilon_test"] + out["epsilon_level"]
+    assert release.realized.pure == pytest.approx(out["epsilon_test"] + out["epsilon_level"], rel=1e-12)
+    assert all(v == release.realized.pure for v in release.realized.values)
+    assert release.realized <= worst
+    assert worst.pure == pytest.approx(problem.test(200).epsilon_a + grid[-1], rel=1e-12)
+    assert seen == sorted(seen)
+    assert seen[-1] == 1.0
+    # accuracy (non-private check, test only): excess empirical risk ≤ α on the design matrix
+    erm_task: af.Task = "ridge" if task == "ridge" else "logistic"
+    x, y = design_matrix(params, ctx, table, af.LEARNING_TASK[erm_task])
+    if task == "ridge":
+        x = af.clip_l1(x)
+    data = af.make_data(erm_task, x, y)
+    theta = np.asarray(out["coefficients"])[None, :]
+    assert np.linalg.norm(theta) <= out["norm_bound"]
+    star = data.minimizer(0.05)[None, :]
+    excess = float(data.losses(theta, 0.05)[0] - data.losses(star, 0.05)[0])
+    assert 0.0 <= excess <= 0.05
+
+
+def test_walk_reports_target_not_reached_when_the_grid_is_too_private() -> None:
+    rng = np.random.default_rng(7)
+    n, p = 2000, 3
+    ctx = PublicContext(_schema(p, "logistic"), n, DEFAULT_ORDERS)
+    table = _table(rng, n, p, "logistic")
+    params = _params("logistic", p, epsilon_min=1e-6, epsilon_max=1e-5, levels=20, target_excess_risk=0.001)
+    mech = MECHANISM["logistic"]
+    release = mech.run(params, ctx, table, np.random.default_rng(8))
+    assert release.output["target_reached"] is False
+    assert release.output["level"] == 20
+    assert release.realized == mech.worst_case(params, ctx)  # ⊥ costs ε_A + ε_T (Lemma 2.8)
+
+
+def test_walk_stops_later_for_a_harder_target() -> None:
+    rng = np.random.default_rng(9)
+    n, p = 5000, 3
+    x = _l1_rows(rng, n, p)
+    y = np.where(x @ np.array([30.0, -20.0, 10.0]) + rng.logistic(size=n) > 0, 1.0, -1.0)
+    data = af.make_data("logistic", x, y)
+    levels: dict[float, list[int]] = {}
+    grid = af.geometric_grid(1 / n, 4 * af.theory_epsilon("logistic", n, p, 0.01, 0.01), 150)
+    for alpha in (0.2, 0.01):
+        problem = af.Problem("logistic", n, p, 0.01, alpha, GAMMA, "reference_code")
+        levels[alpha] = [
+            af.accuracy_first(problem, data, grid, np.random.default_rng(s)).level for s in range(5)
+        ]
+    assert np.mean(levels[0.01]) > np.mean(levels[0.2]) + 10  # same grid: a harder target stops later
+
+
+# ----- parameters ------------------------------------------------------------------------------------------
+def test_registered_and_long_running() -> None:
+    for name, task in (("accuracy_first.ridge", "ridge"), ("accuracy_first.logistic", "logistic")):
+        mech = MECHANISMS[name]
+        assert isinstance(mech, Mechanism)
+        assert isinstance(mech, LongRunningMechanism)
+        assert isinstance(mech, af.AccuracyFirstErm)
+        assert mech.task == task
+        assert mech.name == name
+        assert mech.long_running
+        assert mech.progress_is_public
+
+
+@pytest.mark.parametrize(
+    ("task", "extra", "features", "field", "neighboring"),
+    [
+        ("ridge", {}, ("nope",), "features[0]", "replace_one"),
+        ("logistic", {}, ("f0", "f0"), "features", "replace_one"),
+        (
+            "ridge",
+            {"regularization": 1e-6, "target_excess_risk": 1e-3},
+            ("f0",),
+            "epsilon_max",
+            "replace_one",
+        ),
+        (
+            "logistic",
+            {"epsilon_min": 0.5, "epsilon_max": 0.5 + 1e-13, "levels": 10_000},
+            ("f0",),
+            "levels",
+            "replace_one",
+        ),
+        ("ridge", {"epsilon_min": 90.0}, ("f0",), "epsilon_min", "replace_one"),  # > the default ε_T
+    ],
+)
+def test_bad_params_name_the_field(
+    task: str, extra: dict[str, Any], features: tuple[str, ...], field: str, neighboring: str
+) -> None:
+    schema = _schema(2, task).model_copy(update={"neighboring": neighboring})
+    ctx = PublicContext(schema, None if neighboring == "add_remove" else 1000, DEFAULT_ORDERS)
+    raw = {**_params(task, 2).model_dump(), "features": features, **extra}
+    params = af.AccuracyFirstParams.model_validate(raw)
+    mech = MECHANISM[task]
+    with pytest.raises(ParamsError) as caught:
+        mech.check(params, ctx)
+    assert caught.value.field == field
+    with pytest.raises(ParamsError):
+        mech.worst_case(params, ctx)
+
+
+def test_add_remove_dataset_is_refused_before_anything_is_reserved() -> None:
+    """n must be public (bounded DP); the service reports a plain ValueError on the field "params"."""
+    schema = _schema(2, "ridge").model_copy(update={"neighboring": "add_remove"})
+    ctx = PublicContext(schema, None, DEFAULT_ORDERS)
+    for method in (MECHANISM["ridge"].check, MECHANISM["ridge"].worst_case):
+        with pytest.raises(ValueError, match="replace_one") as caught:
+            method(_params("ridge", 2), ctx)
+        assert not isinstance(caught.value, ParamsError)
+
+
+def test_wrong_label_kind_is_refused() -> None:
+    ctx = PublicContext(_schema(2, "logistic"), 1000, DEFAULT_ORDERS)
+    with pytest.raises(ParamsError) as caught:
+        MECHANISM["ridge"].check(_params("ridge", 2), ctx)  # categorical label for regression
+    assert caught.value.field == "label"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"regularization": 0.0},
+        {"regularization": float("nan")},
+        {"target_excess_risk": -0.1},
+        {"failure_probability": 0.0},
+        {"failure_probability": 0.9},
+        {"levels": 0},
+        {"levels": 10_001},
+        {"epsilon_max": 1000.0},
+        {"epsilon_min": 2.0, "epsilon_max": 1.0},
+        {"calibration": "fast"},
+        {"seed": 3},
+    ],
+)
+def test_model_refuses_bad_numbers(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        _params("ridge", 2, **bad)
+
+
+def test_worst_case_is_monotone_in_the_cost_parameter() -> None:
+    ctx = PublicContext(_schema(2, "ridge"), 1000, DEFAULT_ORDERS)
+    mech = MECHANISM["ridge"]
+    low = mech.worst_case(_params("ridge", 2, epsilon_max=1.0), ctx)
+    high = mech.worst_case(_params("ridge", 2, epsilon_max=2.0), ctx)
+    assert low <= high
+    assert high.pure - low.pure == pytest.approx(1.0)
+
+
+def test_refusal_can_name_the_largest_affordable_epsilon_max() -> None:
+    ctx = PublicContext(_schema(2, "logistic"), 1000, DEFAULT_ORDERS)
+    mech = MECHANISM["logistic"]
+    params = _params("logistic", 2, epsilon_max=50.0)
+    test_epsilon = mech.problem(params, ctx)[0].test(200).epsilon_a
+    budget = test_epsilon + 3.0
+    best = best_affordable_cost(mech, params, ctx, lambda curve: curve.pure <= budget)
+    assert best is not None
+    assert best == pytest.approx(3.0, rel=1e-5)
+    assert mech.worst_case(with_cost(params, "epsilon_max", best), ctx).pure <= budget
+    nothing = best_affordable_cost(mech, params, ctx, lambda curve: curve.pure <= test_epsilon / 2)
+    assert nothing is None  # the test alone is unaffordable
+
+
+def test_clip_l1_bounds_rows() -> None:
+    rng = np.random.default_rng(10)
+    x = rng.uniform(-1, 1, (100, 9))
+    clipped = af.clip_l1(x)
+    assert np.all(np.abs(clipped).sum(axis=1) <= 1.0)
+    small = x / 100
+    assert np.allclose(af.clip_l1(small), small)
+
+
+# ----- benchmark smoke test -------------------------------------------------------------------------------
+def test_benchmark_quick_runs(tmp_path: Path) -> None:
+    out = tmp_path / "erm.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "accuracy_first_erm.py"), "--quick", "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    import json
+
+    report = json.loads(out.read_text())
+    assert report["quick"] is True
+    rows = report["rows"]
+    assert {r["method"] for r in rows} == {"noise_reduction", "doubling", "theory"}
+    assert all(r["mean_epsilon"] > 0 for r in rows)
+    assert "noise_reduction" in result.stdout
