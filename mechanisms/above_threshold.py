@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve, laplace_scale
 from mechanisms.accounting.curve import _pad_up, sum_up
-from mechanisms.base import ParamsError, PublicContext, Release, StepResult, Table
+from mechanisms.base import ParamsError, PublicContext, Release, StepResult, Table, params_as
 from mechanisms.queries import (
     AnyQuery,
     CountQuery,
@@ -210,12 +210,6 @@ class LaplaceBatchParams(LaplaceSessionParams):
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
-def _as(value: object, model: type[ModelT]) -> ModelT:
-    if not isinstance(value, model):
-        raise TypeError(f"expected {model.__name__}, got {type(value).__name__}")
-    return value
-
-
 def _check_asked(asked: int, max_queries: int) -> None:
     if asked < 0:
         raise ValueError("asked must be ≥ 0")
@@ -338,18 +332,18 @@ class GeometricAboveThreshold(AboveThresholdSession):
     secret_key: ClassVar[str] = "k"
 
     def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        p = _as(params, GeometricSessionParams)
+        p = params_as(params, GeometricSessionParams)
         if p.require_monotone and ctx.schema.neighboring != "add_remove":
             reason = "monotone queries exist only on add_remove datasets (replace_one pairs are unordered)"
             raise ParamsError("require_monotone", reason)
 
     def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        p = _as(params, GeometricSessionParams)
+        p = params_as(params, GeometricSessionParams)
         eps, eps_threshold = p.max_query_epsilon, p.epsilon_threshold
         return _charge((eps, eps_threshold) if p.require_monotone else (eps, eps, eps_threshold), ctx.orders)
 
     def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None:
-        p, q = _as(params, GeometricSessionParams), _as(query, QueryParams)
+        p, q = params_as(params, GeometricSessionParams), params_as(query, QueryParams)
         self.check(p, ctx)
         _check_asked(asked, p.max_queries)
         _check_epsilon(q, p.max_query_epsilon)
@@ -366,7 +360,7 @@ class GeometricAboveThreshold(AboveThresholdSession):
             raise ParamsError("query", reason)
 
     def start(self, params: BaseModel, ctx: PublicContext, rng: np.random.Generator) -> dict[str, Any]:
-        p = _as(params, GeometricSessionParams)
+        p = params_as(params, GeometricSessionParams)
         return self._new_state(geometric(rng, p.epsilon_threshold), 0, False)
 
     def step(
@@ -378,7 +372,7 @@ class GeometricAboveThreshold(AboveThresholdSession):
         table: Table,
         rng: np.random.Generator,
     ) -> StepResult:
-        p, q = _as(params, GeometricSessionParams), _as(query, QueryParams)
+        p, q = params_as(params, GeometricSessionParams), params_as(query, QueryParams)
         k, asked = self._read_state(state)
         self.check_query(p, ctx, q, asked)
         eps = _query_epsilon(q, p.max_query_epsilon)
@@ -394,7 +388,7 @@ class GeometricAboveThreshold(AboveThresholdSession):
         return StepResult({"above": False, "index": asked}, self._new_state(k, asked + 1, halted), halted)
 
     def realized(self, params: BaseModel, ctx: PublicContext, steps: Steps, halted: bool) -> RdpCurve:
-        p = _as(params, GeometricSessionParams)
+        p = params_as(params, GeometricSessionParams)
         queries, above = _transcript(steps, QueryParams, p.max_queries)
         if not queries:
             return RdpCurve.zero(ctx.orders)  # nothing was released: the data was never read
@@ -423,20 +417,20 @@ class DroppingAboveThreshold(AboveThresholdSession):
     secret_key: ClassVar[str] = "k"
 
     def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        _as(params, DroppingSessionParams)
+        params_as(params, DroppingSessionParams)
 
     def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        p = _as(params, DroppingSessionParams)
+        p = params_as(params, DroppingSessionParams)
         return _charge((p.max_query_epsilon, p.max_query_epsilon, p.epsilon_threshold), ctx.orders)
 
     def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None:
-        p, q = _as(params, DroppingSessionParams), _as(query, QueryParams)
+        p, q = params_as(params, DroppingSessionParams), params_as(query, QueryParams)
         _check_asked(asked, p.max_queries)
         _check_epsilon(q, p.max_query_epsilon)
         _scalar_query(q.query, ctx)
 
     def start(self, params: BaseModel, ctx: PublicContext, rng: np.random.Generator) -> dict[str, Any]:
-        p = _as(params, DroppingSessionParams)
+        p = params_as(params, DroppingSessionParams)
         return self._new_state(geometric(rng, p.epsilon_threshold), 0, False)
 
     def step(
@@ -448,7 +442,7 @@ class DroppingAboveThreshold(AboveThresholdSession):
         table: Table,
         rng: np.random.Generator,
     ) -> StepResult:
-        p, q = _as(params, DroppingSessionParams), _as(query, QueryParams)
+        p, q = params_as(params, DroppingSessionParams), params_as(query, QueryParams)
         k, asked = self._read_state(state)
         self.check_query(p, ctx, q, asked)
         eps = _query_epsilon(q, p.max_query_epsilon)
@@ -464,7 +458,7 @@ class DroppingAboveThreshold(AboveThresholdSession):
         return StepResult({"above": False, "index": asked}, self._new_state(k, asked + 1, halted), halted)
 
     def realized(self, params: BaseModel, ctx: PublicContext, steps: Steps, halted: bool) -> RdpCurve:
-        p = _as(params, DroppingSessionParams)
+        p = params_as(params, DroppingSessionParams)
         queries, above = _transcript(steps, QueryParams, p.max_queries)
         if not queries:
             return RdpCurve.zero(ctx.orders)
@@ -497,13 +491,13 @@ class LaplaceAboveThreshold(AboveThresholdSession):
         return laplace_scale(2.0 * delta, params.epsilon), laplace_scale(4.0 * delta, params.epsilon)
 
     def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        _as(params, LaplaceSessionParams)
+        params_as(params, LaplaceSessionParams)
 
     def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        return RdpCurve.from_pure(_as(params, LaplaceSessionParams).epsilon, ctx.orders)
+        return RdpCurve.from_pure(params_as(params, LaplaceSessionParams).epsilon, ctx.orders)
 
     def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None:
-        p, q = _as(params, LaplaceSessionParams), _as(query, LaplaceQueryParams)
+        p, q = params_as(params, LaplaceSessionParams), params_as(query, LaplaceQueryParams)
         _check_asked(asked, p.max_queries)
         sensitivity = _scalar_query(q.query, ctx)
         if sensitivity > p.max_sensitivity:
@@ -511,7 +505,7 @@ class LaplaceAboveThreshold(AboveThresholdSession):
             raise ParamsError("query", reason)
 
     def start(self, params: BaseModel, ctx: PublicContext, rng: np.random.Generator) -> dict[str, Any]:
-        p = _as(params, LaplaceSessionParams)
+        p = params_as(params, LaplaceSessionParams)
         threshold_scale, _ = self.scales(p)
         return self._new_state(p.threshold + float(rng.laplace(0.0, threshold_scale)), 0, False)
 
@@ -524,7 +518,7 @@ class LaplaceAboveThreshold(AboveThresholdSession):
         table: Table,
         rng: np.random.Generator,
     ) -> StepResult:
-        p, q = _as(params, LaplaceSessionParams), _as(query, LaplaceQueryParams)
+        p, q = params_as(params, LaplaceSessionParams), params_as(query, LaplaceQueryParams)
         noisy_threshold, asked = self._read_state(state)
         self.check_query(p, ctx, q, asked)
         _, query_scale = self.scales(p)
@@ -537,7 +531,7 @@ class LaplaceAboveThreshold(AboveThresholdSession):
         return StepResult({"above": False, "index": asked}, new_state, halted)
 
     def realized(self, params: BaseModel, ctx: PublicContext, steps: Steps, halted: bool) -> RdpCurve:
-        p = _as(params, LaplaceSessionParams)
+        p = params_as(params, LaplaceSessionParams)
         queries, above = _transcript(steps, LaplaceQueryParams, p.max_queries)
         if not queries:
             return RdpCurve.zero(ctx.orders)
@@ -575,7 +569,7 @@ class BatchAboveThreshold:
 
     def split(self, params: BaseModel) -> tuple[BaseModel, list[BaseModel]]:
         """The session params and the query list of a batch request."""
-        p = _as(params, self.params_model)
+        p = params_as(params, self.params_model)
         session_params = self.session.params_model.model_validate(p.model_dump(exclude={"queries"}))
         queries: list[BaseModel] = list(getattr(p, "queries"))  # noqa: B009 - field of a dynamic model
         return session_params, queries

@@ -65,7 +65,7 @@ from mechanisms.above_threshold import (
 )
 from mechanisms.accounting import RdpCurve
 from mechanisms.accounting.curve import _pad_up
-from mechanisms.base import ParamsError, PublicContext, Release, StepResult, Table
+from mechanisms.base import ParamsError, PublicContext, Release, StepResult, Table, params_as
 from mechanisms.noise_reduction import (
     MAX_LEVELS,
     LazyBrownianNR,
@@ -266,12 +266,6 @@ def output_dim(query: AnyQuery, ctx: PublicContext) -> int:
 
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
-
-
-def _as(value: object, model: type[ModelT]) -> ModelT:
-    if not isinstance(value, model):
-        raise TypeError(f"expected {model.__name__}, got {type(value).__name__}")
-    return value
 
 
 class _Family(ABC):
@@ -483,7 +477,7 @@ class AccuracyFirst:
     cost_increases_with_parameter: ClassVar[bool] = True
 
     def _params(self, params: BaseModel) -> _OneShotParams:
-        return _as(_as(params, self.params_model), _OneShotParams)
+        return params_as(params_as(params, self.params_model), _OneShotParams)
 
     def _fixed_level(self, p: _OneShotParams, sensitivity: float, dim: int) -> int | None:
         """The level of an absolute target with the released check (public), None when unreachable."""
@@ -622,7 +616,7 @@ class NoiseReductionSession:
     query_model: ClassVar[type[BaseModel]] = NextQuery
 
     def _params(self, params: BaseModel) -> BaseModel:
-        return _as(params, self.params_model)
+        return params_as(params, self.params_model)
 
     def _query(self, params: BaseModel) -> AnyQuery:
         query: AnyQuery = getattr(self._params(params), "query")  # noqa: B009 - field of a session model
@@ -637,7 +631,7 @@ class NoiseReductionSession:
         return self.family.charge(sensitivity, grid, len(grid) - 1, ctx.orders)
 
     def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None:
-        _as(query, NextQuery)
+        params_as(query, NextQuery)
         self.check(params, ctx)
         levels = len(self.family.grid(self._params(params)))
         if asked < 0:

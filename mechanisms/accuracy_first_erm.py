@@ -68,7 +68,7 @@ from mechanisms.above_threshold import (
 )
 from mechanisms.accounting import RdpCurve, laplace_scale
 from mechanisms.accounting.curve import _pad_up, sum_up
-from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress
+from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
 from mechanisms.learning import FeatureSpec, check_features, design_matrix, dimension
 from mechanisms.learning import Task as LearningTask
 from mechanisms.noise_reduction import LazyLaplaceNR
@@ -581,15 +581,9 @@ class AccuracyFirstErm:
         super().__init_subclass__(**kwargs)
         cls.task = task
 
-    @staticmethod
-    def _params(params: BaseModel) -> AccuracyFirstParams:
-        if not isinstance(params, AccuracyFirstParams):
-            raise TypeError(f"expected AccuracyFirstParams, got {type(params).__name__}")
-        return params
-
     def problem(self, params: BaseModel, ctx: PublicContext) -> tuple[Problem, np.ndarray]:
         """Schema checks, then the public problem constants and the ε grid (raises ParamsError)."""
-        p = self._params(params)
+        p = params_as(params, AccuracyFirstParams)
         check_features(p, ctx, LEARNING_TASK[self.task])
         if ctx.n_rows is None:
             reason = "needs a replace_one dataset: n must be public (bounded DP, note §2.0)"
@@ -633,7 +627,7 @@ class AccuracyFirstErm:
         rng: np.random.Generator,
         progress: ProgressFn = no_progress,
     ) -> Release:
-        p = self._params(params)
+        p = params_as(params, AccuracyFirstParams)
         problem, grid = self.problem(p, ctx)
         worst = _charge(problem, grid, len(grid), ctx.orders)
         x, y = design_matrix(p, ctx, table, LEARNING_TASK[self.task])

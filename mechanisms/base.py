@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel
@@ -31,6 +31,17 @@ class ParamsError(ValueError):
         super().__init__(f"{field}: {reason}")
         self.field = field
         self.reason = reason
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def params_as(value: object, model: type[ModelT]) -> ModelT:
+    """``value`` as ``model``: the service validates params with the mechanism's own model, so anything else
+    reaching a mechanism is a programming error (TypeError), never an input error."""
+    if not isinstance(value, model):
+        raise TypeError(f"expected {model.__name__}, got {type(value).__name__}")
+    return value
 
 
 @dataclass(frozen=True)

@@ -10,20 +10,41 @@ from mechanisms.above_threshold import (
     GeometricAboveThresholdBatch,
     LaplaceAboveThresholdBatch,
 )
+from mechanisms.accuracy_first import (
+    ACCURACY_FIRST_GAUSSIAN,
+    ACCURACY_FIRST_LAPLACE,
+    NR_GAUSSIAN_SESSION,
+    NR_LAPLACE_SESSION,
+)
+from mechanisms.accuracy_first_erm import AccuracyFirstLogistic, AccuracyFirstRidge
 from mechanisms.base import InteractiveMechanism, Mechanism
+from mechanisms.dp_gd import DpGdMechanism
 from mechanisms.gaussian import Gaussian
 from mechanisms.laplace import Laplace
+from mechanisms.objective_perturbation import ObjPertLogistic
+from mechanisms.rgm_gd import RgmGdMechanism
+from mechanisms.tuning import TuningSelect
 
 MECHANISMS: dict[str, Mechanism] = {
     "laplace": Laplace(),
     "gaussian": Gaussian(),
+    "objpert.logistic": ObjPertLogistic(),
     "above_threshold.batch": GeometricAboveThresholdBatch(),
     "above_threshold.dropping.batch": DroppingAboveThresholdBatch(),
     "above_threshold.laplace.batch": LaplaceAboveThresholdBatch(),
+    "accuracy_first.laplace": ACCURACY_FIRST_LAPLACE,
+    "accuracy_first.gaussian": ACCURACY_FIRST_GAUSSIAN,
+    "accuracy_first.ridge": AccuracyFirstRidge(),
+    "accuracy_first.logistic": AccuracyFirstLogistic(),
+    "rgm.gd": RgmGdMechanism(),
+    "dp_gd": DpGdMechanism(),
+    "tuning.select": TuningSelect(),
 }
 
 INTERACTIVE: dict[str, InteractiveMechanism] = {
     "above_threshold": GEOMETRIC,
     "above_threshold.dropping": DROPPING,
     "above_threshold.laplace": LAPLACE,
+    "noise_reduction.laplace": NR_LAPLACE_SESSION,
+    "noise_reduction.gaussian": NR_GAUSSIAN_SESSION,
 }

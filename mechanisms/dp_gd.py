@@ -39,7 +39,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from mechanisms.accounting.curve import RdpCurve, _pad_up
 from mechanisms.accounting.orders import validate_orders
-from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress
+from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
 from mechanisms.learning import FeatureSpec, Task, check_features, design_matrix
 from mechanisms.schema import CategoricalColumn
 
@@ -295,11 +295,6 @@ class DpGdParams(FeatureSpec):
         return self
 
 
-def _dp_gd_params(params: BaseModel) -> DpGdParams:
-    if not isinstance(params, DpGdParams):
-        raise TypeError(f"expected DpGdParams, got {type(params).__name__}")
-    return params
-
 
 def learner_task(model: str, task: str | None) -> Task:
     """The label handling of ``mechanisms.learning`` for a model."""
@@ -337,7 +332,7 @@ class DpGdMechanism:
     progress_is_public: ClassVar[bool] = True
 
     def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        p = _dp_gd_params(params)
+        p = params_as(params, DpGdParams)
         task = learner_task(p.model, p.task)
         if p.model == "logistic" and task != "classification":
             raise ParamsError("task", "logistic regression needs a classification label")
@@ -367,7 +362,7 @@ class DpGdMechanism:
         return DpGdConfig(loss, p.regularization, p.steps, tau, p.clip, z, ctx.schema.neighboring)
 
     def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        p = _dp_gd_params(params)
+        p = params_as(params, DpGdParams)
         return dp_gd_curve(self._config(p, ctx), ctx.schema.neighboring, ctx.orders)
 
     def run(
@@ -378,7 +373,7 @@ class DpGdMechanism:
         rng: np.random.Generator,
         progress: ProgressFn = no_progress,
     ) -> Release:
-        p = _dp_gd_params(params)
+        p = params_as(params, DpGdParams)
         self.check(p, ctx)
         config = self._config(p, ctx)
         worst = dp_gd_curve(config, ctx.schema.neighboring, ctx.orders)

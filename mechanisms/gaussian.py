@@ -20,7 +20,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
 from mechanisms.accounting import RdpCurve
-from mechanisms.base import PublicContext, Release, Table
+from mechanisms.base import PublicContext, Release, Table, params_as
 from mechanisms.queries import Query, check_query, evaluate, l2, release_output, shifts
 
 
@@ -33,11 +33,6 @@ class GaussianParams(BaseModel):
     )
 
 
-def _gaussian_params(params: BaseModel) -> GaussianParams:
-    if not isinstance(params, GaussianParams):
-        raise TypeError(f"expected GaussianParams, got {type(params).__name__}")
-    return params
-
 
 class Gaussian:
     """Gaussian noise of standard deviation σ; RDP curve α·Δ₂²/(2σ²)."""
@@ -49,15 +44,15 @@ class Gaussian:
     cost_increases_with_parameter: ClassVar[bool] = False
 
     def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        query = _gaussian_params(params).query
+        query = params_as(params, GaussianParams).query
         check_query(query, ctx)
 
     def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        p = _gaussian_params(params)
+        p = params_as(params, GaussianParams)
         return RdpCurve.gaussian(l2(shifts(p.query, ctx)), p.sigma, ctx.orders)
 
     def run(self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator) -> Release:
-        p = _gaussian_params(params)
+        p = params_as(params, GaussianParams)
         self.check(p, ctx)
         worst = self.worst_case(p, ctx)
         values, labels = evaluate(p.query, ctx, table)

@@ -24,7 +24,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
 from mechanisms.accounting import RdpCurve, laplace_scale
-from mechanisms.base import PublicContext, Release, Table
+from mechanisms.base import PublicContext, Release, Table, params_as
 from mechanisms.queries import Query, check_query, evaluate, l1, release_output, shifts
 
 
@@ -34,11 +34,6 @@ class LaplaceParams(BaseModel):
     query: Query
     epsilon: StrictFloat = Field(gt=0, le=100, allow_inf_nan=False, description="pure-DP ε of this release")
 
-
-def _laplace_params(params: BaseModel) -> LaplaceParams:
-    if not isinstance(params, LaplaceParams):
-        raise TypeError(f"expected LaplaceParams, got {type(params).__name__}")
-    return params
 
 
 class Laplace:
@@ -51,15 +46,15 @@ class Laplace:
     cost_increases_with_parameter: ClassVar[bool] = True
 
     def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        query = _laplace_params(params).query
+        query = params_as(params, LaplaceParams).query
         check_query(query, ctx)
 
     def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        p = _laplace_params(params)
+        p = params_as(params, LaplaceParams)
         return RdpCurve.laplace(shifts(p.query, ctx), p.epsilon, ctx.orders)
 
     def run(self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator) -> Release:
-        p = _laplace_params(params)
+        p = params_as(params, LaplaceParams)
         self.check(p, ctx)
         worst = self.worst_case(p, ctx)
         scale = laplace_scale(l1(shifts(p.query, ctx)), p.epsilon)

@@ -49,7 +49,7 @@ from pydantic import BaseModel, Field, model_validator
 from mechanisms.accounting.conversion import epsilon_at_delta
 from mechanisms.accounting.curve import RdpCurve, _pad_up
 from mechanisms.accounting.orders import validate_orders
-from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress
+from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
 from mechanisms.dp_gd import column_names, learner_task
 from mechanisms.learning import FeatureSpec, check_features, design_matrix, dimension
 from mechanisms.relative_gaussian import (
@@ -401,11 +401,6 @@ class RgmGdParams(FeatureSpec):
         return self
 
 
-def _rgm_params(params: BaseModel) -> RgmGdParams:
-    if not isinstance(params, RgmGdParams):
-        raise TypeError(f"expected RgmGdParams, got {type(params).__name__}")
-    return params
-
 
 @dataclass(frozen=True)
 class _Resolved:
@@ -430,7 +425,7 @@ class RgmGdMechanism:
     progress_is_public: ClassVar[bool] = True
 
     def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        p = _rgm_params(params)
+        p = params_as(params, RgmGdParams)
         task = learner_task(p.model, p.task)
         if p.model == "logistic" and task != "classification":
             raise ParamsError("task", "logistic regression needs a classification label")
@@ -477,7 +472,7 @@ class RgmGdMechanism:
         return _Resolved(sens, d, config, step)
 
     def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        resolved = self._resolve(_rgm_params(params), ctx)
+        resolved = self._resolve(params_as(params, RgmGdParams), ctx)
         return scale_curve(resolved.step, resolved.config.steps)
 
     def run(
@@ -488,7 +483,7 @@ class RgmGdMechanism:
         rng: np.random.Generator,
         progress: ProgressFn = no_progress,
     ) -> Release:
-        p = _rgm_params(params)
+        p = params_as(params, RgmGdParams)
         self.check(p, ctx)
         resolved = self._resolve(p, ctx)
         worst = scale_curve(resolved.step, resolved.config.steps)

@@ -1,0 +1,380 @@
+"""Base learners as tuning candidates: each is a DP mechanism (training + private score) with its own ε.
+
+A candidate of ``tuning.select`` is (learner, hyperparameters, ε). As a mechanism of the whole dataset it
+
+1. splits the rows by a data-independent random permutation into a training part (n − m rows) and a
+   held-out part (m = ⌊h·n⌋ rows; n is public under ``replace_one``),
+2. trains on the training part with a DP guarantee of level ε,
+3. scores the model on the held-out part with noise of level ε (accuracy for classification, sensitivity
+   1/m; −MSE with predictions clipped to [−1, 1] for regression, per-row squared error ≤ 4, sensitivity 4/m),
+
+and releases (model, noisy score). **Why the candidate is ε-DP (pure) or (α, ε)-RDP although both parts
+use ε:** fix the permutation π (data-independent, shared by all candidates of a request, never released).
+Under replace-one the replaced row lies in exactly one part; the other part's computation is identically
+distributed (or a post-processing of the private part with independent noise), so M_i^π's divergence is
+that of one part, for every π: the curve is max(train, score) pointwise. Theorems 11/13 then hold
+conditionally on π with the same charges, and the ex-post inequalities survive the data-independent mixture
+over π (pure: linear; RDP: (p, q) ↦ p^α q^{1−α} is jointly convex). Details: docs/privacy_parts/tuning.md §3.
+
+There is no notion of a public validation set in the dataset model, so every score is a noisy score on a
+held-out split (the public-validation variant of the issue is not implemented).
+
+Learners
+--------
+``output_perturbation.logistic`` / ``output_perturbation.ridge`` (pure ε-DP; valid in both modes)
+    θ* = argmin (1/n_t)Σ ℓ(θ; x_i, y_i) + (λ/2)‖θ‖² on the training part, rows ‖x_i‖ ≤ 1. The loss is
+    L-Lipschitz on the set where both neighbours' minimisers lie: L = 1 (logistic); squared loss
+    ½(xᵀθ − y)² with |y| ≤ 1 has ‖θ*‖ ≤ 1/√λ (F(θ*) ≤ F(0) ≤ ½), so L = 1 + 1/√λ. The ℓ2 sensitivity of
+    the exact minimiser is 2L/(n_t λ) (Chaudhuri, Monteleoni, Sarwate 2011, Corollary 8, replace-one). The
+    solver (ridge: a linear solve; logistic: damped Newton) must end with ‖∇F(θ̂)‖ ≤ g = 0.01·L/n_t, so
+    ‖θ̂ − θ*‖ ≤ g/λ by λ-strong convexity, and Δ₂(θ̂) ≤ 2(L/n_t + g)/λ; if it does not, the candidate raises
+    (the service then charges the worst case). Release θ̂ + Lap(b)^d with b = √d·Δ₂/ε (Δ₁ ≤ √d·Δ₂): ε-DP
+    (Dwork, McSherry, Nissim, Smith 2006). The score uses Laplace noise of scale Δ_score/ε.
+``dp_gd.logistic`` / ``dp_gd.ridge`` (RDP only; refused in pure mode)
+    Clipped full-batch Gaussian gradient descent (``mechanisms.dp_gd``): T steps at noise multiplier z are
+    (α, Tα/(2z²))-RDP. The drop parameter c = ε is matched at the **calibration order** α*: z is the
+    smallest value with ``dp_gd_curve(...)(α*) ≤ ε``, and the score's Gaussian noise σ = Δ_score·√(α*/(2ε))
+    (slightly raised). Both curves are linear in α, so the candidate is (α, ≤ ε)-RDP exactly for α ≤ α*;
+    at higher orders its RDP exceeds its drop parameter and the tuning charge is +∞ there.
+
+``objpert.logistic`` (RDP only; refused in pure mode)
+    Objective perturbation with output noise (``mechanisms.objective_perturbation``, its replace-one curve:
+    Thm 4.3.2 with L → 2L plus the AMP term), σ chosen by bisection as the smallest value whose curve at α*
+    is ≤ ε (refused if −log(1 − β/λ) + AMP alone exceeds ε). ``regularization`` is the sum-scale λ > 1/4.
+    Its curve is not linear in α, so validity is checked order by order (``rdp_charges``' mask).
+
+Further learners (RGM, …) plug in by implementing ``BaseLearner`` (``curve`` for the guarantee from public
+parameters, ``fit_and_score`` for the model and its noisy score) and adding themselves to ``LEARNERS``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, ClassVar, Literal, Protocol
+
+import numpy as np
+
+from mechanisms.accounting import RdpCurve, laplace_scale
+from mechanisms.base import ProgressFn, no_progress
+from mechanisms.dp_gd import DpGdConfig, dp_gd_curve, dp_gd_train
+from mechanisms.learning import Task
+from mechanisms.objective_perturbation import ObjPertConfig, fit_objpert, objpert_curve
+
+LearnerName = Literal[
+    "output_perturbation.logistic",
+    "output_perturbation.ridge",
+    "dp_gd.logistic",
+    "dp_gd.ridge",
+    "objpert.logistic",
+]
+
+SOLVER_TOLERANCE = 0.01
+"""The solver must reach ‖∇F‖ ≤ SOLVER_TOLERANCE·L/n_t; this adds 1% to the output-perturbation Δ₂."""
+
+
+@dataclass(frozen=True)
+class CandidateConfig:
+    """One list entry (public): the learner's hyperparameters and the candidate's ε (its drop parameter)."""
+
+    epsilon: float
+    reg: float
+    steps: int = 0
+    step_size: float = 0.0
+    clip: float = 0.0
+
+    def as_dict(self, learner: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"learner": learner, "epsilon": self.epsilon, "regularization": self.reg}
+        if learner.startswith("dp_gd"):
+            out.update(steps=self.steps, step_size=self.step_size, clip=self.clip)
+        return out
+
+
+def score_sensitivity(task: Task, m: int) -> float:
+    """ℓ1 = ℓ2 sensitivity of the held-out utility under replace-one: 1/m (accuracy) or 4/m (−MSE)."""
+    return (1.0 if task == "classification" else 4.0) / m
+
+
+def utility(theta: np.ndarray, x: np.ndarray, y: np.ndarray, task: Task) -> float:
+    """Non-private held-out utility: accuracy, or −mean((clip(xᵀθ, ±1) − y)²) (each term ≤ 4)."""
+    margin = x @ theta
+    if task == "classification":
+        return float(np.mean(np.where(margin >= 0.0, 1.0, -1.0) == y))
+    residual = np.clip(margin, -1.0, 1.0) - y
+    return -float(np.mean(residual * residual))
+
+
+class BaseLearner(Protocol):
+    """A candidate's training algorithm and its privacy guarantee (for the whole candidate)."""
+
+    name: ClassVar[str]
+    task: ClassVar[Task]
+    has_pure_guarantee: ClassVar[bool]
+
+    def curve(self, config: CandidateConfig, orders: tuple[float, ...], order: float | None) -> RdpCurve:
+        """The candidate's RDP curve (training and score), from public parameters only."""
+        ...
+
+    def fit_and_score(
+        self,
+        config: CandidateConfig,
+        split: Split,
+        order: float | None,
+        rng: np.random.Generator,
+        progress: ProgressFn = no_progress,
+    ) -> tuple[np.ndarray, float, dict[str, Any]]:
+        """(noisy model θ, noisy held-out utility, public description of the score noise)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Split:
+    """The training and held-out parts (SECRET data; their sizes are public).
+
+    ``solutions`` caches deterministic, noise-free intermediate results (the ERM minimiser per λ) shared by
+    candidates of one request: reusing θ* and adding fresh noise has the same law as recomputing it.
+    """
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_hold: np.ndarray
+    y_hold: np.ndarray
+    solutions: dict[tuple[str, float], np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+
+
+def split_rows(x: np.ndarray, y: np.ndarray, holdout: int, rng: np.random.Generator) -> Split:
+    """A data-independent random split: the first ``holdout`` positions of a uniform permutation."""
+    perm = rng.permutation(x.shape[0])
+    hold, train = perm[:holdout], perm[holdout:]
+    return Split(x[train], y[train], x[hold], y[hold])
+
+
+# ----- output perturbation (pure) -------------------------------------------------------------------------
+def _logistic_grad_hess(
+    theta: np.ndarray, x: np.ndarray, y: np.ndarray, reg: float
+) -> tuple[np.ndarray, np.ndarray]:
+    margin = y * (x @ theta)
+    s = np.exp(-np.logaddexp(0.0, margin))  # sigmoid(−m)
+    n = x.shape[0]
+    grad: np.ndarray = -(x.T @ (y * s)) / n + reg * theta
+    weights = s * (1.0 - s)
+    hess: np.ndarray = (x.T * weights) @ x / n + reg * np.eye(x.shape[1])
+    return grad, hess
+
+
+def _logistic_objective(theta: np.ndarray, x: np.ndarray, y: np.ndarray, reg: float) -> float:
+    return float(np.mean(np.logaddexp(0.0, -y * (x @ theta)))) + 0.5 * reg * float(theta @ theta)
+
+
+def solve_erm(x: np.ndarray, y: np.ndarray, reg: float, task: Task, tolerance: float) -> np.ndarray:
+    """The regularised ERM minimiser to gradient norm ≤ ``tolerance`` (raises RuntimeError otherwise)."""
+    n, d = x.shape
+    if task == "regression":
+        # ∇F = (XᵀX/n + λI)θ − Xᵀy/n for F = (1/n)Σ ½(xᵀθ − y)² + (λ/2)‖θ‖².
+        a = x.T @ x / n + reg * np.eye(d)
+        b = x.T @ y / n
+        theta = np.linalg.solve(a, b)
+        for _ in range(3):  # iterative refinement
+            if np.linalg.norm(a @ theta - b) <= tolerance:
+                break
+            theta = theta + np.linalg.solve(a, b - a @ theta)
+        grad = a @ theta - b
+    else:
+        theta = np.zeros(d)
+        for _ in range(100):
+            grad, hess = _logistic_grad_hess(theta, x, y, reg)
+            if np.linalg.norm(grad) <= tolerance:
+                break
+            direction = np.linalg.solve(hess, grad)
+            step, current = 1.0, _logistic_objective(theta, x, y, reg)
+            while step > 1e-10 and _logistic_objective(theta - step * direction, x, y, reg) > current:
+                step *= 0.5
+            theta = theta - step * direction
+        grad, _ = _logistic_grad_hess(theta, x, y, reg)
+    if not (np.all(np.isfinite(theta)) and float(np.linalg.norm(grad)) <= tolerance):
+        raise RuntimeError("the ERM solver did not reach its gradient tolerance")
+    return np.asarray(theta, dtype=float)
+
+
+def lipschitz(task: Task, reg: float) -> float:
+    """L of the per-row loss on the ball holding both minimisers: 1 (logistic), 1 + 1/√λ (squared)."""
+    return 1.0 if task == "classification" else 1.0 + 1.0 / math.sqrt(reg)
+
+
+def output_perturbation_l2(task: Task, reg: float, n_train: int) -> float:
+    """Δ₂(θ̂) ≤ 2(L/n_t + g)/λ with g = SOLVER_TOLERANCE·L/n_t (rounded up)."""
+    lip = lipschitz(task, reg)
+    value = 2.0 * (lip / n_train) * (1.0 + SOLVER_TOLERANCE) / reg
+    return math.nextafter(value * (1.0 + 1e-12), math.inf)
+
+
+class OutputPerturbation:
+    """Regularised ERM + Laplace output perturbation; Laplace-noised held-out score. Pure ε-DP."""
+
+    has_pure_guarantee: ClassVar[bool] = True
+
+    def __init__(self, name: str, task: Task) -> None:
+        self.name = name
+        self.task = task
+
+    def curve(self, config: CandidateConfig, orders: tuple[float, ...], order: float | None) -> RdpCurve:
+        # ε-DP (both parts are ε-DP; max rule) ⇒ (α, ε)-RDP at every α (Lemma 7(i) of the note).
+        return RdpCurve.from_pure(config.epsilon, orders)
+
+    def fit_and_score(
+        self,
+        config: CandidateConfig,
+        split: Split,
+        order: float | None,
+        rng: np.random.Generator,
+        progress: ProgressFn = no_progress,
+    ) -> tuple[np.ndarray, float, dict[str, Any]]:
+        n_train, d = split.x_train.shape
+        lip = lipschitz(self.task, config.reg)
+        tolerance = SOLVER_TOLERANCE * lip / n_train
+        key = (self.task, config.reg)
+        if key not in split.solutions:
+            split.solutions[key] = solve_erm(split.x_train, split.y_train, config.reg, self.task, tolerance)
+        theta = split.solutions[key]
+        delta2 = output_perturbation_l2(self.task, config.reg, n_train)
+        scale = laplace_scale(math.sqrt(d) * delta2, config.epsilon)
+        noisy_theta = theta + rng.laplace(0.0, scale, size=d)
+        s_scale = laplace_scale(score_sensitivity(self.task, split.x_hold.shape[0]), config.epsilon)
+        score = utility(noisy_theta, split.x_hold, split.y_hold, self.task) + float(rng.laplace(0.0, s_scale))
+        return noisy_theta, score, {"distribution": "laplace", "scale": s_scale}
+
+
+# ----- DP gradient descent (RDP) -------------------------------------------------------------------------
+def _gaussian_sigma(sensitivity: float, epsilon: float, order: float, orders: tuple[float, ...]) -> float:
+    """σ with RdpCurve.gaussian(Δ, σ)(α*) ≤ ε: Δ·√(α*/(2ε)), raised until the padded curve agrees."""
+    sigma = sensitivity * math.sqrt(order / (2.0 * epsilon)) * (1.0 + 1e-9)
+    while RdpCurve.gaussian(sensitivity, sigma, orders).at(order) > epsilon:
+        sigma *= 1.0 + 1e-9
+    return sigma
+
+
+def dp_gd_config(task: Task, config: CandidateConfig, order: float, orders: tuple[float, ...]) -> DpGdConfig:
+    """The DP-GD configuration whose RDP at the calibration order α* is ≤ ε (z = √(Tα*/(2ε)), raised)."""
+    loss: Literal["logistic", "squared"] = "logistic" if task == "classification" else "squared"
+    z = math.sqrt(config.steps * order / (2.0 * config.epsilon)) * (1.0 + 1e-9)
+    while True:
+        gd = DpGdConfig(loss, config.reg, config.steps, config.step_size, config.clip, z, "replace_one")
+        if dp_gd_curve(gd, "replace_one", orders).at(order) <= config.epsilon:
+            return gd
+        z *= 1.0 + 1e-9
+
+
+class DpGd:
+    """Clipped Gaussian DP-GD on the training part; Gaussian-noised held-out score. RDP only."""
+
+    has_pure_guarantee: ClassVar[bool] = False
+
+    def __init__(self, name: str, task: Task) -> None:
+        self.name = name
+        self.task = task
+
+    def curve(self, config: CandidateConfig, orders: tuple[float, ...], order: float | None) -> RdpCurve:
+        if order is None:
+            raise ValueError("DP-GD candidates need a calibration order")
+        calibration = (order,)
+        gd = dp_gd_config(self.task, config, order, calibration)
+        train = dp_gd_curve(gd, "replace_one", orders)
+        # The score curve's ratio to ε is the same for every m: use m = 1 (sensitivity scales with σ).
+        unit = score_sensitivity(self.task, 1)
+        score = RdpCurve.gaussian(unit, _gaussian_sigma(unit, config.epsilon, order, calibration), orders)
+        return train.maximum(score)
+
+    def fit_and_score(
+        self,
+        config: CandidateConfig,
+        split: Split,
+        order: float | None,
+        rng: np.random.Generator,
+        progress: ProgressFn = no_progress,
+    ) -> tuple[np.ndarray, float, dict[str, Any]]:
+        assert order is not None
+        calibration = (order,)
+        gd = dp_gd_config(self.task, config, order, calibration)
+        n_train = split.x_train.shape[0]
+        theta = dp_gd_train(gd, split.x_train, split.y_train, float(n_train), rng, progress)
+        sens = score_sensitivity(self.task, split.x_hold.shape[0])
+        sigma = _gaussian_sigma(sens, config.epsilon, order, calibration)
+        score = utility(theta, split.x_hold, split.y_hold, self.task) + float(rng.normal(0.0, sigma))
+        return np.asarray(theta, dtype=float), score, {"distribution": "gaussian", "sigma": sigma}
+
+
+# ----- objective perturbation (RDP) -------------------------------------------------------------------------
+@lru_cache(maxsize=4096)
+def objpert_sigma(epsilon: float, reg: float, order: float) -> float:
+    """The smallest σ (bisection, 200 halvings in log space) with ``objpert_curve``(α*) ≤ ε, or ValueError.
+
+    The curve is −log(1−β/λ) + αL²/(2σ²) + log(2Φ((α−1)L/σ))/(α−1) + the AMP term (note of seed 000), with
+    L → 2L under replace_one; as σ → ∞ it tends to −log(1−β/λ) + AMP, so ε must exceed that.
+    """
+
+    def at(sigma: float) -> float:
+        config = ObjPertConfig(lam=reg, sigma=sigma, neighboring="replace_one")
+        return objpert_curve(config, (order,)).at(order)
+
+    lo, hi = math.log(1e-6), math.log(1e9)
+    if at(math.exp(hi)) > epsilon:
+        raise ValueError(
+            f"objective perturbation cannot reach RDP ε = {epsilon!r} at order {order!r} with λ = {reg!r}"
+        )
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if at(math.exp(mid)) <= epsilon:
+            hi = mid
+        else:
+            lo = mid
+    return math.exp(hi)
+
+
+class ObjPert:
+    """Objective perturbation (``mechanisms.objective_perturbation``, AMP variant) for logistic regression,
+    calibrated so its RDP at α* is ≤ ε; Gaussian-noised held-out score. RDP only.
+
+    ``regularization`` is λ of the **sum-scale** objective Σ f + (λ/2)‖θ‖², and must exceed β = 1/4.
+    """
+
+    has_pure_guarantee: ClassVar[bool] = False
+
+    def __init__(self, name: str, task: Task) -> None:
+        self.name = name
+        self.task = task
+
+    def curve(self, config: CandidateConfig, orders: tuple[float, ...], order: float | None) -> RdpCurve:
+        if order is None:
+            raise ValueError("objective-perturbation candidates need a calibration order")
+        sigma = objpert_sigma(config.epsilon, config.reg, order)
+        train = objpert_curve(ObjPertConfig(lam=config.reg, sigma=sigma, neighboring="replace_one"), orders)
+        unit = score_sensitivity(self.task, 1)
+        score = RdpCurve.gaussian(unit, _gaussian_sigma(unit, config.epsilon, order, (order,)), orders)
+        return train.maximum(score)
+
+    def fit_and_score(
+        self,
+        config: CandidateConfig,
+        split: Split,
+        order: float | None,
+        rng: np.random.Generator,
+        progress: ProgressFn = no_progress,
+    ) -> tuple[np.ndarray, float, dict[str, Any]]:
+        assert order is not None
+        sigma = objpert_sigma(config.epsilon, config.reg, order)
+        op = ObjPertConfig(lam=config.reg, sigma=sigma, neighboring="replace_one")
+        theta = fit_objpert(split.x_train, split.y_train, op, rng, progress).released
+        sens = score_sensitivity(self.task, split.x_hold.shape[0])
+        s_sigma = _gaussian_sigma(sens, config.epsilon, order, (order,))
+        score = utility(theta, split.x_hold, split.y_hold, self.task) + float(rng.normal(0.0, s_sigma))
+        return np.asarray(theta, dtype=float), score, {"distribution": "gaussian", "sigma": s_sigma}
+
+
+LEARNERS: dict[str, OutputPerturbation | DpGd | ObjPert] = {
+    "output_perturbation.logistic": OutputPerturbation("output_perturbation.logistic", "classification"),
+    "output_perturbation.ridge": OutputPerturbation("output_perturbation.ridge", "regression"),
+    "dp_gd.logistic": DpGd("dp_gd.logistic", "classification"),
+    "dp_gd.ridge": DpGd("dp_gd.ridge", "regression"),
+    "objpert.logistic": ObjPert("objpert.logistic", "classification"),
+}

@@ -1,0 +1,231 @@
+"""Sampler checks and a Monte Carlo privacy audit of ex-post tuning (mechanisms/tuning.py; note §7.1–7.9).
+
+Samplers: the geometric latent (P(k = 0), P(k ≥ m), mean), the exponential latent (KS), the keep frequency
+τ_i of every entry, P(⊥) and the expected number of runs against their closed forms; each test has a
+false-alarm probability ≤ 1e-3 (stated per test) and a power check (a 30%-wrong ε′ is rejected by the
+same test).
+
+Audit: Algorithm 3 (pure, geometric latent) on T copies of randomized response RR(ε), run on the
+neighbouring pair Q_D(1) = e^ε/(1+e^ε) vs Q_D′(1) = 1/(1+e^ε). Outcomes: (1, i), (0, i), ⊥. For every
+outcome a Clopper–Pearson lower confidence bound on |log P_D/P_D′| (Bonferroni over all intervals, total
+false alarm ≤ 1e-3) must be ≤ the charge ``pure_charges`` claims (2ε + ε′; 0 for ⊥). The simulator uses the
+module's own ``sample_kept`` (one shared latent per run) and is tied to ``algorithm3`` by a chi-square test.
+Power: the broken variant that re-draws the latent per candidate (independent dropping, which the proof
+does not cover) must be caught on the same instance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from mechanisms.tuning import (
+    algorithm3,
+    draw_latent,
+    expected_runs,
+    probability_bottom,
+    pure_charges,
+    sample_kept,
+)
+
+pytestmark = pytest.mark.statistical
+
+FALSE_ALARM = 1e-3
+CHUNK = 100_000
+
+KeepSampler = Callable[[np.ndarray, float, np.random.Generator, int], np.ndarray]
+
+
+def shared_latent(drop: np.ndarray, eps_prime: float, rng: np.random.Generator, size: int) -> np.ndarray:
+    """The module's sampler: one latent k per run, shared by all candidates."""
+    return sample_kept(drop, "geometric", eps_prime, rng, size=size)
+
+
+def latent_per_candidate(
+    drop: np.ndarray, eps_prime: float, rng: np.random.Generator, size: int
+) -> np.ndarray:
+    """BROKEN: a fresh latent for every candidate (independent dropping)."""
+    k = draw_latent(rng, "geometric", eps_prime, size * drop.size).reshape(size, drop.size)
+    kept: np.ndarray = rng.standard_exponential((size, drop.size)) >= drop[None, :] * k
+    return kept
+
+
+def simulate_rr(
+    copies: int,
+    eps: float,
+    eps_prime: float,
+    q1: float,
+    runs: int,
+    rng: np.random.Generator,
+    sampler: KeepSampler = shared_latent,
+) -> np.ndarray:
+    """Outcome counts of Algorithm 3 on ``copies`` × RR: cells (1, i) = i, (0, i) = T + i, ⊥ = 2T."""
+    drop = np.full(copies, eps)
+    counts = np.zeros(2 * copies + 1, dtype=np.int64)
+    index = np.arange(copies)
+    for start in range(0, runs, CHUNK):
+        size = min(CHUNK, runs - start)
+        kept = sampler(drop, eps_prime, rng, size)
+        ones = kept & (rng.uniform(size=(size, copies)) < q1)
+        last_one = np.where(ones, index, -1).max(axis=1)
+        last_kept = np.where(kept, index, -1).max(axis=1)
+        cell = np.where(last_one >= 0, last_one, np.where(last_kept >= 0, copies + last_kept, 2 * copies))
+        counts += np.bincount(cell, minlength=2 * copies + 1)
+    return counts
+
+
+def clopper_pearson(count: np.ndarray, total: int, level: float) -> tuple[np.ndarray, np.ndarray]:
+    """Two-sided Clopper–Pearson interval at miss probability ``level`` (per interval)."""
+    lower = np.where(count > 0, stats.beta.ppf(level / 2, count, total - count + 1), 0.0)
+    upper = np.where(count < total, stats.beta.ppf(1 - level / 2, count + 1, total - count), 1.0)
+    return lower, upper
+
+
+def loss_lower_bounds(on_d: np.ndarray, on_d2: np.ndarray, runs: int) -> np.ndarray:
+    """Lower confidence bounds on |log P_D/P_D′| per cell; all intervals hold together w.p. ≥ 1 − 1e-3."""
+    level = FALSE_ALARM / (2 * on_d.size)
+    lo_d, up_d = clopper_pearson(on_d, runs, level)
+    lo_d2, up_d2 = clopper_pearson(on_d2, runs, level)
+    with np.errstate(divide="ignore"):
+        forward = np.log(lo_d) - np.log(up_d2)
+        backward = np.log(lo_d2) - np.log(up_d)
+    result: np.ndarray = np.maximum(0.0, np.maximum(forward, backward))
+    return result
+
+
+def audit(
+    copies: int, eps: float, eps_prime: float, runs: int, seed: int, sampler: KeepSampler = shared_latent
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    q1 = math.exp(eps) / (1 + math.exp(eps))
+    on_d = simulate_rr(copies, eps, eps_prime, q1, runs, np.random.default_rng(seed), sampler)
+    on_d2 = simulate_rr(copies, eps, eps_prime, 1 - q1, runs, np.random.default_rng(seed + 1), sampler)
+    charge = pure_charges(np.full(copies, eps), eps_prime)
+    claimed = np.concatenate([charge, charge, [0.0]])
+    return loss_lower_bounds(on_d, on_d2, runs), claimed, on_d, on_d2
+
+
+# ----- sampler checks (§7.1) -------------------------------------------------------------------------------
+def test_geometric_latent_distribution() -> None:
+    """Chi-square of k against Geom_{e^{−ε′}} on bins {0..19, ≥20}; FA 1e-3; a 30%-wrong ε′ is rejected."""
+    eps_prime, draws = 0.1, 1_000_000
+    k = draw_latent(np.random.default_rng(101), "geometric", eps_prime, draws)
+    assert np.all(k == np.floor(k))
+    assert k.min() == 0
+
+    def p_value(rate: float) -> float:
+        m = np.arange(20)
+        probs = np.append(-np.expm1(-rate) * np.exp(-rate * m), math.exp(-rate * 20))
+        observed = np.bincount(np.minimum(k, 20).astype(int), minlength=21)
+        return float(stats.chisquare(observed, probs * draws).pvalue)
+
+    assert p_value(eps_prime) > FALSE_ALARM
+    assert p_value(eps_prime * 1.3) < FALSE_ALARM
+    assert k.mean() == pytest.approx(1 / math.expm1(eps_prime), rel=0.01)  # 9.508; sd of the mean 0.01
+
+
+def test_exponential_latent_distribution() -> None:
+    x = draw_latent(np.random.default_rng(102), "exponential", 0.05, 200_000)
+    assert stats.kstest(x, "expon", args=(0, 1 / 0.05)).pvalue > FALSE_ALARM
+    assert stats.kstest(x, "expon", args=(0, 1 / (0.05 * 1.3))).pvalue < FALSE_ALARM
+
+
+@pytest.mark.parametrize("latent", ["geometric", "exponential"])
+def test_keep_frequencies_bottom_and_runs_match_closed_forms(latent: str) -> None:
+    """Per-entry keep rates vs τ_i, P(⊥) vs E_k[Π(1 − e^{−c_j k})], mean runs vs Σ τ_i (z-tests, FA 1e-3)."""
+    drop = np.array([0.05, 0.1, 0.3, 1.0, 1.0, 3.0])
+    eps_prime, runs = 0.1, 400_000
+    kept = sample_kept(drop, latent, eps_prime, np.random.default_rng(103), size=runs)  # type: ignore[arg-type]
+    z_crit = stats.norm.isf(FALSE_ALARM / (2 * (drop.size + 2)))
+
+    def z_scores(rate: float) -> list[float]:
+        tau = expected_runs(drop, rate, latent)  # type: ignore[arg-type]
+        rates = kept.mean(axis=0)
+        scores = list((rates - tau) / np.sqrt(tau * (1 - tau) / runs))
+        p_bottom = probability_bottom(drop, rate, latent)  # type: ignore[arg-type]
+        bottom = float((~kept.any(axis=1)).mean())
+        scores.append((bottom - p_bottom) / math.sqrt(p_bottom * (1 - p_bottom) / runs))
+        n_runs = kept.sum(axis=1)
+        scores.append((n_runs.mean() - tau.sum()) / (n_runs.std() / math.sqrt(runs)))
+        return scores
+
+    assert max(abs(z) for z in z_scores(eps_prime)) < z_crit
+    assert max(abs(z) for z in z_scores(eps_prime * 1.3)) > z_crit  # power: 30%-wrong ε′
+
+
+def test_drop_given_k_is_exactly_exp_minus_c_k() -> None:
+    """Given the latent, the number kept of T copies is Binomial(T, e^{−ck}) (chi-square, FA 1e-3)."""
+    rng = np.random.default_rng(104)
+    eps_prime, c, copies, runs = 0.2, 0.25, 8, 300_000
+    k = draw_latent(rng, "geometric", eps_prime, runs)
+    kept = (rng.standard_exponential((runs, copies)) >= c * k[:, None]).sum(axis=1)
+    # exact mixture pmf of the count
+    ks = np.arange(0, 400)
+    weights = -np.expm1(-eps_prime) * np.exp(-eps_prime * ks)
+    pmf = weights[:, None] * stats.binom.pmf(np.arange(copies + 1)[None, :], copies, np.exp(-c * ks)[:, None])
+    expected = pmf.sum(axis=0) * runs
+    observed = np.bincount(kept, minlength=copies + 1)
+    assert stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > FALSE_ALARM
+
+
+def test_bottom_is_data_independent() -> None:
+    """Two-sample test of ⊥ frequencies on D and D′ (binomial z, FA 1e-3), and both match the closed form."""
+    copies, eps, eps_prime, runs = 10, 1.0, 0.1, 400_000
+    q1 = math.exp(eps) / (1 + math.exp(eps))
+    on_d = simulate_rr(copies, eps, eps_prime, q1, runs, np.random.default_rng(105))
+    on_d2 = simulate_rr(copies, eps, eps_prime, 1 - q1, runs, np.random.default_rng(106))
+    p = probability_bottom([eps] * copies, eps_prime, "geometric")
+    pooled = (on_d[-1] + on_d2[-1]) / (2 * runs)
+    z = (on_d[-1] - on_d2[-1]) / runs / math.sqrt(2 * pooled * (1 - pooled) / runs)
+    assert abs(z) < stats.norm.isf(FALSE_ALARM / 2)
+    z_d = (on_d[-1] / runs - p) / math.sqrt(p * (1 - p) / runs)
+    assert abs(z_d) < stats.norm.isf(FALSE_ALARM / 2)
+
+
+# ----- the simulator is the algorithm ----------------------------------------------------------------------
+def test_simulator_matches_algorithm3() -> None:
+    """``algorithm3`` with RR candidates and the vectorised simulator have one outcome law (chi-square)."""
+    copies, eps, eps_prime, runs = 4, 1.0, 0.3, 20_000
+    q1 = math.exp(eps) / (1 + math.exp(eps))
+    rng = np.random.default_rng(107)
+    drop = np.full(copies, eps)
+
+    def rr(i: int) -> tuple[tuple[float, ...], int]:
+        bit = int(rng.uniform() < q1)
+        return (float(bit),), bit
+
+    counts = np.zeros(2 * copies + 1, dtype=np.int64)
+    for _ in range(runs):
+        selection = algorithm3(drop, eps_prime, "geometric", rr, rng)
+        if selection.index is None:
+            counts[-1] += 1
+        else:
+            counts[selection.index + (0 if selection.output == 1 else copies)] += 1
+    reference = simulate_rr(copies, eps, eps_prime, q1, 2_000_000, np.random.default_rng(108))
+    expected = reference / reference.sum() * runs
+    assert stats.chisquare(counts, expected).pvalue > FALSE_ALARM
+    # power: the simulator of the broken sampler has a visibly different law on the same instance
+    broken = simulate_rr(
+        copies, eps, eps_prime, q1, 2_000_000, np.random.default_rng(109), latent_per_candidate
+    )
+    assert stats.chisquare(counts, broken / broken.sum() * runs).pvalue < FALSE_ALARM
+
+
+# ----- the audit (§7.2 / §7.9) -----------------------------------------------------------------------------
+@pytest.mark.parametrize(("copies", "eps", "eps_prime"), [(5, 1.0, 0.1), (40, 1.0, 0.1)])
+def test_audit_every_outcome_within_its_charge(copies: int, eps: float, eps_prime: float) -> None:
+    lower, claimed, on_d, on_d2 = audit(copies, eps, eps_prime, 1_000_000, seed=200 + copies)
+    assert np.all(lower <= claimed), (lower - claimed).max()
+    # the (0, T) cell approaches the bound (tightness, note §7.2): its point estimate is close to 2ε + ε′
+    worst = 2 * copies - 1
+    estimate = abs(math.log(on_d2[worst] / on_d[worst]))
+    assert estimate > (1.5 if copies == 5 else 1.9)
+
+
+def test_audit_catches_a_latent_redrawn_per_candidate() -> None:
+    lower, claimed, _, _ = audit(40, 1.0, 0.1, 1_000_000, seed=300, sampler=latent_per_candidate)
+    assert np.any(lower > claimed)
+    assert (lower - claimed).max() > 0.5  # exact loss of (0, T) is ≈ 3.7 against the claimed 2.1
