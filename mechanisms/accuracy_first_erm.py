@@ -75,6 +75,8 @@ from mechanisms.noise_reduction import LazyLaplaceNR
 
 Task = Literal["ridge", "logistic"]
 Calibration = Literal["paper_theorem", "reference_code", "exact_bound"]
+MAX_ROWS = 2_000_000
+"""Largest dataset: the block-summed XᵀX/Xᵀy rounding bound of the slack holds up to this n."""
 
 SLACK = 1e-6
 """Public relative slack on every sensitivity that depends on data sums or θ* (certificate and rounding)."""
@@ -291,8 +293,9 @@ class LogisticData:
 
     def losses(self, thetas: np.ndarray, lam: float) -> np.ndarray:
         """L(θ) = mean log(1 + e^{−y θᵀx}) + (λ/2)‖θ‖² for each row θ (logaddexp: no overflow, note P9)."""
-        margins = (self.x @ thetas.T) * self.y[:, None]
-        result: np.ndarray = np.logaddexp(0.0, -margins).mean(axis=0) + 0.5 * lam * np.sum(thetas * thetas, 1)
+        # (k, n): the mean runs along the contiguous axis, where numpy sums pairwise (error O(log n · u)).
+        margins = (thetas @ self.x.T) * self.y[None, :]
+        result: np.ndarray = np.logaddexp(0.0, -margins).mean(axis=1) + 0.5 * lam * np.sum(thetas * thetas, 1)
         return result
 
     def minimizer(self, lam: float) -> np.ndarray:
@@ -585,11 +588,13 @@ class AccuracyFirstErm:
         """Schema checks, then the public problem constants and the ε grid (raises ParamsError)."""
         p = params_as(params, AccuracyFirstParams)
         check_features(p, ctx, LEARNING_TASK[self.task])
-        if ctx.n_rows is None:
+        if ctx.n_rows is None or ctx.schema.neighboring != "replace_one":
             reason = "needs a replace_one dataset: n must be public (bounded DP, note §2.0)"
             raise ValueError(reason)  # not a field: the service reports it on "params"
         if ctx.n_rows < 2:
             raise ValueError("needs at least 2 rows")
+        if ctx.n_rows > MAX_ROWS:
+            raise ValueError(f"at most {MAX_ROWS} rows: the rounding slack of the sums is proven up to there")
         dim = dimension(p, ctx)
         if dim > MAX_DIMENSION:
             reason = f"the design matrix has {dim} columns, more than {MAX_DIMENSION}"
