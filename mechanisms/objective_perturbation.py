@@ -40,6 +40,15 @@ Rules kept (note §3.7, §3.8): the charge is data-independent (realized = worst
 gradient norms, objective values or timings are released); b and the output noise are drawn once; the
 solver is never restarted with a larger tolerance or smaller noise; if it cannot reach the tolerance
 within a generous iteration cap it raises ``ObjPertDidNotConverge`` and the service commits the worst case.
+
+The failure outcome is visible to the analyst, so it must not depend on the data beyond an event of
+negligible, data-independent probability (privacy part §2, "Failure channel"). The stopping rule's
+rounding slack is therefore built from public constants only (``StoppingBounds``): the row bound R (not
+max‖x_i‖), a public row count n̄ (n under replace_one, the declared ``max_rows`` under add_remove), ‖θ‖ ≤
+θ̄ = (n̄R + B_b + τ)/λ (stationarity of the sum-scale objective at any certified stop) and
+‖b‖ ≤ B_b = σ(√d + 20) (fails with probability ≤ e^{−200}; then the actual ‖b‖ is used, still sound).
+The request is refused at check time unless 0.99τ ≥ 10·S_pub (``minimum_tolerance``), so the certified
+stop is reachable on every dataset.
 Exact ObjPert (no output noise) is not offered: an iterative solver has no exact minimizer.
 Huber-SVM is not offered: its f'' is discontinuous, and the change-of-variables proof needs a twice
 differentiable f (the thesis leaves the piecewise-C² case "as an exercise", note §3.3).
@@ -55,12 +64,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
 from scipy import linalg, special, stats
 
 from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve
 from mechanisms.accounting.orders import validate_orders
-from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress
+from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
 from mechanisms.learning import FeatureSpec, check_features, design_matrix, dimension
 
 Neighboring = Literal["replace_one", "add_remove"]
@@ -70,6 +79,12 @@ ReportKind = Literal["none", "public", "data_dependent"]
 OUTPUT_NOISE_FACTOR = 1000.0
 #: the stopping rule uses this fraction of τ (note §3.8 pitfall 3: "require ≤ 0.99τ"), minus rounding.
 TOLERANCE_MARGIN = 0.99
+#: ‖b‖ ≤ σ(√d + NOISE_NORM_T) except with probability ≤ e^{−T²/2} = e^{−200} (Gaussian concentration).
+NOISE_NORM_T = 20.0
+#: a request is admitted only if TOLERANCE_MARGIN·τ ≥ SLACK_FACTOR × the public rounding slack.
+SLACK_FACTOR = 10.0
+#: rows are checked against R·(1 + ROW_NORM_TOLERANCE) (``design_matrix`` clips to R up to rounding).
+ROW_NORM_TOLERANCE = 1e-12
 _EPS = float(np.finfo(np.float64).eps)
 
 
@@ -185,12 +200,15 @@ class ObjPertConfig:
     row_norm: float = 1.0
     neighboring: Neighboring = "add_remove"
     max_iterations: int = 1000
+    max_rows: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("lam", "sigma", "tau", "row_norm"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be finite and > 0")
+        if self.max_rows is not None and self.max_rows < 1:
+            raise ValueError("max_rows must be ≥ 1")
         if self.sigma_out is not None and not (math.isfinite(self.sigma_out) and self.sigma_out > 0):
             raise ValueError("sigma_out must be finite and > 0")
         if not self.lam > self.beta:
@@ -209,6 +227,20 @@ class ObjPertConfig:
     @property
     def output_sigma(self) -> float:
         return self.sigma_out if self.sigma_out is not None else OUTPUT_NOISE_FACTOR * self.tau / self.lam
+
+    def stopping_bounds(self, n: int, d: int) -> StoppingBounds:
+        """The public constants of the stopping rule for a run on n rows of dimension d.
+
+        n̄ = max(n, max_rows): ``max_rows`` is the public row bound (the dataset's n under replace_one, the
+        declared bound under add_remove). With ``max_rows`` None, n̄ = n, which is public only when the
+        caller's row count is (replace_one). If the data has more rows than declared, n̄ = n keeps the
+        certification sound but makes the slack, hence the failure channel, depend on n (documented).
+        """
+        n_bound = max(n, self.max_rows) if self.max_rows is not None else n
+        return StoppingBounds(
+            n_bound=n_bound, row_norm=self.row_norm, lam=self.lam, tau=self.tau,
+            b_bound=noise_norm_bound(self.sigma, d),
+        )
 
 
 def objpert_curve(config: ObjPertConfig, orders: Sequence[float]) -> RdpCurve:
@@ -240,25 +272,96 @@ def perturbed_hessian(theta: np.ndarray, x: np.ndarray, lam: float) -> np.ndarra
     return hessian
 
 
+def noise_norm_bound(sigma: float, d: int) -> float:
+    """B_b = σ(√d + 20): P(‖b‖ > B_b) ≤ e^{−200} for b ~ N(0, σ²I_d) (‖·‖ is 1-Lipschitz, E‖Z‖ ≤ √d)."""
+    return sigma * (math.sqrt(d) + NOISE_NORM_T)
+
+
+def rounding_slack(
+    n_bound: int, row_norm: float, d: int, lam: float, theta_norm: float, b_norm: float
+) -> float:
+    """2·eps·(n̄R(dR‖θ‖ + 6) + λ‖θ‖ + ‖b‖): the float64 error of the compensated gradient (see below).
+
+    Valid for any data with ≤ n̄ rows of norm ≤ R(1 + 1e-12), any θ with norm ≤ ``theta_norm`` and any b with
+    norm ≤ ``b_norm``; increasing in every argument.
+    """
+    radius = row_norm * (1.0 + ROW_NORM_TOLERANCE)
+    return 2.0 * _EPS * (n_bound * radius * (d * radius * theta_norm + 6.0) + lam * theta_norm + b_norm)
+
+
+@dataclass(frozen=True)
+class StoppingBounds:
+    """Public constants of the stopping rule: row count n̄, row norm R, λ, τ and the noise bound B_b.
+
+    At any θ with ‖∇L^P(θ)‖ ≤ τ, stationarity of the sum-scale objective (λθ = ∇L^P(θ) − b − Σf'x_i,
+    |f'| ≤ 1) gives ‖θ‖ ≤ θ̄ = (n̄R + B_b + τ)/λ when ‖b‖ ≤ B_b. On that event the slack is evaluated at
+    (‖θ‖ ∨ θ̄, B_b): it equals the public constant S_pub at every certified stop (and at θ^P), and is a
+    sound, larger bound at the other iterates. If ‖b‖ > B_b (probability ≤ e^{−200}), or ``b_bound`` = 0
+    (no public noise bound: non-private callers and tests), the actual-value slack (‖θ‖, ‖b‖) is used,
+    with n̄ and R still public.
+    """
+
+    n_bound: int
+    row_norm: float
+    lam: float
+    tau: float
+    b_bound: float = 0.0
+
+    @property
+    def theta_bound(self) -> float:
+        """θ̄ = (n̄R + B_b + τ)/λ ≥ ‖θ‖ at any certified stop when ‖b‖ ≤ B_b."""
+        radius = self.row_norm * (1.0 + ROW_NORM_TOLERANCE)
+        return (self.n_bound * radius + self.b_bound + self.tau) / self.lam
+
+    def slack(self, d: int, theta_norm: float, b_norm: float) -> float:
+        if self.b_bound > 0.0 and b_norm <= self.b_bound:
+            return rounding_slack(
+                self.n_bound, self.row_norm, d, self.lam, max(theta_norm, self.theta_bound), self.b_bound
+            )
+        return rounding_slack(self.n_bound, self.row_norm, d, self.lam, theta_norm, b_norm)
+
+    def public_slack(self, d: int) -> float:
+        """S_pub: the slack at every certified stop on the event ‖b‖ ≤ B_b (a function of public values)."""
+        return rounding_slack(self.n_bound, self.row_norm, d, self.lam, self.theta_bound, self.b_bound)
+
+
+def minimum_tolerance(lam: float, sigma: float, row_norm: float, d: int, n_bound: int) -> float:
+    """The smallest τ with 0.99τ ≥ 10·S_pub(τ) (S_pub is affine in τ through θ̄), rounded up.
+
+    Then the certified stop is reachable on every dataset with ≤ n_bound rows: near θ^P the float gradient is
+    within S_pub of the exact one (≈ 0), so the certified norm is ≲ 2S_pub ≤ 0.99τ (privacy part §2).
+    """
+    bounds = StoppingBounds(n_bound, row_norm, lam, 0.0, noise_norm_bound(sigma, d))
+    constant = bounds.public_slack(d)
+    radius = row_norm * (1.0 + ROW_NORM_TOLERANCE)
+    per_tau = 2.0 * _EPS * (n_bound * radius * d * radius / lam + 1.0)  # dS_pub/dτ
+    denominator = TOLERANCE_MARGIN - SLACK_FACTOR * per_tau
+    if not denominator > 0.0:
+        return math.inf
+    return math.nextafter(SLACK_FACTOR * constant / denominator * (1.0 + 1e-9), math.inf)
+
+
 def certified_gradient_norm(
-    theta: np.ndarray, x: np.ndarray, y: np.ndarray, lam: float, b: np.ndarray
+    theta: np.ndarray, x: np.ndarray, y: np.ndarray, lam: float, b: np.ndarray, bounds: StoppingBounds
 ) -> float:
     """An upper bound on the exact ‖∇L^P(θ)‖ (float64 rounding included): the stopping check.
 
     Each coordinate Σ_i f'(u_i; y_i)x_ij + λθ_j + b_j is summed with ``math.fsum`` (correctly rounded), so
-    the only errors are in the terms: u_i = x_iᵀθ is off by ≤ γ_d·R‖θ‖ (R = max‖x_i‖), f' = −y·expit is
-    1/4-Lipschitz with a few ulps of its own, so |Δ(f'x_ij)| ≤ |x_ij|(d·eps·R‖θ‖ + 6eps); summed over i and
-    j this is ≤ n·R·eps·(d·R‖θ‖ + 6), doubled here for safety, plus an ulp for λθ_j, b_j and the norm.
+    the only errors are in the terms: u_i = x_iᵀθ is off by ≤ γ_d·R‖θ‖, f' = −y·expit is 1/4-Lipschitz with
+    a few ulps of its own, so the error vector of Σ_i f'_i x_i has norm ≤ Σ_i |δf'_i|‖x_i‖ + ulps
+    ≤ n·R·eps·(d·R‖θ‖ + 6), doubled here for safety, plus an ulp for λθ_j, b_j and the norm.
+
+    The slack uses **public constants only** (``bounds``: n̄ ≥ n, R ≥ max‖x_i‖, θ̄, B_b; see
+    ``StoppingBounds``), never max‖x_i‖, n or the actual ‖θ‖, ‖b‖ except where they exceed the public bounds
+    (then the certification stays sound). Rows must satisfy ‖x_i‖ ≤ R(1 + 1e-12) and n ≤ n̄.
     """
     n, d = x.shape
+    if n > bounds.n_bound:
+        raise ValueError("more rows than the row bound n̄ of the stopping rule")
     terms = logistic_d1(x @ theta, y)[:, None] * x
     extra = lam * theta + b
     grad = np.array([math.fsum(np.append(terms[:, j], extra[j])) for j in range(d)])
-    radius = float(np.max(np.linalg.norm(x, axis=1))) if n else 0.0
-    norm_theta = float(np.linalg.norm(theta))
-    slack = 2.0 * _EPS * (n * radius * (d * radius * norm_theta + 6.0) + lam * norm_theta + float(
-        np.linalg.norm(b)
-    ))
+    slack = bounds.slack(d, float(np.linalg.norm(theta)), float(np.linalg.norm(b)))
     norm = float(np.linalg.norm(grad))
     return float(norm * (1.0 + 4.0 * _EPS * (d + 2)) + slack)
 
@@ -271,8 +374,17 @@ def solve_to_tolerance(
     tau: float,
     max_iterations: int = 1000,
     progress: ProgressFn = no_progress,
+    *,
+    row_norm: float | None = None,
+    n_bound: int | None = None,
+    b_bound: float = 0.0,
 ) -> np.ndarray:
     """θ̃ with ‖∇L^P(θ̃)‖ ≤ τ certified on the exact full gradient (note §3.8 pitfall 3).
+
+    The rounding slack uses the public constants ``row_norm`` R (rows must have ‖x_i‖ ≤ R(1 + 1e-12)),
+    ``n_bound`` n̄ (None ⇒ the number of rows given, public only under replace_one) and ``b_bound`` B_b
+    (0 ⇒ the actual ‖b‖): see ``StoppingBounds``. ``row_norm`` None uses the data's max‖x_i‖, which is
+    not public: for non-private callers and tests only (``fit_objpert`` always passes R).
 
     Damped Newton from θ = 0 with the exact Hessian (Cholesky by ``scipy.linalg.cho_factor``): a step is
     halved until the objective shows sufficient decrease or the gradient norm decreases (near the optimum
@@ -280,13 +392,24 @@ def solve_to_tolerance(
     smooth, so this converges; the check is ``certified_gradient_norm ≤ 0.99τ``. Never a larger τ, never
     less noise: if ``max_iterations`` pass, ``ObjPertDidNotConverge`` (the worst case is charged).
     """
-    d = x.shape[1]
+    n, d = x.shape
+    largest = float(np.max(np.linalg.norm(x, axis=1))) if n else 0.0
+    if row_norm is None:
+        row_norm = largest if largest > 0.0 else 1.0
+    elif largest > row_norm * (1.0 + ROW_NORM_TOLERANCE):
+        raise ValueError("every row must have ℓ2 norm ≤ row_norm (clip rows first)")
+    bounds = StoppingBounds(
+        n_bound=max(n, n_bound) if n_bound is not None else n, row_norm=row_norm, lam=lam, tau=tau,
+        b_bound=b_bound,
+    )
     theta = np.zeros(d)
     target = TOLERANCE_MARGIN * tau
     value, grad = perturbed_objective(theta, x, y, lam, b)
     for iteration in range(max_iterations):
         # the cheap float norm screens; only the certified (compensated) norm may stop the solver
-        if float(np.linalg.norm(grad)) <= target and certified_gradient_norm(theta, x, y, lam, b) <= target:
+        if float(np.linalg.norm(grad)) <= target and (
+            certified_gradient_norm(theta, x, y, lam, b, bounds) <= target
+        ):
             return theta
         progress(min(0.95, iteration / max_iterations))
         step = -linalg.cho_solve(linalg.cho_factor(perturbed_hessian(theta, x, lam)), grad)
@@ -302,7 +425,7 @@ def solve_to_tolerance(
             t /= 2.0
         else:
             break  # no progress possible in float64 at this point
-    if certified_gradient_norm(theta, x, y, lam, b) <= target:
+    if certified_gradient_norm(theta, x, y, lam, b, bounds) <= target:
         return theta
     raise ObjPertDidNotConverge("the solver did not reach the gradient tolerance; the worst case is charged")
 
@@ -326,13 +449,17 @@ def fit_objpert(
     y = np.asarray(y, dtype=np.float64)
     if x.ndim != 2 or y.shape != (x.shape[0],):
         raise ValueError("x must be (n, d) and y (n,)")
-    if np.any(np.linalg.norm(x, axis=1) > config.row_norm * (1.0 + 1e-12)):
+    if np.any(np.linalg.norm(x, axis=1) > config.row_norm * (1.0 + ROW_NORM_TOLERANCE)):
         raise ValueError("every row must have ℓ2 norm ≤ row_norm (clip rows first)")
     if np.any(np.abs(y) != 1.0):
         raise ValueError("labels must be ±1")
-    d = x.shape[1]
+    n, d = x.shape
+    bounds = config.stopping_bounds(n, d)
     b = np.asarray(rng.normal(0.0, config.sigma, size=d), dtype=np.float64)
-    theta = solve_to_tolerance(x, y, config.lam, b, config.tau, config.max_iterations, progress)
+    theta = solve_to_tolerance(
+        x, y, config.lam, b, config.tau, config.max_iterations, progress,
+        row_norm=config.row_norm, n_bound=bounds.n_bound, b_bound=bounds.b_bound,
+    )
     released = theta + rng.normal(0.0, config.output_sigma, size=d)
     return ObjPertFit(released=released, approx_minimizer=theta, b=b)
 
@@ -371,7 +498,13 @@ class ObjPertLogisticParams(FeatureSpec):
     )
     tolerance: StrictFloat = Field(
         default=1e-6, gt=0, le=1e3, allow_inf_nan=False,
-        description="τ: the solver stops when the exact full gradient norm is ≤ 0.99τ",
+        description="τ: the solver stops when the exact full gradient norm is ≤ 0.99τ; must be ≥ the public "
+        "minimum (10× the float64 rounding slack at the public bounds, see the mechanism page)",
+    )
+    max_rows: StrictInt | None = Field(
+        default=None, ge=1, le=10**9,
+        description="add_remove datasets only (required there): a public upper bound on the number of rows, "
+        "used for the solver's rounding slack",
     )
     output_sigma: StrictFloat | None = Field(
         default=None, gt=0, le=1e9, allow_inf_nan=False,
@@ -411,7 +544,8 @@ class ObjPertLogisticParams(FeatureSpec):
             raise ValueError("report_gradient_sigma/report_hessian_sigma only apply to data_dependent")
         return self
 
-    def config(self, neighboring: Neighboring) -> ObjPertConfig:
+    def config(self, neighboring: Neighboring, n_rows: int | None = None) -> ObjPertConfig:
+        """The run's configuration; the public row bound is ``n_rows`` (replace_one) or ``max_rows``."""
         return ObjPertConfig(
             lam=self.regularization,
             sigma=self.sigma,
@@ -419,13 +553,36 @@ class ObjPertLogisticParams(FeatureSpec):
             sigma_out=self.output_sigma,
             row_norm=self.row_norm,
             neighboring=neighboring,
+            max_rows=self.max_rows if neighboring == "add_remove" else n_rows,
         )
 
 
-def _objpert_params(params: BaseModel) -> ObjPertLogisticParams:
-    if not isinstance(params, ObjPertLogisticParams):
-        raise TypeError(f"expected ObjPertLogisticParams, got {type(params).__name__}")
-    return params
+def public_row_bound(p: ObjPertLogisticParams, ctx: PublicContext) -> int:
+    """n̄: the dataset's n under replace_one (public there), the declared ``max_rows`` under add_remove."""
+    if ctx.schema.neighboring == "replace_one":
+        if p.max_rows is not None:
+            raise ParamsError(
+                "params.max_rows", "only for add_remove datasets (the row count is public under replace_one)"
+            )
+        assert ctx.n_rows is not None
+        return ctx.n_rows
+    if p.max_rows is None:
+        raise ParamsError(
+            "params.max_rows",
+            "required on add_remove datasets: a public upper bound on the number of rows (the solver's "
+            "rounding slack must not depend on the private row count)",
+        )
+    return p.max_rows
+
+
+def _round_up(value: float, digits: int = 3) -> float:
+    """``value`` rounded up to ``digits`` significant digits (a minimum shown in a message is admissible)."""
+    if not (math.isfinite(value) and value > 0):
+        return value
+    scale = 10.0 ** (math.floor(math.log10(value)) - digits + 1)
+    shown = float(f"{math.ceil(value / scale) * scale:.{digits}g}")
+    return shown if shown >= value else math.nextafter(value, math.inf)
+
 
 
 class ObjPertLogistic:
@@ -443,19 +600,29 @@ class ObjPertLogistic:
     progress_is_public: ClassVar[bool] = False  # the number of solver rounds depends on the data
 
     def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        p = _objpert_params(params)
+        p = params_as(params, ObjPertLogisticParams)
         check_features(p, ctx, "classification")
+        d = dimension(p, ctx)
+        n_bound = public_row_bound(p, ctx)
+        # public: the certified stop must be reachable on every dataset (privacy part §2, failure channel)
+        needed = minimum_tolerance(p.regularization, p.sigma, p.row_norm, d, n_bound)
+        if p.tolerance < needed:
+            raise ParamsError(
+                "params.tolerance",
+                f"must be ≥ {_round_up(needed)!r} (10× the solver's float64 rounding slack at these public "
+                "bounds); raise tolerance or regularization, or lower max_rows",
+            )
         if p.report == "data_dependent":
             from mechanisms.per_instance import data_dependent_requirements
 
-            reason = data_dependent_requirements(p, dimension(p, ctx))
+            reason = data_dependent_requirements(p, d)
             if reason is not None:
                 raise ParamsError("params.report_hessian_sigma", reason)
 
     def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
         from mechanisms.per_instance import report_curve
 
-        p = _objpert_params(params)
+        p = params_as(params, ObjPertLogisticParams)
         config = p.config(ctx.schema.neighboring)
         curve = objpert_curve(config, ctx.orders)
         if p.report == "data_dependent":
@@ -472,12 +639,14 @@ class ObjPertLogistic:
     ) -> Release:
         from mechanisms.per_instance import data_dependent_statistics, report_metadata
 
-        p = _objpert_params(params)
+        p = params_as(params, ObjPertLogisticParams)
         self.check(p, ctx)
         worst = self.worst_case(p, ctx)
         progress(0.0)
         x, y = design_matrix(p, ctx, table, "classification", row_norm=p.row_norm)
-        config = p.config(ctx.schema.neighboring)
+        # n̄ = max(n, public bound) inside: sound even if the data has more rows than declared (then, and only
+        # then, the failure channel depends on n; documented on the mechanism page)
+        config = p.config(ctx.schema.neighboring, public_row_bound(p, ctx))
         fit = fit_objpert(x, y, config, rng, progress)
         output: dict[str, Any] = {
             "theta": [float(v) for v in fit.released],

@@ -29,8 +29,16 @@ Bounds per term (Alg 2 of note §1.3, with erratum 9 applied: absolute values in
   Φ⁻¹ form). Data-dependent: ĝ = ∇J(θ̃; D) + e, e ~ N(0, σ₂² I) (Alg 10 at θ̃), and
   ∇J(θ̃; D) = ∇L^P(θ̃) − b with ‖∇L^P(θ̃)‖ ≤ τ, so |bᵀx| ≤ |ĝᵀx| + σ₂‖x‖z + τ‖x‖; the min of both branches.
 * output: (2τ/λ)²/(2σ_out²) + (2τ/λ)z/σ_out.
+* released ĝ, Ĥ (data-dependent only; they are part of the transcript): a Gaussian release with shift v and
+  iid N(0, s²) noise e has ex-post loss ‖v‖²/(2s²) + vᵀe/s², and vᵀe/(‖v‖s) ~ N(0, 1) given the past.
+  ĝ: ‖v‖ ≤ Δ_g = sup_ball|f'|‖x‖ + 2τ, s = σ₂ → Δ_g²/(2σ₂²) + Δ_g z/σ₂. Ĥ (evaluated at the released out):
+  in the GOE vector [diag/√2, upper] the noise is iid N(0, σ₃²) (diagonal entries of σ₃(Z + Zᵀ)/√2 have
+  variance 2σ₃², off-diagonal σ₃²) and ‖v‖ = ‖f''(xᵀout)xxᵀ‖_F/√2 = Δ_H/√2, Δ_H = f''(xᵀout)‖x‖²
+  → Δ_H²/(4σ₃²) + Δ_H z/(√2σ₃).
 The failure probability ρ is split evenly over the events used (public: ball, b, w → ρ/3 each;
-data-dependent: ball, b, e, GOE, w → ρ/5 each); z = Φ⁻¹(1 − ρ_i/2) for the two-sided Gaussian events.
+data-dependent: ball, b, e·x, GOE, w, e·v_g, G·v_H → ρ/7 each); z = Φ⁻¹(1 − ρ_i/2) for the two-sided
+Gaussian events. The bound holds for a record fixed before the release (a record chosen after seeing the
+model is not covered).
 
 GOE quantile (erratum 12 of the note: the thesis's τ = 12 is in the wrong normalization). Used here:
 τ_GOE = 2√d + 2√(log(2/ρ_GOE)) for W = (Z + Zᵀ)/√2. Proof: E λ_max(W) ≤ 2√d by Sudakov–Fernique
@@ -76,7 +84,8 @@ if TYPE_CHECKING:
     from mechanisms.objective_perturbation import ObjPertFit, ObjPertLogisticParams
 
 PUBLIC_EVENTS = 3
-DATA_DEPENDENT_EVENTS = 5
+#: ball, b, e along x, GOE norm, w, e along ĝ's shift, GOE along Ĥ's shift
+DATA_DEPENDENT_EVENTS = 7
 
 
 def two_sided_z(rho: float) -> float:
@@ -204,10 +213,22 @@ def ex_post_terms(
     g_hat: np.ndarray | None = None,
     sigma_g: float | None = None,
     z_e: float = 0.0,
+    sigma_h: float | None = None,
+    z_g: float | None = None,
+    z_h: float | None = None,
 ) -> dict[str, np.ndarray]:
     """The terms of the reported bound for rows ``x`` (m×d, already clipped) and labels ``y`` (±1).
 
     With radius = τ = 0 and no Ĥ/ĝ this is exactly Alg 2 DATA-INDEP of the thesis (note §1.3).
+    ``theta`` is the released ``out`` (the ball of radius ``radius`` around it holds θ^P).
+
+    When ĝ (``g_hat``, std ``sigma_g``) and Ĥ (``h_hat``, GOE scale ``sigma_h``) were released, their own
+    Gaussian ex-post losses are added (they are part of the transcript):
+    * ĝ: shift Δ_g = sup_ball|f'|·‖x‖ + 2τ, std σ₂: Δ_g²/(2σ₂²) + Δ_g·z_g/σ₂;
+    * Ĥ: in the GOE vector [diag/√2, upper] the noise is iid N(0, σ₃²) and the shift f''(xᵀout)xxᵀ
+      (Ĥ is evaluated at the released out) has norm Δ_H/√2, Δ_H = f''(xᵀout)‖x‖²:
+      Δ_H²/(4σ₃²) + Δ_H·z_h/(√2σ₃).
+    ``z_g``, ``z_h`` default to ``z_e``.
     """
     x = np.atleast_2d(np.asarray(x, dtype=np.float64))
     y = np.asarray(y, dtype=np.float64).reshape(-1)
@@ -237,8 +258,29 @@ def ex_post_terms(
     if sigma_out is not None and tau > 0.0:
         shift = 2.0 * tau / lam
         output = output + shift**2 / (2.0 * sigma_out**2) + shift * z_out / sigma_out
-    total = leverage + fit + gradient + output
-    return {"leverage": leverage, "fit": fit, "gradient": gradient, "output": output, "total": total}
+    report_gradient = np.zeros_like(norms)
+    if g_hat is not None:
+        assert sigma_g is not None
+        shift_g = f1 * norms + 2.0 * tau
+        zg = z_e if z_g is None else z_g
+        report_gradient = shift_g**2 / (2.0 * sigma_g**2) + shift_g * zg / sigma_g
+    report_hessian = np.zeros_like(norms)
+    if h_hat is not None:
+        if sigma_h is None:
+            raise ValueError("a released Ĥ needs its noise scale sigma_h (its loss is part of the bound)")
+        shift_h = logistic_d2(u0) * norms**2
+        zh = z_e if z_h is None else z_h
+        report_hessian = shift_h**2 / (4.0 * sigma_h**2) + shift_h * zh / (math.sqrt(2.0) * sigma_h)
+    total = leverage + fit + gradient + output + report_gradient + report_hessian
+    return {
+        "leverage": leverage,
+        "fit": fit,
+        "gradient": gradient,
+        "output": output,
+        "report_gradient": report_gradient,
+        "report_hessian": report_hessian,
+        "total": total,
+    }
 
 
 def personalized_rdp(
@@ -293,14 +335,22 @@ def evaluate_report(
         tau=p.tolerance, sigma_out=sigma_out, z_out=z,
         h_hat=np.asarray(report["hessian"]) if dependent else None,
         g_hat=np.asarray(report["gradient"]) if dependent else None,
-        sigma_g=p.report_gradient_sigma, z_e=z,
+        sigma_g=p.report_gradient_sigma, z_e=z, sigma_h=p.report_hessian_sigma,
     )
     curves = personalized_rdp(np.linalg.norm(np.atleast_2d(x), axis=1), p, sigma_out, orders)
+    # each event was given ρ/events at release; releases made before ĝ and Ĥ got their own events (5 events)
+    # use the same z for the two new ones, so the union bound is over DATA_DEPENDENT_EVENTS events of ρ/events
+    stored_events = int(report.get("events", _events(p.report)))
+    used_events = DATA_DEPENDENT_EVENTS if dependent else PUBLIC_EVENTS
+    if stored_events >= used_events:
+        confidence = 1.0 - p.report_rho
+    else:
+        confidence = 1.0 - p.report_rho * used_events / stored_events
     results = []
     for i, curve in enumerate(curves):
         results.append({
             "ex_post_epsilon_upper": float(terms["total"][i]),
-            "confidence": 1.0 - p.report_rho,
+            "confidence": confidence,
             "terms": {k: float(v[i]) for k, v in terms.items() if k != "total"},
             "personalized_rdp": curve.as_dict(),
         })

@@ -1042,7 +1042,8 @@ REPORT_SCHEMA: dict[str, Any] = {
     ],
     "neighboring": "add_remove",
 }
-REPORT_PARAMS = {"features": ["x1", "x2"], "label": "label", "regularization": 2.0, "sigma": 3.0}
+REPORT_PARAMS = {"features": ["x1", "x2"], "label": "label", "regularization": 2.0, "sigma": 3.0,
+                 "max_rows": 1000}
 RECORD = {"x1": 0.4, "x2": -0.2, "label": "yes"}
 
 

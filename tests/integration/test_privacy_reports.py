@@ -65,7 +65,8 @@ def _world(live_server: LiveServer) -> tuple[World, str]:
 
 
 def _params(**extra: Any) -> dict[str, Any]:
-    return {"features": ["x1", "x2", "group"], "label": "label", "regularization": 2.0, "sigma": 3.0, **extra}
+    base = {"features": ["x1", "x2", "group"], "label": "label", "regularization": 2.0, "sigma": 3.0}
+    return {**base, "max_rows": 1000, **extra}  # add_remove: a public row bound is required
 
 
 def _committed(world: World, client: httpx.Client, dataset_id: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -182,13 +183,22 @@ def test_errors(live_server: LiveServer) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [{"regularization": 0.2}, {"report": "data_dependent"}, {"features": ["nope"]}]
+    "bad",
+    [
+        {"regularization": 0.2},
+        {"report": "data_dependent"},
+        {"features": ["nope"]},
+        {"max_rows": None},  # required on add_remove
+        {"tolerance": 1e-12},  # below 10× the public rounding slack: ⊥ would depend on the data
+    ],
 )
 def test_invalid_params_are_refused_before_any_charge(live_server: LiveServer, bad: dict[str, Any]) -> None:
     world, dataset_id = _world(live_server)
     before = get_budget(world.viewer, dataset_id)
-    response = world.request(
-        world.analyst, _params(**bad), mechanism="objpert.logistic", dataset_id=dataset_id
-    )
-    assert_problem(response, 422)
+    params = {k: v for k, v in _params(**bad).items() if v is not None}
+    response = world.request(world.analyst, params, mechanism="objpert.logistic", dataset_id=dataset_id)
+    problem = assert_problem(response, 422)
+    if "max_rows" in bad or "tolerance" in bad:
+        field = "max_rows" if "max_rows" in bad else "tolerance"
+        assert field in str(problem)
     assert get_budget(world.viewer, dataset_id) == before

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mpmath
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -20,12 +21,15 @@ from mechanisms.objective_perturbation import (
     ObjPertDidNotConverge,
     ObjPertLogistic,
     ObjPertLogisticParams,
+    StoppingBounds,
     amp_rdp,
     certified_gradient_norm,
     fit_objpert,
     gaussian_hockey_stick,
     logistic_d1,
     logistic_d2,
+    minimum_tolerance,
+    noise_norm_bound,
     objpert_curve,
     objpert_delta,
     objpert_rdp,
@@ -311,8 +315,10 @@ def test_approximate_minimizer_is_within_tau_over_lambda(seed: int) -> None:
     rng = np.random.default_rng(100 + seed)
     lam, tau = 2.0, 1e-3
     b = rng.normal(0, 4.0, size=x.shape[1])
-    approx = solve_to_tolerance(x, y, lam, b, tau)
-    assert certified_gradient_norm(approx, x, y, lam, b) <= 0.99 * tau
+    b_bound = noise_norm_bound(4.0, x.shape[1])
+    approx = solve_to_tolerance(x, y, lam, b, tau, b_bound=b_bound)
+    bounds = StoppingBounds(n_bound=x.shape[0], row_norm=1.0, lam=lam, tau=tau, b_bound=b_bound)
+    assert certified_gradient_norm(approx, x, y, lam, b, bounds) <= 0.99 * tau
     exact = approx.copy()
     for _ in range(30):
         _, g = perturbed_objective(exact, x, y, lam, b)
@@ -330,13 +336,69 @@ def test_approximate_minimizer_is_within_tau_over_lambda(seed: int) -> None:
     assert np.linalg.norm(ref.x - exact) < 1e-6
 
 
-def test_certified_gradient_norm_bounds_the_exact_norm() -> None:
-    x, y = _problem(7, n=2000, d=8)
-    rng = np.random.default_rng(1)
-    for _ in range(20):
-        theta, b = rng.normal(size=8), rng.normal(size=8)
-        exact = perturbed_objective(theta, x, y, 1.0, b)[1]
-        assert certified_gradient_norm(theta, x, y, 1.0, b) >= np.linalg.norm(exact)
+def _exact_gradient_norm(
+    theta: np.ndarray, x: np.ndarray, y: np.ndarray, lam: float, b: np.ndarray
+) -> mpmath.mpf:
+    """‖∇L^P(θ)‖ in 50-digit arithmetic from the exact binary values of the float64 inputs."""
+    with mpmath.workdps(50):
+        th = [mpmath.mpf(float(t)) for t in theta]
+        grad = [lam * t + mpmath.mpf(float(bj)) for t, bj in zip(th, b, strict=True)]
+        for row, label in zip(x, y, strict=True):
+            xs = [mpmath.mpf(float(v)) for v in row]
+            u = mpmath.fsum(xv * t for xv, t in zip(xs, th, strict=True))
+            d1 = -label / (1 + mpmath.exp(label * u))  # f'(u; y) = −y·σ(−yu)
+            grad = [g + d1 * xv for g, xv in zip(grad, xs, strict=True)]
+        return mpmath.sqrt(mpmath.fsum(g * g for g in grad))
+
+
+@pytest.mark.parametrize(
+    ("seed", "n", "d", "lam", "sigma"), [(7, 40, 3, 0.3, 5.0), (8, 25, 2, 1.0, 50.0), (9, 60, 4, 0.26, 1.0)]
+)
+def test_certified_gradient_norm_bounds_the_exact_norm(
+    seed: int, n: int, d: int, lam: float, sigma: float
+) -> None:
+    """Near the optimum the float gradient is all rounding: the certified norm must still dominate the exact
+    (mpmath, 50 digits) norm, with the public slack and with the actual-value fallback (B_b = 0)."""
+    x, y = _problem(seed, n=n, d=d)
+    rng = np.random.default_rng(seed)
+    b = rng.normal(0.0, sigma, size=d)
+    tau = minimum_tolerance(lam, sigma, 1.0, d, n)
+    theta = solve_to_tolerance(x, y, lam, b, tau, b_bound=noise_norm_bound(sigma, d))
+    for _ in range(3):  # polish to the float64 floor
+        _, g = perturbed_objective(theta, x, y, lam, b)
+        theta = theta - np.linalg.solve(perturbed_hessian(theta, x, lam), g)
+    public = StoppingBounds(n_bound=n, row_norm=1.0, lam=lam, tau=tau, b_bound=noise_norm_bound(sigma, d))
+    actual = StoppingBounds(n_bound=n, row_norm=1.0, lam=lam, tau=tau)
+    points = [theta] + [theta * (1 + rng.normal(size=d) * 1e-15) for _ in range(4)]
+    points += [theta + rng.normal(size=d) * 1e-9]
+    for point in points:
+        exact = _exact_gradient_norm(point, x, y, lam, b)
+        for bounds in (public, actual):
+            certified = certified_gradient_norm(point, x, y, lam, b, bounds)
+            assert mpmath.mpf(certified) >= exact
+        # at the optimum the certified stop is reachable: ≤ 0.99τ (validated tolerance)
+    assert certified_gradient_norm(theta, x, y, lam, b, public) <= 0.99 * tau
+    assert float(_exact_gradient_norm(theta, x, y, lam, b)) < public.public_slack(d)
+
+
+def test_stopping_slack_is_a_public_constant_at_every_certified_stop() -> None:
+    """On ‖b‖ ≤ B_b and ‖θ‖ ≤ θ̄ the slack is S_pub whatever the data (row norms, n ≤ n̄, θ, b); beyond θ̄
+    or B_b it grows (still sound); the stopping bound θ̄ holds at the solver's stop."""
+    lam, sigma, tau, d = 2.0, 3.0, 1e-6, 4
+    bounds = StoppingBounds(n_bound=500, row_norm=1.0, lam=lam, tau=tau, b_bound=noise_norm_bound(sigma, d))
+    s_pub = bounds.public_slack(d)
+    rng = np.random.default_rng(4)
+    for n, scale in ((10, 0.1), (500, 1.0), (200, 0.5)):
+        x, y = _problem(n, n=n, d=d)
+        x = x * scale
+        b = rng.normal(0, sigma, size=d)
+        theta = solve_to_tolerance(x, y, lam, b, tau, row_norm=1.0, n_bound=500, b_bound=bounds.b_bound)
+        assert np.linalg.norm(theta) <= bounds.theta_bound
+        assert bounds.slack(d, float(np.linalg.norm(theta)), float(np.linalg.norm(b))) == s_pub
+    assert bounds.slack(d, 2 * bounds.theta_bound, 1.0) > s_pub
+    assert bounds.slack(d, 0.0, 2 * bounds.b_bound) > 0  # the actual-value fallback beyond B_b
+    with pytest.raises(ValueError, match="row_norm"):
+        solve_to_tolerance(np.array([[2.0, 0.0]]), np.array([1.0]), 1.0, np.zeros(2), 1e-3, row_norm=1.0)
 
 
 def test_no_convergence_raises_and_never_loosens() -> None:
@@ -414,10 +476,50 @@ def test_params_validation() -> None:
     mech = ObjPertLogistic()
     with pytest.raises(ParamsError, match="report_hessian_sigma"):
         mech.check(
-            _params(report="data_dependent", report_gradient_sigma=1.0, report_hessian_sigma=1.0), _ctx()
+            _params(
+                report="data_dependent", report_gradient_sigma=1.0, report_hessian_sigma=1.0, max_rows=400
+            ),
+            _ctx(),
         )
     with pytest.raises(ParamsError):
-        mech.check(_params(features=["nope"]), _ctx())
+        mech.check(_params(features=["nope"], max_rows=400), _ctx())
+    with pytest.raises(ValidationError):
+        _params(max_rows=0)
+
+
+def test_max_rows_is_required_on_add_remove_and_refused_on_replace_one() -> None:
+    mech = ObjPertLogistic()
+    with pytest.raises(ParamsError, match="max_rows") as info:
+        mech.check(_params(), _ctx("add_remove"))
+    assert info.value.field == "params.max_rows"
+    mech.check(_params(max_rows=400), _ctx("add_remove"))
+    with pytest.raises(ParamsError, match="max_rows") as info:
+        mech.check(_params(max_rows=400), _ctx("replace_one"))
+    assert info.value.field == "params.max_rows"
+    mech.check(_params(), _ctx("replace_one"))
+
+
+@pytest.mark.parametrize("neighboring", ["add_remove", "replace_one"])
+def test_tolerance_below_the_public_minimum_is_refused_naming_it(neighboring: str) -> None:
+    """0.99τ ≥ 10·S_pub (public): the minimum depends on λ, σ, R, d and n̄ only, never on the data."""
+    mech = ObjPertLogistic()
+    ctx = _ctx(neighboring)
+    rows = {"max_rows": 400} if neighboring == "add_remove" else {}
+    needed = minimum_tolerance(1.0, 2.0, 1.0, 3, 400)
+    assert 0 < needed < 1e-6  # the default tolerance is admissible here
+    with pytest.raises(ParamsError, match="tolerance") as info:
+        mech.check(_params(tolerance=needed / 2, **rows), ctx)
+    assert info.value.field == "params.tolerance"
+    shown = float(info.value.reason.split("≥ ")[1].split(" ")[0])
+    assert needed <= shown <= needed * 1.01
+    mech.check(_params(tolerance=shown, **rows), ctx)  # the minimum shown in the message is admissible
+    bounds = StoppingBounds(n_bound=400, row_norm=1.0, lam=1.0, tau=needed, b_bound=noise_norm_bound(2.0, 3))
+    assert 0.99 * needed >= 10 * bounds.public_slack(3)  # the defining inequality, at τ = the minimum
+    # the minimum grows with the public row bound and falls with λ
+    assert minimum_tolerance(1.0, 2.0, 1.0, 3, 4000) > needed > minimum_tolerance(10.0, 2.0, 1.0, 3, 400)
+    if neighboring == "add_remove":
+        with pytest.raises(ParamsError, match="tolerance"):
+            mech.check(_params(max_rows=10**9), ctx)
     assert ObjPertLogisticParams.model_json_schema()["properties"]["report"]["enum"] == [
         "none",
         "public",
@@ -429,7 +531,7 @@ def test_params_validation() -> None:
 def test_run_release_and_charge(neighboring: str) -> None:
     mech = ObjPertLogistic()
     ctx = _ctx(neighboring)
-    params = _params()
+    params = _params(**({"max_rows": 400} if neighboring == "add_remove" else {}))
     worst = mech.worst_case(params, ctx)
     expected = objpert_curve(params.config(neighboring), DEFAULT_ORDERS)  # type: ignore[arg-type]
     assert worst == expected
@@ -452,10 +554,11 @@ def test_data_dependent_report_is_charged() -> None:
     mech = ObjPertLogistic()
     ctx = _ctx()
     params = _params(
-        regularization=50.0, report="data_dependent", report_gradient_sigma=2.0, report_hessian_sigma=0.5
+        regularization=50.0, report="data_dependent", report_gradient_sigma=2.0, report_hessian_sigma=0.5,
+        max_rows=400,
     )
     mech.check(params, ctx)
-    plain = mech.worst_case(_params(regularization=50.0), ctx)
+    plain = mech.worst_case(_params(regularization=50.0, max_rows=400), ctx)
     worst = mech.worst_case(params, ctx)
     alphas = np.asarray(DEFAULT_ORDERS)
     extra = alphas * ((1.0 + 2e-6) ** 2 / (2 * 4.0) + (0.25 / math.sqrt(2)) ** 2 / (2 * 0.25))

@@ -187,6 +187,7 @@ def test_coverage_of_public_and_data_dependent_reports(z: tuple[np.ndarray, floa
             g_hat=g_hat,
             sigma_g=sigma2,
             z_e=z_dep,
+            sigma_h=sigma3,
         )["total"][0]
         # broken: the realized noise b treated as if it were 0 (no gradient term at all)
         broken = ex_post_terms(theta, x[None, :], np.array([y]), lam=lam, sigma=sigma, z_b=0.0)["total"][0]
@@ -323,3 +324,81 @@ def test_solver_used_by_reports_is_the_production_one() -> None:
     assert np.linalg.norm(perturbed_objective(theta, D2_X, D2_Y, 1.0, b)[1]) <= 1e-9
     config = ObjPertConfig(lam=1.0, sigma=1.0)
     assert config.output_sigma == pytest.approx(1000 * 1e-6)
+
+
+def test_hessian_transcript_term_is_the_goe_gaussian_loss() -> None:
+    """Ĥ = H + σ₃(Z + Zᵀ)/√2: diagonal noise N(0, 2σ₃²), off-diagonal N(0, σ₃²). For the rank-one shift
+    ΔH = f''·xxᵀ the exact log-density ratio is Δ_H²/(4σ₃²) + (Gaussian of std Δ_H/(√2σ₃)), Δ_H = f''‖x‖²,
+    which is what ``ex_post_terms`` charges (with z) as ``report_hessian``."""
+    rng = np.random.default_rng(5)
+    d, s3 = 3, 0.3
+    x = rng.normal(size=d)
+    x /= np.linalg.norm(x)
+    theta = rng.normal(size=d)
+    f2 = float(logistic_d2(np.asarray(x @ theta)))
+    delta = f2 * np.outer(x, x)
+    iu = np.triu_indices(d, 1)
+
+    def log_ratio(h_hat: np.ndarray, mean: np.ndarray, other: np.ndarray) -> float:
+        def log_density(m: np.ndarray) -> float:
+            r = h_hat - m
+            return float(-np.sum(np.diag(r) ** 2) / (4 * s3**2) - np.sum(r[iu] ** 2) / (2 * s3**2))
+
+        return log_density(mean) - log_density(other)
+
+    mean = np.eye(d) * 2.0
+    draws = []
+    for _ in range(4000):
+        z = rng.normal(size=(d, d))
+        h_hat = mean + s3 * (z + z.T) / math.sqrt(2)
+        draws.append(log_ratio(h_hat, mean, mean - delta))
+    delta_h = f2 * float(x @ x)
+    se = delta_h / (math.sqrt(2) * s3) / math.sqrt(len(draws))
+    assert np.mean(draws) == pytest.approx(delta_h**2 / (4 * s3**2), abs=5 * se)
+    assert np.std(draws) == pytest.approx(delta_h / (math.sqrt(2) * s3), rel=0.05)
+    z = two_sided_z(0.01)
+    terms = ex_post_terms(
+        theta, x[None, :], np.array([1.0]), lam=1.0, sigma=1.0, z_b=z, h_hat=mean + 0.0,
+        g_hat=np.zeros(d), sigma_g=0.5, z_e=z, sigma_h=s3,
+    )
+    expected = delta_h**2 / (4 * s3**2) + delta_h * z / (math.sqrt(2) * s3)
+    assert terms["report_hessian"][0] == pytest.approx(expected, rel=1e-12)
+    assert np.mean(np.abs(draws) > expected) <= 0.01 * 1.5
+    with pytest.raises(ValueError, match="sigma_h"):
+        ex_post_terms(theta, x[None, :], np.array([1.0]), lam=1.0, sigma=1.0, z_b=z, h_hat=mean)
+
+
+def test_report_events_and_confidence_for_new_and_legacy_releases() -> None:
+    """ĝ and Ĥ have their own events: data-dependent reports split ρ over 7 events. A release stored with the
+    former 5-event split keeps its stored z, so its honest confidence is 1 − 7ρ/5."""
+    rng = np.random.default_rng(8)
+    xs = rng.normal(size=(100, 3))
+    xs /= np.maximum(1, np.linalg.norm(xs, axis=1))[:, None]
+    ys = np.where(xs[:, 0] > 0, 1.0, -1.0)
+    p = _params(
+        report="data_dependent", regularization=60.0, report_gradient_sigma=1.0, report_hessian_sigma=1.0,
+        report_rho=1e-3,
+    )
+    fit = fit_objpert(xs, ys, p.config("add_remove"), rng)
+    from mechanisms.per_instance import DATA_DEPENDENT_EVENTS, data_dependent_statistics
+
+    meta = report_metadata(p, 3)
+    assert meta["events"] == DATA_DEPENDENT_EVENTS == 7
+    assert meta["z"] == pytest.approx(two_sided_z(1e-3 / 7))
+    output = {
+        "theta": list(fit.released),
+        "output_sigma": p.config("add_remove").output_sigma,
+        "report": {**meta, **data_dependent_statistics(p, xs, ys, fit, rng)},
+    }
+    item = evaluate_report(p, output, xs[:1], ys[:1], DEFAULT_ORDERS)[0]
+    assert item["confidence"] == 1.0 - 1e-3
+    assert item["terms"]["report_gradient"] > 0
+    assert item["terms"]["report_hessian"] > 0
+    legacy = {**output, "report": {**output["report"], "events": 5, "z": two_sided_z(1e-3 / 5)}}
+    old = evaluate_report(p, legacy, xs[:1], ys[:1], DEFAULT_ORDERS)[0]
+    assert old["confidence"] == pytest.approx(1.0 - 7 * 1e-3 / 5)
+    public = _params(regularization=60.0, report_rho=1e-3)
+    public_output = {**output, "report": report_metadata(public, 3)}
+    pub = evaluate_report(public, public_output, xs[:1], ys[:1], DEFAULT_ORDERS)
+    assert pub[0]["confidence"] == 1.0 - 1e-3
+    assert pub[0]["terms"]["report_gradient"] == pub[0]["terms"]["report_hessian"] == 0.0
