@@ -5,7 +5,7 @@ Algorithm (Abadi et al. 2016 with the full batch; Song, Chaudhuri, Sarwate 2013)
 
     θ₀ = 0;  for t = 0 … T−1:
         g_t = Σ_i clip(∇ℓ_i(θ_t), C) + N(0, (z·Δ)² I_d),   clip(v, C) = v·min(1, C/‖v‖)
-        θ_{t+1} = θ_t − τ·(g_t / n_norm + λθ_t)
+        θ_{t+1} = Π_K(θ_t − τ·(g_t / n_norm + λθ_t))      (K = {‖θ‖ ≤ r}, only if ``radius`` is set)
 
 with ℓ_i the **unregularised** per-record loss (logistic log(1 + e^{−y_i x_iᵀθ}) with y_i = ±1, or squared
 ½(x_iᵀθ − y_i)²), ridge λ applied outside the clipped sum (it does not depend on the data), z the noise
@@ -24,7 +24,18 @@ estimate (the service mechanism asks for an ``n_hint`` parameter); a wrong hint 
 asked for against the noise actually used, T·α·Δ_asked²/(2(zΔ_noise)²), so a mismatch can only over-charge
 (replace_one noise is valid for both relations) and never under-charge.
 
-Limitation (documented, not fixed): numpy's floating-point Gaussian sampler (as in ``mechanisms.gaussian``).
+Floating point (docs/privacy_parts/rgm_gd.md §6). ``clipped_gradient_sum`` computes every per-record term as a
+deterministic function of (θ, x_i, y_i) alone whose exact norm is ≤ C, for **every** θ (also huge or
+non-finite θ) and every finite or non-finite record: the scalar s_i is clipped as a coefficient
+c_i = sign(s_i)·min(|s_i|, C(1 − (d+8)·2⁻⁵²)/‖x_i‖) (the shrink covers the rounding of ‖x_i‖, of the
+division and of c_i·x_i, so the computed vector's exact norm is ≤ C, not only |s_i|·‖x_i‖), with ‖x_i‖
+computed on a power-of-two rescaled row (no overflow/underflow); s_i = ±∞ gives c_i = ±C'/‖x_i‖ (the limit
+of clipping), and a NaN s_i, a zero or non-finite row norm gives the zero term. Before, a residual that
+overflowed to ∞ at a huge θ met a clip factor 0 and produced NaN for D and a finite sum for D′.
+``radius`` (the service sets it, ``default_radius`` or the public ``max_norm``) projects the iterates onto
+a public ball — post-processing of the released noisy sum — and ``finiteness_problem`` checks from public
+values that no update can overflow. The float sum of the n terms and the float Gaussian sampler (as in
+``mechanisms.gaussian``) remain the usual floating-point caveats.
 """
 
 from __future__ import annotations
@@ -40,11 +51,18 @@ from pydantic import BaseModel, Field, model_validator
 from mechanisms.accounting.curve import RdpCurve, _pad_up
 from mechanisms.accounting.orders import validate_orders
 from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
-from mechanisms.learning import FeatureSpec, Task, check_features, design_matrix
+from mechanisms.learning import FeatureSpec, Task, check_features, design_matrix, dimension
+from mechanisms.relative_gaussian import project_to_ball, ridge_theta_bound
 from mechanisms.schema import CategoricalColumn
 
 Loss = Literal["logistic", "squared"]
 Neighboring = Literal["replace_one", "add_remove"]
+
+_EPS = float(np.finfo(float).eps)
+FLOAT_CEILING = 1e300  # public bounds must stay below this: 1e8 of headroom under the float maximum
+Z_MAX = 64.0  # |standard normal draw| bound used by the finiteness check (numpy's sampler stays below 14)
+ROWS_MAX = 2.0**63  # no in-memory dataset has more rows: bounds the clipped sum when n is private
+LABEL_BOUND = 1.0  # Y of the design matrix (labels scaled to [−1, 1] or mapped to ±1)
 
 
 @dataclass(frozen=True)
@@ -58,6 +76,7 @@ class DpGdConfig:
     clip: float
     noise_multiplier: float
     neighboring: Neighboring = "replace_one"
+    radius: float | None = None  # projection radius r (public); None: no projection (library use)
 
     def __post_init__(self) -> None:
         if self.loss not in ("logistic", "squared"):
@@ -73,6 +92,8 @@ class DpGdConfig:
                 raise ValueError(
                     f"{name} must be finite and {'≥' if name == 'reg' else '>'} 0, got {value!r}"
                 )
+        if self.radius is not None and not (math.isfinite(self.radius) and self.radius > 0.0):
+            raise ValueError(f"radius must be finite and > 0 (or None), got {self.radius!r}")
 
 
 def sensitivity(clip: float, neighboring: Neighboring) -> float:
@@ -134,6 +155,53 @@ def _converted(z: float, steps: int, grid: tuple[float, ...], log_term: float) -
     return min(_pad_up(steps * _pad_up(a / (2.0 * z * z))) + _pad_up(log_term / (a - 1.0)) for a in grid)
 
 
+def default_radius(
+    loss: Loss, reg: float, feature_bound: float, clip: float, label_bound: float = LABEL_BOUND
+) -> float | None:
+    """A public r bounding both the unclipped optimum θ* and the fixed point θ_c of clipped DP-GD (with
+    n_norm = n), over all datasets with ‖x_i‖ ≤ X, |y_i| ≤ Y; ``None`` when λ = 0 (no bound exists).
+
+    * logistic: X·Y/λ (λθ = −(1/n)Σ∇ℓ_i or Σclip(∇ℓ_i), and both have norm ≤ XY);
+    * squared: max(B, min(Y/√λ, C/λ)), B = ``ridge_theta_bound`` for θ*; θ_c minimises the Huber objective
+      (1/n)Σh_i + (λ/2)‖θ‖² (h_i ≤ ½r², h_i' = clipped residual), so (λ/2)‖θ_c‖² ≤ h(0) ≤ Y²/2 and
+      λ‖θ_c‖ ≤ C.
+    Rounded up; +∞ if it overflows (``finiteness_problem`` then refuses).
+    """
+    if not (math.isfinite(reg) and reg >= 0.0):
+        raise ValueError(f"reg must be finite and ≥ 0, got {reg!r}")
+    if reg == 0.0:
+        return None
+    if loss == "logistic":
+        return _pad_up(feature_bound * label_bound / reg)
+    clipped = min(label_bound / math.sqrt(reg), clip / reg)
+    return _pad_up(max(ridge_theta_bound(reg, feature_bound, label_bound), clipped))
+
+
+def finiteness_problem(config: DpGdConfig, d: int, n_norm: float) -> tuple[str, str] | None:
+    """With ``config.radius`` set: ``None`` if no update of any run can overflow, whatever the data; else
+    (service field to blame, message). Public inputs only.
+
+    Each clipped term has norm ≤ C, so the sum is ≤ ROWS_MAX·C (n may be private); the noisy sum is
+    ≤ ROWS_MAX·C + Z_MAX·zΔ per coordinate; the update's coordinates are ≤ r + τ(that/n_norm + λr); the
+    vector norms (d·(2·coordinate)²) must stay ≤ ``FLOAT_CEILING``.
+    """
+    if config.radius is None:
+        return None
+    radius = config.radius
+    if not d * (2.0 * radius) * (2.0 * radius) <= FLOAT_CEILING:
+        return "regularization", (
+            f"the iterate ball radius {radius!r} is too large for finite floating point: raise "
+            "regularization or give a smaller max_norm"
+        )
+    noisy = ROWS_MAX * config.clip + Z_MAX * noise_std(config)
+    if not noisy <= FLOAT_CEILING:
+        return "clip", "the noisy gradient sum could overflow: lower clip or noise_multiplier"
+    coordinate = radius + config.step_size * (noisy / n_norm + config.reg * radius)
+    if not d * (2.0 * coordinate) * (2.0 * coordinate) <= FLOAT_CEILING:
+        return "step_size", f"the update could overflow with step_size {config.step_size!r}: lower it"
+    return None
+
+
 # ----- the learning numerics -------------------------------------------------------------------------------
 def _check_data(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     features = np.asarray(x, dtype=float)
@@ -153,6 +221,86 @@ def _scalar_grad(margin: np.ndarray, labels: np.ndarray, loss: Loss) -> np.ndarr
     return residual
 
 
+def _power_of_two_exponents(peak: np.ndarray) -> np.ndarray:
+    """e with 2^e in (peak/2, peak] (e = −1 for a zero peak): dividing by 2^e is exact."""
+    exponent: np.ndarray = np.frexp(peak)[1] - 1
+    return exponent
+
+
+def safe_row_norms(features: np.ndarray) -> np.ndarray:
+    """‖x_i‖ per row, computed on the row divided by a power of two near its largest entry (exact), so squares
+    neither overflow nor underflow: relative error ≤ (d/2 + 2)·2⁻⁵³. +∞ if the true norm exceeds the float
+    range, NaN or +∞ for a row with a non-finite entry, 0 for a zero row."""
+    with np.errstate(all="ignore"):
+        peak = np.max(np.abs(features), axis=1) if features.shape[1] else np.zeros(features.shape[0])
+        exponent = _power_of_two_exponents(np.where(np.isfinite(peak), peak, 0.0))
+        unit = np.ldexp(features, -exponent[:, None])
+        norms: np.ndarray = np.ldexp(np.linalg.norm(unit, axis=1), exponent)
+    return norms
+
+
+@dataclass(frozen=True)
+class _Records:
+    """The data prepared once for the clipped sum (per-record maps only, so neighbours stay neighbours):
+    rows with a non-finite entry or a norm outside (0, float max] are zeroed (their term is 0), non-finite
+    labels set to 0, and each row kept also as ``unit`` = row/2^exponent (exact; entries in [−2, 2])."""
+
+    features: np.ndarray
+    labels: np.ndarray
+    unit: np.ndarray
+    exponent: np.ndarray
+    norms: np.ndarray
+
+
+def _records(features: np.ndarray, labels: np.ndarray, row_norms: np.ndarray | None = None) -> _Records:
+    norms = safe_row_norms(features) if row_norms is None else np.asarray(row_norms, dtype=float)
+    usable = np.isfinite(norms) & (norms > 0.0)
+    if not np.all(usable):
+        features = np.where(usable[:, None], features, 0.0)
+        norms = np.where(usable, norms, 0.0)
+    labels = np.where(np.isfinite(labels), labels, 0.0)
+    peak = np.max(np.abs(features), axis=1) if features.shape[1] else np.zeros(features.shape[0])
+    exponent = _power_of_two_exponents(peak)
+    return _Records(features, labels, np.ldexp(features, -exponent[:, None]), exponent, norms)
+
+
+def _margins(theta: np.ndarray, records: _Records) -> np.ndarray:
+    """x_iᵀθ from the rescaled row and a rescaled θ: the dot product has terms ≤ 4 in magnitude, so nothing
+    inside it overflows and no ∞ − ∞ can occur; the result is ±∞ only when |x_iᵀθ| exceeds the float range
+    (up to rounding), which clipping maps to its limit. θ must be finite."""
+    peak = float(np.max(np.abs(theta))) if theta.size else 0.0
+    if peak == 0.0:
+        return np.zeros(records.features.shape[0])
+    theta_exponent = math.frexp(peak)[1] - 1
+    dots = records.unit @ np.ldexp(theta, -theta_exponent)
+    with np.errstate(over="ignore"):
+        margins: np.ndarray = np.ldexp(dots, records.exponent + theta_exponent)
+    return margins
+
+
+def _clipped_sum(theta: np.ndarray, records: _Records, loss: Loss, clip: float) -> np.ndarray:
+    """Σ_i c_i·x_i with c_i = sign(s_i)·min(|s_i|, C'/‖x_i‖), C' = C(1 − (d+8)·2⁻⁵²).
+
+    Exact ‖c_i·x_i‖ ≤ |c_i|·‖x_i‖·(1 + (d/2+2)u) ≤ C'(1 + u)²(1 + (d/2+2)u) < C (u = 2⁻⁵³): the per-record
+    bound holds for the vector actually summed. s_i = ±∞ (a margin beyond the float range) gives
+    ±C'/‖x_i‖, the limit of clipping; a NaN s_i and unusable rows give 0. A non-finite (public) θ gives the
+    zero sum (every term 0).
+    """
+    features = records.features
+    d = features.shape[1]
+    if not np.all(np.isfinite(theta)):
+        return np.zeros(d)
+    limit = clip * (1.0 - (d + 8) * _EPS)
+    usable = records.norms > 0.0
+    with np.errstate(all="ignore"):
+        scalars = _scalar_grad(_margins(theta, records), records.labels, loss)
+        bound = limit / np.where(usable, records.norms, 1.0)
+        coefficient = np.sign(scalars) * np.minimum(np.abs(scalars), bound)
+    coefficient = np.where(usable & np.isfinite(coefficient), coefficient, 0.0)
+    total: np.ndarray = features.T @ coefficient
+    return total
+
+
 def clipped_gradient_sum(
     theta: np.ndarray,
     x: np.ndarray,
@@ -163,15 +311,12 @@ def clipped_gradient_sum(
 ) -> np.ndarray:
     """Σ_i clip(∇ℓ_i(θ), C) in O(nd): ∇ℓ_i = s_i x_i, so ‖∇ℓ_i‖ = |s_i|·‖x_i‖ and each term is rescaled.
 
-    ``row_norms`` (‖x_i‖, computed here when omitted) lets a training loop compute them once.
+    Every term is a function of (θ, x_i, y_i) with exact norm ≤ C and the result is finite, for every θ
+    and every record (see ``_clipped_sum``): ‖S(D) − S(D′)‖ ≤ 2C (replace-one) / C (add/remove) holds for
+    the computed terms. ``row_norms`` (‖x_i‖, ``safe_row_norms`` when omitted) lets a loop compute them once.
     """
     features, labels = _check_data(x, y)
-    norms_x = np.linalg.norm(features, axis=1) if row_norms is None else row_norms
-    scalars = _scalar_grad(features @ theta, labels, loss)
-    norms = np.abs(scalars) * norms_x
-    factor = np.minimum(1.0, clip / np.maximum(norms, np.finfo(float).tiny))
-    total: np.ndarray = features.T @ (scalars * factor)
-    return total
+    return _clipped_sum(np.asarray(theta, dtype=float), _records(features, labels, row_norms), loss, clip)
 
 
 def objective(theta: np.ndarray, x: np.ndarray, y: np.ndarray, loss: Loss, reg: float) -> float:
@@ -202,20 +347,27 @@ def dp_gd_train(
 
     ``n_norm`` is a **public** normaliser (see the module docstring). With ``return_iterates=True`` the
     result is every released iterate θ₁ … θ_T, shape (T, d) (all are post-processing of the noisy sums).
+    With ``config.radius`` set, every iterate is projected onto {‖θ‖ ≤ r} (post-processing) and
+    ``finiteness_problem`` (public) must pass first, else ValueError.
     ``progress((t+1)/T)`` is called after every step.
     """
     features, labels = _check_data(x, y)
     if not (math.isfinite(n_norm) and n_norm > 0.0):
         raise ValueError(f"n_norm must be finite and > 0, got {n_norm!r}")
     d = features.shape[1]
+    problem = finiteness_problem(config, d, n_norm)
+    if problem is not None:
+        raise ValueError(f"{problem[0]}: {problem[1]}")
     std = noise_std(config)
     theta = np.zeros(d)
     iterates = np.empty((config.steps, d)) if return_iterates else None
-    row_norms = np.linalg.norm(features, axis=1)
+    records = _records(features, labels)
     for t in range(config.steps):
-        noisy_sum = clipped_gradient_sum(theta, features, labels, config.loss, config.clip, row_norms)
+        noisy_sum = _clipped_sum(theta, records, config.loss, config.clip)
         noisy_sum = noisy_sum + std * rng.standard_normal(d)
         theta = theta - config.step_size * (noisy_sum / n_norm + config.reg * theta)
+        if config.radius is not None:
+            theta = project_to_ball(theta, config.radius)
         if iterates is not None:
             iterates[t] = theta
         progress((t + 1) / config.steps)
@@ -273,6 +425,15 @@ class DpGdParams(FeatureSpec):
         le=1e6,
         allow_inf_nan=False,
         description="rows of the design matrix clipped to this ℓ2 norm",
+    )
+    max_norm: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e12,
+        allow_inf_nan=False,
+        description="radius r of the public ball the iterates are projected onto (post-processing). Default: "
+        "a bound on the norm of the optimum, X/λ (logistic) or max(B, min(1/√λ, C/λ)) (ridge); required when "
+        "regularization = 0",
     )
     n_hint: int | None = Field(
         default=None,
@@ -359,7 +520,26 @@ class DpGdMechanism:
         curvature = p.row_norm**2 if p.model == "ridge" else p.row_norm**2 / 4.0
         tau = p.step_size if p.step_size is not None else 1.0 / (curvature + p.regularization)
         loss: Loss = "squared" if p.model == "ridge" else "logistic"
-        return DpGdConfig(loss, p.regularization, p.steps, tau, p.clip, z, ctx.schema.neighboring)
+        radius = p.max_norm
+        if radius is None:
+            radius = default_radius(loss, p.regularization, p.row_norm, p.clip)
+        if radius is None:
+            raise ParamsError(
+                "max_norm",
+                "required when regularization = 0: the iterates are projected onto a public ball, and "
+                "without a ridge term no public bound on the optimum's norm exists",
+            )
+        if not math.isfinite(radius):
+            raise ParamsError("regularization", "the default iterate radius overflows: raise regularization")
+        config = DpGdConfig(loss, p.regularization, p.steps, tau, p.clip, z, ctx.schema.neighboring, radius)
+        n_norm = float(ctx.n_rows) if ctx.n_rows is not None else float(p.n_hint or 1)
+        problem = finiteness_problem(config, dimension(p, ctx), n_norm)
+        if problem is not None:
+            field, reason = problem
+            if field == "regularization" and p.max_norm is not None:
+                field = "max_norm"
+            raise ParamsError(field, reason)
+        return config
 
     def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
         p = params_as(params, DpGdParams)
@@ -391,6 +571,7 @@ class DpGdMechanism:
             "theta": path[-1].tolist(),
             "steps_run": config.steps,
             "step_size": config.step_size,
+            "radius": config.radius,
             "noise_multiplier": config.noise_multiplier,
             "noise_std": noise_std(config),
             "normaliser": n_norm,

@@ -340,6 +340,33 @@ def rgm_release(
     return result
 
 
+# ----- projection onto a public ball (for gradient-descent callers) -------------------------------------
+def project_to_ball(theta: np.ndarray, radius: float) -> np.ndarray:
+    """Π(θ) = θ·min(1, r/‖θ‖), the Euclidean projection onto {‖θ‖ ≤ r}, for a finite 1-D θ.
+
+    The norm is computed on θ rescaled by a power of two (exact), so no intermediate overflows or
+    underflows: the result is finite for every finite θ, and its norm is ≤ r·(1 + (d + 4)·2⁻⁵²) (rounding
+    of the rescaled norm and of one product per coordinate). θ is **public** wherever this is used (a
+    released iterate), so the projection is post-processing. Raises ValueError on a non-finite θ or radius.
+    """
+    vector = np.asarray(theta, dtype=float)
+    if vector.ndim != 1:
+        raise ValueError("theta must be a 1-D array")
+    radius = _finite_nonnegative(radius, "radius")
+    if not np.all(np.isfinite(vector)):
+        raise ValueError("theta must be finite")
+    peak = float(np.max(np.abs(vector))) if vector.size else 0.0
+    if peak == 0.0:
+        return vector.copy()
+    scale = math.ldexp(1.0, math.frexp(peak)[1] - 1)  # a power of two in (peak/2, peak]: exact division
+    unit = vector / scale  # entries in [−2, 2], the largest ≥ 1
+    scaled_norm = float(np.linalg.norm(unit))  # in [1, 2√d]: ‖θ‖ = scale·scaled_norm
+    if scaled_norm * scale <= radius:  # (may be +inf > radius: then projected)
+        return vector.copy()
+    projected: np.ndarray = unit * (radius / scaled_norm)
+    return projected
+
+
 # ----- relative sensitivity of the ridge least-squares gradient ------------------------------------------
 @dataclass(frozen=True)
 class RelativeSensitivity:

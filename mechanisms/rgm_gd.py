@@ -4,16 +4,26 @@ Source: Hendrikx, Mangold, Bellet (AISTATS 2024), eq. (7), read through ``seed_0
 (cited "note §x"); the RGM and its curves are ``mechanisms.relative_gaussian``. The soundness argument is
 written out in docs/privacy_parts/rgm_gd.md.
 
-Algorithm (replace-one neighbours, n public)::
+Algorithm (replace-one neighbours, n public; K = {‖θ‖ ≤ r} a public ball)::
 
-    θ₀ = 0;  for t = 0 … T−1:
+    θ₀ = Π_K(public start, 0 in the service);  for t = 0 … T−1:
         g̃_t = ∇f(θ_t; D) + N(0, (γ‖∇f(θ_t; D)‖² + σ²)·I_d)      (RGM_{γ,σ}, per-coordinate VARIANCE)
-        θ_{t+1} = θ_t − τ·g̃_t
+        θ_{t+1} = Π_K(θ_t − τ·g̃_t)                               (projection: post-processing of g̃_t)
         stop after step t if the stopping rule, evaluated on the released θ₀ … θ_{t+1} only, says so
 
 f(θ; D) = (1/n)Σ ℓ(x_iᵀθ, y_i) + (λ/2)‖θ‖² on the design matrix of ``mechanisms.learning`` (rows ‖x_i‖ ≤ X,
 labels |y_i| ≤ Y = 1), with ℓ the squared loss ½(x_iᵀθ − y_i)² ("ridge") or the logistic loss
 log(1 + e^{−y_i x_iᵀθ}) with y_i = ±1 ("logistic").
+
+Projection and finite arithmetic (docs/privacy_parts/rgm_gd.md §2.1). The radius r = ``theta_bound``
+is a public bound on ‖θ*‖ for every dataset (ridge: ``ridge_theta_bound``; logistic: X·Y/λ), so θ* ∈ K and
+projected GD keeps Theorem 2's contraction (Π_K is non-expansive). Without it, floats overflowed at a
+data-dependent step (γ‖∇f(θ_t; D)‖² = ∞ for D but not for D′ at the same public θ_t): a failure bit that
+reads the secret gradient. With ‖θ_t‖ ≤ r, ‖x_i‖ ≤ X, |y_i| ≤ Y every float quantity of a step has a public
+bound (``finiteness_problem``): ‖∇f‖ ≤ G = (X² + λ)r + XY (ridge) or XY + λr (logistic), variance
+≤ γG² + σ², update ≤ r + τ(G + Z_MAX·√(γG² + σ²)); requests where one of them is not far below the float
+range are refused at admission, so no step can overflow for any dataset. Privacy does not use the
+projection at all: both relative sensitivities hold for every θ.
 
 Relative sensitivity, uniformly in θ (so it holds at every public iterate θ_t), from public parameters:
 
@@ -50,22 +60,27 @@ from mechanisms.accounting.conversion import epsilon_at_delta
 from mechanisms.accounting.curve import RdpCurve, _pad_up
 from mechanisms.accounting.orders import validate_orders
 from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
-from mechanisms.dp_gd import column_names, learner_task
+from mechanisms.dp_gd import column_names, learner_task, safe_row_norms
 from mechanisms.learning import FeatureSpec, check_features, design_matrix, dimension
 from mechanisms.relative_gaussian import (
     Bound,
     RelativeSensitivity,
     exact_epsilon,
+    project_to_ball,
     rgm_rdp_curve,
     rgm_release,
     ridge_relative_sensitivity_split,
+    ridge_theta_bound,
     theorem1_epsilon,
 )
 
 Model = Literal["ridge", "logistic"]
+LABEL_BOUND = 1.0  # Y: the design matrix's labels are scaled to [−1, 1] or mapped to ±1 (mechanisms.learning)
 
 _UP = 1.0 + 1e-12
 RIDGE_SPLIT = 3.0  # Young's κ of ``ridge_relative_sensitivity_split``: η = 2X²/(λn), R_rel = (4/√3)X(XB+Y)/n
+FLOAT_CEILING = 1e300  # public bounds must stay below this: 1e8 of headroom under the float maximum 1.8e308
+Z_MAX = 64.0  # |standard normal draw| bound used by the finiteness check (numpy's sampler stays below 14)
 
 
 # ----- the query and its relative sensitivity --------------------------------------------------------------
@@ -125,6 +140,30 @@ def relative_sensitivity(
     if model == "logistic":
         return logistic_relative_sensitivity(n_rows, reg, feature_bound)
     raise ValueError(f"model must be 'ridge' or 'logistic', got {model!r}")
+
+
+def theta_bound(model: Model, reg: float, feature_bound: float, label_bound: float = 1.0) -> float:
+    """Public r ≥ ‖θ*(D)‖ for every dataset with ‖x_i‖ ≤ X, |y_i| ≤ Y: the projection radius of rgm.gd.
+
+    * ridge: ``ridge_theta_bound`` (same objective scale: (1/n)Σ½(x_iᵀθ − y_i)² + (λ/2)‖θ‖²);
+    * logistic: X·Y/λ, since 0 = ∇f(θ*) = (1/n)Σ∇ℓ_i(θ*) + λθ* and ‖∇ℓ_i‖ = |y_i|σ(−y_ix_iᵀθ)‖x_i‖ ≤ XY.
+    Rounded up. +∞ when X·Y/λ overflows (the finiteness check then refuses).
+    """
+    if model == "ridge":
+        return ridge_theta_bound(reg, feature_bound, label_bound)
+    if model == "logistic":
+        if not (math.isfinite(reg) and reg > 0.0):
+            raise ValueError("reg must be > 0")
+        return _pad_up(feature_bound * label_bound / reg)
+    raise ValueError(f"model must be 'ridge' or 'logistic', got {model!r}")
+
+
+def gradient_bound(
+    model: Model, reg: float, feature_bound: float, label_bound: float, radius: float
+) -> float:
+    """Public G ≥ ‖∇f(θ; D)‖ for ‖θ‖ ≤ r: (X² + λ)r + XY (ridge), XY + λr (logistic); not rounded."""
+    residual = feature_bound * radius + label_bound if model == "ridge" else label_bound
+    return feature_bound * residual + reg * radius
 
 
 def smoothness(model: Model, reg: float, feature_bound: float) -> float:
@@ -232,8 +271,9 @@ def gamma_for_total(
 # ----- training ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StopRule:
-    """Stop once ‖θ_{t+1} − θ_t‖/τ (the released noisy gradient's norm) ≤ ``tolerance`` for ``patience``
-    consecutive steps, not before ``min_steps`` steps. Evaluated on released iterates only."""
+    """Stop once ‖θ_{t+1} − θ_t‖/τ (the released projected step over τ: the noisy gradient's norm while the
+    iterates stay inside the ball) ≤ ``tolerance`` for ``patience`` consecutive steps, not before
+    ``min_steps`` steps. Evaluated on released iterates only."""
 
     tolerance: float
     patience: int = 1
@@ -245,13 +285,19 @@ class StopRule:
         if steps_done < max(self.min_steps, self.patience):
             return False
         recent = np.diff(released[-(self.patience + 1) :], axis=0)
-        norms = np.linalg.norm(recent, axis=1) / step_size
+        with np.errstate(over="ignore"):  # public values only; +inf simply does not stop
+            norms = np.linalg.norm(recent, axis=1) / step_size
         return bool(np.all(norms <= self.tolerance))
 
 
 @dataclass(frozen=True)
 class RgmGdConfig:
-    """Public parameters of one RGM-GD run (γ and σ already resolved)."""
+    """Public parameters of one RGM-GD run (γ and σ already resolved).
+
+    ``feature_bound`` X and ``label_bound`` Y are the declared data bounds (``rgm_gd_train`` clips to them);
+    ``radius`` is the projection radius r, default ``theta_bound(model, reg, X, Y)``. Any public r > 0 is
+    private (the sensitivity holds for every θ); r < sup‖θ*‖ only biases the result.
+    """
 
     model: Model
     reg: float
@@ -260,16 +306,63 @@ class RgmGdConfig:
     gamma: float
     sigma: float
     stop: StopRule | None = None
+    feature_bound: float = 1.0
+    label_bound: float = 1.0
+    radius: float | None = None
 
     def __post_init__(self) -> None:
         if self.model not in ("ridge", "logistic"):
             raise ValueError(f"model must be 'ridge' or 'logistic', got {self.model!r}")
         if isinstance(self.steps, bool) or int(self.steps) != self.steps or self.steps < 1:
             raise ValueError(f"steps must be an integer ≥ 1, got {self.steps!r}")
-        for name in ("reg", "step_size", "gamma", "sigma"):
+        names = ["reg", "step_size", "gamma", "sigma", "feature_bound", "label_bound"]
+        for name in names if self.radius is None else [*names, "radius"]:
             value = float(getattr(self, name))
             if not (math.isfinite(value) and value > 0.0):
                 raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+
+    @property
+    def projection_radius(self) -> float:
+        """r: ``radius`` if given, else the public bound on ‖θ*‖ (``theta_bound``)."""
+        if self.radius is not None:
+            return float(self.radius)
+        return theta_bound(self.model, self.reg, self.feature_bound, self.label_bound)
+
+
+def finiteness_problem(config: RgmGdConfig, n_rows: int, d: int) -> tuple[str, str] | None:
+    """``None`` if every float quantity of every step is finite for **every** dataset of n rows with
+    ‖x_i‖ ≤ X, |y_i| ≤ Y and iterates in the ball; else (service field to blame, message).
+
+    Public inputs only (config, n, d), so a refusal is the same for neighbouring datasets. Bounds (each
+    must be ≤ ``FLOAT_CEILING``, which leaves 1e8 of headroom for rounding): the radius as a vector norm
+    (d·(2r)²), the un-normalised gradient sum n·X·s (s = Xr + Y ridge, Y logistic, the per-record scalar),
+    G = X·s + λr ≥ ‖∇f‖ (every partial sum of ‖∇f‖² is ≤ G²), the variance v = γG² + σ², and the update
+    d·(2(r + τ(G + Z_MAX·√v)))² (coordinates of θ_t − τg̃_t, their squares and differences).
+    """
+    x_max, y_max, reg, tau = config.feature_bound, config.label_bound, config.reg, config.step_size
+    radius = config.projection_radius
+    if not (math.isfinite(radius) and d * (2.0 * radius) * (2.0 * radius) <= FLOAT_CEILING):
+        return "regularization", (
+            f"the iterate ball radius {radius!r} (the public bound on ‖θ*‖) is too large for finite floating "
+            "point: raise regularization or lower row_norm"
+        )
+    scalar = x_max * radius + y_max if config.model == "ridge" else y_max
+    big_g = gradient_bound(config.model, reg, x_max, y_max, radius)
+    if not (n_rows * x_max * scalar <= FLOAT_CEILING and big_g <= FLOAT_CEILING):
+        return "regularization", (
+            f"the gradient bound {big_g!r} on the iterate ball could overflow: raise regularization or lower "
+            "row_norm"
+        )
+    variance = config.gamma * big_g * big_g + config.sigma * config.sigma
+    if not variance <= FLOAT_CEILING:
+        return "gamma", (
+            f"the RGM noise variance γG² + σ² (G = {big_g!r} bounds the gradient norm) could overflow: lower "
+            "gamma (or raise regularization)"
+        )
+    coordinate = radius + tau * (big_g + Z_MAX * math.sqrt(variance))
+    if not d * (2.0 * coordinate) * (2.0 * coordinate) <= FLOAT_CEILING:
+        return "step_size", f"the step θ − τ·g̃ could overflow with step_size {tau!r}: lower step_size"
+    return None
 
 
 @dataclass(frozen=True)
@@ -298,9 +391,13 @@ def rgm_gd_train(
     *,
     theta0: np.ndarray | None = None,
 ) -> RgmGdResult:
-    """Run RGM-GD from θ₀ (default 0; any **public** start is allowed: the relative sensitivity is uniform
-    in θ). ``x`` must already be clipped to the declared row bound (public X).
+    """Run projected RGM-GD from Π_K(θ₀) (θ₀ default 0; any **public** start is allowed: the relative
+    sensitivity is uniform in θ), K = {‖θ‖ ≤ ``config.projection_radius``}.
 
+    Rows of ``x`` are clipped to X = ``config.feature_bound`` and labels to [−Y, Y] (identity on the
+    service's design matrix; per-record maps, so neighbours stay neighbours). Before reading the data,
+    ``finiteness_problem(config, n, d)`` (public) must pass, else ValueError: then no step can overflow,
+    whatever the data, and the only data-dependent quantities are the released values.
     The noise variance γ‖∇f(θ_t)‖² + σ² is secret: it is neither returned nor logged (note §6.1 pitfall 2).
     ``progress((t+1)/T)`` is called after every step (and ``progress(1.0)`` when stopping early).
     """
@@ -308,16 +405,21 @@ def rgm_gd_train(
     labels = np.asarray(y, dtype=float)
     if features.ndim != 2 or labels.shape != (features.shape[0],):
         raise ValueError("x must be (n, d) and y must be (n,)")
-    d = features.shape[1]
+    n, d = features.shape
+    problem = finiteness_problem(config, n, d)
+    if problem is not None:
+        raise ValueError(f"{problem[0]}: {problem[1]}")
+    radius = config.projection_radius
+    features, labels = bounded_records(features, labels, config.feature_bound, config.label_bound)
     released = np.zeros((config.steps + 1, d))  # θ₀ … θ_T (θ₀ is public)
     if theta0 is not None:
-        released[0] = np.asarray(theta0, dtype=float)
+        released[0] = project_to_ball(np.asarray(theta0, dtype=float), radius)
     stopped = False
     t = 0
     for t in range(config.steps):
         gradient = full_gradient(released[t], features, labels, config.model, config.reg)
         noisy = rgm_release(gradient, config.gamma, config.sigma, rng)
-        released[t + 1] = released[t] - config.step_size * noisy
+        released[t + 1] = project_to_ball(released[t] - config.step_size * noisy, radius)
         progress((t + 1) / config.steps)
         if config.stop is not None and config.stop.should_stop(released[: t + 2], config.step_size):
             stopped = t + 1 < config.steps
@@ -325,6 +427,22 @@ def rgm_gd_train(
     if stopped:
         progress(1.0)
     return RgmGdResult(iterates=released[1 : t + 2].copy(), stopped_early=stopped)
+
+
+def bounded_records(
+    x: np.ndarray, y: np.ndarray, feature_bound: float, label_bound: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The per-record map onto ‖x_i‖ ≤ X, |y_i| ≤ Y that the bounds assume: rows with norm > X scaled to
+    norm X (norm from ``safe_row_norms``, no overflow), rows with a non-finite entry set to 0, labels
+    clipped (NaN to 0). The identity on the service's design matrix (up to an ulp at the boundary)."""
+    norms = safe_row_norms(x)
+    usable = np.isfinite(norms)
+    with np.errstate(all="ignore"):
+        scale = np.where(usable & (norms > feature_bound), feature_bound / np.where(usable, norms, 1.0), 1.0)
+    rows: np.ndarray = np.where(usable[:, None], x, 0.0) * scale[:, None]
+    labels = np.nan_to_num(y, nan=0.0, posinf=label_bound, neginf=-label_bound)
+    clipped: np.ndarray = np.clip(labels, -label_bound, label_bound)
+    return rows, clipped
 
 
 # ----- the service mechanism "rgm.gd" ---------------------------------------------------------------------
@@ -453,7 +571,7 @@ class RgmGdMechanism:
                 gamma = gamma_for_total(
                     p.target_epsilon, p.target_delta, p.steps, sens, d, ctx.orders, p.bound
                 )
-        except ValueError as error:
+        except (ValueError, OverflowError) as error:
             raise ParamsError("target_epsilon", str(error)) from error
         sigma = baseline_sigma(gamma, sens)
         tau = p.step_size
@@ -465,10 +583,20 @@ class RgmGdMechanism:
             else None
         )
         try:
-            config = RgmGdConfig(p.model, p.regularization, p.steps, tau, gamma, sigma, stop)
+            config = RgmGdConfig(
+                p.model, p.regularization, p.steps, tau, gamma, sigma, stop, p.row_norm, LABEL_BOUND
+            )
+        except ValueError as error:
+            raise ParamsError("gamma", str(error)) from error
+        problem = finiteness_problem(config, ctx.n_rows, d)
+        if problem is not None:
+            raise ParamsError(*problem)
+        try:
             step = step_curve(ctx.orders, sens, gamma, sigma, d, p.bound)
         except ValueError as error:
             raise ParamsError("gamma", str(error)) from error
+        except OverflowError as error:  # (η, R_rel) outside the float range: λ far too small for this n, X
+            raise ParamsError("regularization", f"the relative sensitivity overflows: {error}") from error
         return _Resolved(sens, d, config, step)
 
     def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
@@ -502,6 +630,7 @@ class RgmGdMechanism:
             "steps_max": config.steps,
             "stopped_early": result.stopped_early,
             "step_size": config.step_size,
+            "radius": config.projection_radius,
             "gamma": config.gamma,
             "sigma": config.sigma,
             "eta": resolved.sens.eta,

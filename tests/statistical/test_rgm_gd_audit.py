@@ -17,6 +17,12 @@ Maurer & Pontil 2009 Thm 4, on the variable truncated at e^{α−1}, which only 
 would prove a violation; false-alarm probability ≤ 1e-6 per audit (Bonferroni over the two orders 2 and 4).
 E_D[e^{−L}] = 1 is checked too: it ties the densities used for L to the sampler actually run.
 
+Projection: rgm.gd projects every iterate onto a public ball (post-processing; docs/privacy_parts/rgm_gd.md
+§2.1). The default radius here (ridge_theta_bound(25, 1, 1) = 1/26) would project θ₀ = 50 to 0.038 and
+make the step laws non-Gaussian, so the audit passes the public radius RADIUS = 1e4 explicitly (any public
+radius is private) and asserts that no transcript reaches it: the sampler is then exactly the unprojected
+one whose Gaussian densities are written out below.
+
 Power: the same audit (same pair, orders, runs, seed) must catch two broken variants:
 * noise without the relative term (variance σ² only) charged as the RGM;
 * a stopping rule that peeks at the data (stops at step 1 on D, never on D′) charged T_run·ε_step.
@@ -48,6 +54,7 @@ SEED = 5_2024
 ORDERS = (2.0, 4.0)
 RUNS = 20_000
 REG, TAU, THETA0, STEPS, TOLERANCE = 25.0, 0.02, 50.0, 2, 1300.0
+RADIUS = 1e4  # public projection radius, far outside every transcript (asserted)
 X_D = np.array([[1.0], [1.0]])
 Y_D = np.array([1.0, 1.0])
 X_N = np.array([[0.0], [1.0]])
@@ -69,11 +76,13 @@ def _sample(variant: Variant) -> list[np.ndarray]:
     rng = np.random.default_rng(SEED)
     stop = None if variant.peek else StopRule(TOLERANCE)
     steps = 1 if variant.peek else STEPS  # the peeking rule: "first record has x = 1" ⇒ stop after 1 step
-    config = RgmGdConfig("ridge", REG, steps, TAU, variant.gamma, SIGMA, stop)
+    config = RgmGdConfig("ridge", REG, steps, TAU, variant.gamma, SIGMA, stop, radius=RADIUS)
     start = np.array([THETA0])
-    return [
+    paths = [
         np.vstack([start, rgm_gd_train(config, X_D, Y_D, rng, theta0=start).iterates]) for _ in range(RUNS)
     ]
+    assert max(float(np.max(np.abs(path))) for path in paths) < 0.5 * RADIUS  # projection never active
+    return paths
 
 
 def _log_density(path: np.ndarray, x: np.ndarray, y: np.ndarray, gamma: float) -> float:

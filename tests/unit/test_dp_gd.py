@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -14,11 +15,14 @@ from mechanisms.dp_gd import (
     Loss,
     Neighboring,
     clipped_gradient_sum,
+    default_radius,
     dp_gd_curve,
     dp_gd_train,
+    finiteness_problem,
     noise_multiplier_for,
     noise_std,
     objective,
+    safe_row_norms,
 )
 
 FALSE_ALARM = 1e-3  # per KS test
@@ -223,3 +227,125 @@ def test_noise_scale_ks(neighboring: Neighboring) -> None:
     assert stats.kstest(standardized, "norm").pvalue > FALSE_ALARM
     assert stats.kstest(standardized / 1.3, "norm").pvalue < FALSE_ALARM
     assert stats.kstest(standardized * 1.3, "norm").pvalue < FALSE_ALARM
+
+
+# ----- floating point: every term a per-record function with exact norm ≤ C, for every θ -------------------
+def _exact_norm_squared(vector: np.ndarray) -> Fraction:
+    return sum((Fraction(float(v)) ** 2 for v in vector), Fraction(0))
+
+
+@pytest.mark.parametrize("loss", ["logistic", "squared"])
+def test_summed_vector_has_exact_norm_at_most_clip(loss: Loss) -> None:
+    """The reviewer's nit: the vector actually summed (c_i·x_i in floats), not only |s_i|·‖x_i‖, has exact
+    norm ≤ C. One record per call, so the sum is that vector; exact rational arithmetic on its entries."""
+    rng = np.random.default_rng(21)
+    clipped = 0
+    for _ in range(3000):
+        d = int(rng.integers(1, 60))
+        x = rng.normal(size=(1, d)) * 10 ** rng.uniform(-150, 150)
+        y = rng.choice([-1.0, 1.0], 1)
+        if loss == "squared":
+            y = rng.normal(size=1) * 10 ** rng.uniform(-3, 200)
+        theta = rng.normal(size=d) * 10 ** rng.uniform(-3, 150)
+        clip = float(10 ** rng.uniform(-3, 3))
+        term = clipped_gradient_sum(theta, x, y, loss, clip)
+        assert np.all(np.isfinite(term))
+        norm2 = _exact_norm_squared(term)
+        assert norm2 <= Fraction(clip) ** 2
+        clipped += norm2 > Fraction(clip) ** 2 * Fraction(999, 1000)
+    assert clipped > 500  # the clipping branch is exercised
+
+
+@pytest.mark.parametrize("loss", ["logistic", "squared"])
+def test_clipped_sum_finite_and_bounded_for_every_theta_and_record(loss: Loss) -> None:
+    """Huge, infinite and NaN public θ; huge, tiny, zero and non-finite rows; huge and non-finite labels:
+    the sum is finite, and neighbours (replace-one / remove-one) differ by ≤ 2C / ≤ C."""
+    rng = np.random.default_rng(22)
+    clip = 0.9
+    specials = [
+        np.array([1.3e308, 1.3e308, 0.0]),
+        np.array([1e308, -1e308, 1e308]),
+        np.array([math.inf, 0.0, 1.0]),
+        np.array([math.nan, 1.0, 1.0]),
+        np.array([-math.inf, math.inf, 0.0]),
+    ]
+    rows = [
+        lambda: rng.normal(size=3) * 10 ** rng.uniform(-200, 307),
+        lambda: np.array([1e308, 1e308, 1e308]),  # norm above the float range
+        lambda: np.array([1e-170, -1e-170, 0.0]),  # squares underflow
+        lambda: np.zeros(3),
+        lambda: np.array([math.inf, 0.0, 0.0]),
+        lambda: np.array([math.nan, 1.0, 0.0]),
+    ]
+    labels = [1.0, -1.0, 1e308, -1e200, math.inf, math.nan]
+    for trial in range(600):
+        theta = rng.normal(size=3) * 10 ** rng.uniform(0, 308)
+        if trial % 3:
+            theta = specials[trial % len(specials)]
+        n = int(rng.integers(2, 5))
+        x = np.array([rows[int(rng.integers(len(rows)))]() for _ in range(n)])
+        y = np.array([labels[int(rng.integers(len(labels)))] for _ in range(n)])
+        if loss == "logistic":
+            y = np.where(np.arange(n) % 2 == 0, 1.0, -1.0) if trial % 2 else y
+        with np.errstate(all="ignore"):  # the test's own reference arithmetic
+            s = clipped_gradient_sum(theta, x, y, loss, clip)
+            x2, y2 = x.copy(), y.copy()
+            x2[0], y2[0] = rows[int(rng.integers(len(rows)))](), labels[int(rng.integers(len(labels)))]
+            s2 = clipped_gradient_sum(theta, x2, y2, loss, clip)
+            s3 = clipped_gradient_sum(theta, x[1:], y[1:], loss, clip)
+        for total in (s, s2, s3):
+            assert np.all(np.isfinite(total))
+        assert float(np.linalg.norm(s - s2)) <= 2 * clip * (1 + 1e-12)
+        assert float(np.linalg.norm(s - s3)) <= clip * (1 + 1e-12)
+
+
+def test_safe_row_norms() -> None:
+    x = np.array([[3.0, 4.0], [1e300, 1e300], [1e-170, 1e-170], [0.0, 0.0], [1.5e308, 1.5e308]])
+    norms = safe_row_norms(x)
+    np.testing.assert_allclose(norms[:3], [5.0, 1e300 * 2**0.5, 1e-170 * 2**0.5], rtol=1e-15)
+    assert norms[3] == 0.0
+    assert math.isinf(norms[4])
+
+
+# ----- projection onto the public ball ---------------------------------------------------------------------
+@pytest.mark.parametrize("loss", ["logistic", "squared"])
+def test_default_radius_contains_both_optima(loss: Loss) -> None:
+    """r ≥ ‖θ*‖ (unclipped optimum) and r ≥ ‖θ_c‖ (fixed point of clipped GD, n_norm = n) on extreme data:
+    rows at full norm along e₁, labels pushing the same way, C large and small."""
+    assert default_radius(loss, 0.0, 1.0, 1.0) is None
+    for reg in (0.01, 0.3, 4.0):
+        for clip in (0.05, 1.0, 100.0):
+            radius = default_radius(loss, reg, 1.0, clip)
+            assert radius is not None
+            n = 20
+            x = np.zeros((n, 2))
+            x[:, 0] = 1.0
+            y = np.ones(n)
+            tau = 1.0 / (1.0 + reg)
+            for c in (clip, 1e9):  # clipped fixed point, then the unclipped optimum
+                config = DpGdConfig(loss, reg, 4000, tau, c, 1e-300)
+                theta = dp_gd_train(config, x, y, n, np.random.default_rng(0))
+                assert float(np.linalg.norm(theta)) <= radius
+
+
+def test_projected_training_stays_in_the_ball_and_checks_finiteness() -> None:
+    x, y = _data(50, 3, 9, "squared")
+    config = DpGdConfig("squared", 0.1, 40, 1e6, 1.0, 0.5, radius=2.0)  # step size that diverges unprojected
+    path = dp_gd_train(config, x, y, 50, np.random.default_rng(0), return_iterates=True)
+    assert np.all(np.isfinite(path))
+    assert np.max(np.linalg.norm(path, axis=1)) <= 2.0 * (1 + 1e-12)
+    assert finiteness_problem(config, 3, 50.0) is None
+    assert finiteness_problem(DpGdConfig("squared", 0.1, 4, 1.0, 1.0, 1.0), 3, 50.0) is None  # no radius
+    huge = DpGdConfig("squared", 0.1, 4, 1.0, 1.0, 1.0, radius=1e151)
+    assert finiteness_problem(huge, 3, 50.0) == (
+        "regularization",
+        "the iterate ball radius 1e+151 is too large for finite floating point: raise regularization or give "
+        "a smaller max_norm",
+    )
+    with pytest.raises(ValueError, match="too large"):
+        dp_gd_train(huge, x, y, 50, np.random.default_rng(0))
+    steep = DpGdConfig("squared", 0.1, 4, 1e300, 1.0, 1.0, radius=1.0)
+    assert finiteness_problem(steep, 3, 50.0) is not None
+    assert finiteness_problem(steep, 3, 50.0)[0] == "step_size"  # type: ignore[index]
+    with pytest.raises(ValueError, match="radius"):
+        DpGdConfig("squared", 0.1, 4, 1.0, 1.0, 1.0, radius=0.0)

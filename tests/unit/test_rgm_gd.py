@@ -20,11 +20,12 @@ from scipy import optimize
 from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve, epsilon_at_delta
 from mechanisms.base import ParamsError, PublicContext, best_affordable_cost
 from mechanisms.catalog import MECHANISMS
-from mechanisms.dp_gd import DpGdConfig, DpGdMechanism, DpGdParams, dp_gd_curve
+from mechanisms.dp_gd import DpGdConfig, DpGdMechanism, DpGdParams, default_radius, dp_gd_curve
 from mechanisms.relative_gaussian import (
     RelativeSensitivity,
     alpha_max,
     clip_rows,
+    project_to_ball,
     ridge_gradient,
     ridge_relative_sensitivity,
     ridge_relative_sensitivity_split,
@@ -38,15 +39,19 @@ from mechanisms.rgm_gd import (
     StopRule,
     auto_step_size,
     baseline_sigma,
+    bounded_records,
+    finiteness_problem,
     full_gradient,
     gamma_for_step,
     gamma_for_total,
+    gradient_bound,
     logistic_relative_sensitivity,
     model_objective,
     relative_sensitivity,
     rgm_gd_train,
     scale_curve,
     step_curve,
+    theta_bound,
 )
 from mechanisms.schema import DatasetSchema
 from tests.unit.test_relative_gaussian import _pair_quantities, _random_batch, _sup_ratio_over_theta
@@ -560,3 +565,194 @@ def test_exact_bound_charges_less_for_the_same_gamma() -> None:
     assert exact.at(2.0) < theorem1.at(2.0)
     finite = [a for a, v in zip(theorem1.orders, theorem1.values, strict=True) if math.isfinite(v)]
     assert finite == [a for a, v in zip(exact.orders, exact.values, strict=True) if math.isfinite(v)]
+
+
+# ----- projection onto the public ball and the finiteness check (docs/privacy_parts/rgm_gd.md §2.1) --------
+def test_project_to_ball() -> None:
+    rng = np.random.default_rng(12)
+    for _ in range(500):
+        d = int(rng.integers(1, 30))
+        theta = rng.normal(size=d) * 10 ** rng.uniform(-300, 307)
+        radius = float(10 ** rng.uniform(-5, 5))
+        projected = project_to_ball(theta, radius)
+        assert np.all(np.isfinite(projected))
+        norm = float(np.linalg.norm(projected / np.max(np.abs(projected)))) * np.max(np.abs(projected))
+        assert norm <= radius * (1 + (d + 4) * 2.0**-52)
+        inside = float(np.max(np.abs(theta))) * float(np.linalg.norm(theta / np.max(np.abs(theta)))) <= radius
+        if inside:
+            np.testing.assert_array_equal(projected, theta)
+        else:
+            assert norm == pytest.approx(radius, rel=1e-12)
+            cosine = float(projected @ (theta / np.max(np.abs(theta))))
+            assert cosine > 0  # same direction
+    np.testing.assert_array_equal(project_to_ball(np.zeros(3), 1.0), np.zeros(3))
+    np.testing.assert_allclose(project_to_ball(np.array([1.7e308, 1.7e308]), 2.0), [2**0.5, 2**0.5])
+    with pytest.raises(ValueError, match="finite"):
+        project_to_ball(np.array([math.inf]), 1.0)
+
+
+def test_theta_bound_contains_every_optimum() -> None:
+    """r ≥ ‖θ*‖: ridge is ``ridge_theta_bound``; logistic X·Y/λ against solved optima (random and the
+    separable extreme where every record pulls the same way) and the per-record gradient bound ‖∇ℓ_i‖ ≤ X."""
+    assert theta_bound("ridge", 0.1, 2.0) == ridge_theta_bound(0.1, 2.0, 1.0)
+    rng = np.random.default_rng(13)
+    for reg, x_max in [(0.01, 1.0), (1.0, 2.0), (10.0, 0.5)]:
+        bound = theta_bound("logistic", reg, x_max)
+        assert bound >= x_max / reg
+        worst = 0.0
+        for trial in range(40):
+            n, d = int(rng.integers(1, 6)), int(rng.integers(1, 4))
+            x = _unit_ball(rng.normal(size=(n, d)) * 3) * x_max
+            y = rng.choice([-1.0, 1.0], n)
+            if trial % 4 == 0:  # every record pushes along e₁ at full norm
+                x = np.zeros((n, d))
+                x[:, 0] = x_max
+                y = np.ones(n)
+            best = optimize.minimize(
+                lambda t, x=x, y=y, reg=reg: model_objective(t, x, y, "logistic", reg),
+                np.zeros(d),
+                jac=lambda t, x=x, y=y, reg=reg: full_gradient(t, x, y, "logistic", reg),
+                method="BFGS",
+                tol=1e-12,
+            )
+            worst = max(worst, float(np.linalg.norm(best.x)) / bound)
+            theta = rng.normal(size=d) * 10 ** rng.uniform(-2, 3)
+            scalars = -y / (1 + np.exp(y * (x @ theta)))
+            assert np.max(np.abs(scalars) * np.linalg.norm(x, axis=1)) <= x_max * (1 + 1e-12)
+        assert 0.01 < worst <= 1.0  # X·Y/λ is loose for small λ (θ* grows like log(1/λ) there)
+
+
+@pytest.mark.parametrize("model", ["ridge", "logistic"])
+def test_gradient_bound_on_the_ball(model: str) -> None:
+    rng = np.random.default_rng(14)
+    for reg, x_max in [(0.01, 1.0), (1.0, 3.0), (50.0, 0.2)]:
+        radius = theta_bound(model, reg, x_max)  # type: ignore[arg-type]
+        big_g = gradient_bound(model, reg, x_max, 1.0, radius)  # type: ignore[arg-type]
+        worst = 0.0
+        for _ in range(300):
+            n, d = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+            u = rng.normal(size=d)
+            theta = u / np.linalg.norm(u) * radius * rng.choice([1.0, rng.uniform()])
+            x = np.outer(np.ones(n), u / np.linalg.norm(u)) * x_max  # rows aligned with θ: the extreme case
+            if rng.random() < 0.5:
+                x = _unit_ball(rng.normal(size=(n, d)) * 3) * x_max
+            y = -np.ones(n) if model == "ridge" else rng.choice([-1.0, 1.0], n)
+            g = full_gradient(theta, x, y, model, reg)  # type: ignore[arg-type]
+            worst = max(worst, float(np.linalg.norm(g)) / big_g)
+        assert 0.5 < worst <= 1.0 + 1e-12
+
+
+def _service_params(**changes: object) -> RgmGdParams:
+    base: dict[str, object] = {"features": ("a", "b"), "label": "y", "regularization": 0.1, "steps": 5}
+    if not any(k in changes for k in ("target_epsilon", "gamma")):
+        base["gamma"] = 1e-3
+    return RgmGdParams.model_validate({**base, **changes})
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"regularization": 1e-300}, "regularization"),  # r = 1/(2√λ) = 5e149: d·(2r)² > 1e300
+        ({"model": "logistic", "label": "c", "regularization": 1e-296, "row_norm": 1.0}, "regularization"),
+        ({"regularization": 1e-280, "row_norm": 1e6, "gamma": 1.0}, "gamma"),  # γG² = 2.5e303
+        ({"regularization": 1e-250, "row_norm": 1e6, "gamma": 1e12, "step_size": 1e6}, "step_size"),
+    ],
+)
+def test_admission_refuses_parameters_that_could_overflow(changes: dict[str, object], field: str) -> None:
+    params = _service_params(**changes)
+    with pytest.raises(ParamsError) as info:
+        RgmGdMechanism().check(params, _ctx())
+    assert info.value.field == field
+    with pytest.raises(ParamsError):
+        RgmGdMechanism().worst_case(params, _ctx())
+
+
+def test_step_size_that_used_to_diverge_now_stays_in_the_ball() -> None:
+    """The reviewer's service-level path (step_size = 1e6 from θ₀ = 0): admitted, every released iterate in
+    the public ball, all steps run; the radius is released (public)."""
+    params = _service_params(step_size=1e6, steps=30, return_iterates=True)
+    release = RgmGdMechanism().run(params, _ctx(), _table(), np.random.default_rng(3))
+    radius = release.output["radius"]
+    assert radius == theta_bound("ridge", 0.1, 1.0)
+    iterates = np.asarray(release.output["iterates"])
+    assert iterates.shape == (30, 3)
+    assert np.all(np.isfinite(iterates))
+    assert np.max(np.linalg.norm(iterates, axis=1)) <= radius * (1 + 1e-12)
+
+
+def test_no_data_dependent_failure_at_extreme_admitted_parameters() -> None:
+    """Random admitted configurations at the edges of the parameter ranges (X up to 1e6, λ down to 1e-250,
+    γ up to 1e12, τ up to 1e6, huge public starts) on extreme neighbouring datasets (rows at full norm X,
+    aligned with θ₀ or not, labels ±Y): every run completes, finite, inside the ball."""
+    rng = np.random.default_rng(15)
+    ran = 0
+    for _ in range(400):
+        model = "ridge" if rng.random() < 0.5 else "logistic"
+        reg = float(10 ** rng.uniform(-250, 6))
+        x_max = float(10 ** rng.uniform(-2, 6))
+        gamma = float(10 ** rng.uniform(-8, 12))
+        n, d = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+        sens = relative_sensitivity(model, n, reg, x_max)  # type: ignore[arg-type]
+        try:
+            config = RgmGdConfig(
+                model, reg, 3, float(10 ** rng.uniform(-3, 6)), gamma, baseline_sigma(gamma, sens),  # type: ignore[arg-type]
+                feature_bound=x_max,
+            )
+        except ValueError:
+            continue  # σ overflowed or underflowed: refused at admission (gamma), data never read
+        if finiteness_problem(config, n, d) is not None:
+            continue
+        unit = rng.normal(size=d)
+        direction = unit / np.linalg.norm(unit)
+        theta0 = direction * 10 ** rng.uniform(0, 300)
+        for x in (np.outer(np.ones(n), direction) * x_max, -np.outer(np.ones(n), direction) * x_max):
+            for label in (1.0, -1.0):
+                result = rgm_gd_train(config, x, np.full(n, label), np.random.default_rng(0), theta0=theta0)
+                assert result.steps_run == 3
+                assert np.all(np.isfinite(result.iterates))
+                norms = np.linalg.norm(result.iterates, axis=1)
+                assert np.max(norms) <= config.projection_radius * (1 + 1e-9)
+        ran += 1
+    assert ran > 100
+
+
+def test_bounded_records_is_a_per_record_map_onto_the_declared_bounds() -> None:
+    x = np.array([[3.0, 4.0], [0.3, 0.4], [1e300, 1e300], [math.inf, 0.0], [math.nan, 1.0], [0.0, 0.0]])
+    y = np.array([2.0, -0.5, -math.inf, math.nan, 1.0, -3.0])
+    rows, labels = bounded_records(x, y, 1.0, 1.0)
+    np.testing.assert_allclose(rows[0], [0.6, 0.8], rtol=1e-15)
+    np.testing.assert_array_equal(rows[1], x[1])
+    np.testing.assert_allclose(rows[2], [2**-0.5, 2**-0.5], rtol=1e-15)
+    np.testing.assert_array_equal(rows[3:], np.zeros((3, 2)))
+    np.testing.assert_array_equal(labels, [1.0, -0.5, -1.0, 0.0, 1.0, -1.0])
+    # non-finite records do not make training fail: the same run on D and on D with a broken record
+    sens = relative_sensitivity("ridge", 6, 0.5, 1.0)
+    config = RgmGdConfig("ridge", 0.5, 4, 0.5, 1e-2, baseline_sigma(1e-2, sens))
+    result = rgm_gd_train(config, x, y, np.random.default_rng(0))
+    assert np.all(np.isfinite(result.iterates))
+
+
+def test_dp_gd_mechanism_projection_radius_and_max_norm() -> None:
+    ctx = _ctx()
+    mechanism = DpGdMechanism()
+    base = {"features": ("a", "b"), "label": "c", "steps": 10, "noise_multiplier": 2.0}
+    default = mechanism.run(DpGdParams.model_validate(base), ctx, _table(), np.random.default_rng(0))
+    assert default.output["radius"] == default_radius("logistic", 0.01, 1.0, 1.0)
+    assert default.output["radius"] >= 1.0 / 0.01
+    unregularised = DpGdParams.model_validate({**base, "regularization": 0.0})
+    with pytest.raises(ParamsError) as info:
+        mechanism.check(unregularised, ctx)
+    assert info.value.field == "max_norm"
+    bounded = unregularised.model_copy(update={"max_norm": 3.0, "step_size": 1e6, "return_iterates": True})
+    mechanism.check(bounded, ctx)
+    release = mechanism.run(bounded, ctx, _table(), np.random.default_rng(1))
+    assert release.output["radius"] == 3.0
+    iterates = np.asarray(release.output["iterates"])
+    assert np.all(np.isfinite(iterates))
+    assert np.max(np.linalg.norm(iterates, axis=1)) <= 3.0 * (1 + 1e-12)
+    assert release.realized == mechanism.worst_case(bounded, ctx)  # projection changes no charge
+    mechanism.check(unregularised.model_copy(update={"max_norm": 1e12, "step_size": 1e6}), ctx)  # finite
+    tiny = DpGdParams.model_validate({**base, "model": "ridge", "label": "y", "regularization": 1e-300})
+    with pytest.raises(ParamsError) as info:
+        mechanism.check(tiny, ctx)
+    assert info.value.field == "regularization"
