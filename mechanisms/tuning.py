@@ -37,7 +37,10 @@ is touched (note §4.4).
 
 Secrets (note §6.1): the latent k, the keep bits, which and how many candidates ran, their outputs and
 timings. Nothing here returns them except ``sample_kept`` (a sampler for tests and simulations; the
-service never calls it directly and never exposes its result).
+service never calls it directly and never exposes its result). The service mechanism always pads: every
+candidate runs whatever k is (dropped ones are discarded), and noise-free shared work (the ERM minimiser
+per λ) is done before k is drawn, so the amount of work does not depend on k; ``pad_to_worst_case_time``
+must be true (privacy part §4: the run count voids Theorem 11, and what remains of the timing channel).
 
 Numerics (note §6.4): k is drawn by inversion (⌊E/ε′⌋ for the geometric latent, E/ε′ for the exponential
 one, E ~ Exp(1)); candidate i is kept iff an independent E_i ~ Exp(1) satisfies E_i ≥ c_i·k, which has
@@ -59,9 +62,17 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, mode
 
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
-from mechanisms.learning import FeatureSpec, check_features, design_matrix
+from mechanisms.learning import FeatureSpec, check_features, design_matrix, dimension
 from mechanisms.schema import CategoricalColumn
-from mechanisms.tuning_candidates import LEARNERS, CandidateConfig, LearnerName, split_rows
+from mechanisms.tuning_candidates import (
+    LEARNERS,
+    CandidateConfig,
+    LearnerName,
+    PublicShape,
+    objpert_candidate_config,
+    objpert_sigma,
+    split_rows,
+)
 
 Latent = Literal["geometric", "exponential"]
 
@@ -417,7 +428,8 @@ def algorithm3(
 
     ``run_candidate(i)`` returns (key, output): the key must be a data-independent function of M_i's DP
     output (note §6.3). With ``pad`` every dropped candidate is run too and its result discarded, so the
-    amount of work does not depend on the latent (closes the gross timing channel; docs). ``progress``
+    amount of work does not depend on the latent (closes the gross timing channel; docs). ``TuningSelect``
+    always pads; ``pad=False`` is for simulations, where nobody observes the time. ``progress``
     is called after every candidate (a heartbeat; the fraction is secret and must not be shown).
     """
     c = _check_drop(drop)
@@ -525,7 +537,9 @@ class TuningParams(BaseModel):
         default=0.2, ge=0.01, le=0.9, allow_inf_nan=False, description="share of rows held out for scoring"
     )
     pad_to_worst_case_time: StrictBool = Field(
-        default=False, description="run every candidate (discarding dropped ones) to hide the latent k"
+        default=True,
+        description="must be true (the default): every candidate runs, dropped ones are discarded, so the "
+        "work does not reveal the secret latent k; false is refused (the run count voids the charge)",
     )
 
     @model_validator(mode="after")
@@ -569,7 +583,6 @@ class TuningParams(BaseModel):
         return [config for config in self.grid() for _ in range(self.repeats)]
 
 
-
 def noise_sd(noise: dict[str, Any]) -> float:
     """Standard deviation of the score noise from its public description (Laplace: √2·scale)."""
     if noise["distribution"] == "laplace":
@@ -599,6 +612,14 @@ class TuningPlan:
     bottom: np.ndarray
     worst: RdpCurve
     holdout: int
+    shape: PublicShape
+
+
+PAD_REFUSAL = (
+    "must be true: the number of candidates that ran is a function of the secret latent k, and the elapsed "
+    "time reveals it; revealing it voids the charge of Theorem 11 (2ε + ε′ becomes up to n·ε), so every "
+    "candidate always runs"
+)
 
 
 class TuningSelect:
@@ -628,6 +649,27 @@ class TuningSelect:
             raise ParamsError("learner", "pure mode needs candidates with a pure ε guarantee")
         if p.order is not None and p.order not in ctx.orders:
             raise ParamsError("order", f"must be one of the dataset's orders {list(ctx.orders)}")
+        if not p.pad_to_worst_case_time:
+            raise ParamsError("pad_to_worst_case_time", PAD_REFUSAL)
+        if p.learner == "objpert.logistic":
+            assert p.order is not None
+            shape = self.shape(p, ctx)
+            for config in p.grid():
+                try:
+                    objpert_sigma(config.epsilon, config.reg, p.order)
+                except ValueError as exc:
+                    raise ParamsError("epsilons", str(exc)) from exc
+                try:  # τ = max(1e-6, 2 × the public minimum): the certified stop is always reachable
+                    objpert_candidate_config(config.epsilon, config.reg, p.order, shape.d, shape.n_train)
+                except ValueError as exc:
+                    raise ParamsError("regularization", str(exc)) from exc
+
+    @staticmethod
+    def shape(p: TuningParams, ctx: PublicContext) -> PublicShape:
+        """The public sizes: n_t = n − ⌊h·n⌋ training rows, m = ⌊h·n⌋ held-out rows, d design columns."""
+        assert ctx.n_rows is not None
+        holdout = math.floor(p.holdout_fraction * ctx.n_rows)
+        return PublicShape(ctx.n_rows - holdout, holdout, dimension(p.features, ctx))
 
     def plan(self, params: BaseModel, ctx: PublicContext) -> TuningPlan:
         """The public plan (list, drop parameters, every outcome's charge); no data is read."""
@@ -637,16 +679,17 @@ class TuningSelect:
         learner = LEARNERS[p.learner]
         candidates = p.candidates()
         drop = np.array([config.epsilon for config in candidates])
-        holdout = math.floor(p.holdout_fraction * ctx.n_rows)
+        shape = self.shape(p, ctx)
+        holdout = shape.n_hold
         orders = tuple(ctx.orders)
         if p.mode == "pure":
             per = pure_charges(drop, p.epsilon_prime)
             charges = np.repeat(per[:, None], len(orders), axis=1)
             bottom = np.zeros(len(orders))
             worst = RdpCurve.from_pure(float(per.max()), orders)
-            return TuningPlan(candidates, drop, charges, bottom, worst, holdout)
+            return TuningPlan(candidates, drop, charges, bottom, worst, holdout, shape)
         try:
-            curves = {config: learner.curve(config, orders, p.order) for config in p.grid()}
+            curves = {config: learner.curve(config, orders, p.order, shape) for config in p.grid()}
         except ValueError as exc:
             raise ParamsError("epsilons", str(exc)) from exc
         rdp = np.array([curves[config].values for config in candidates])
@@ -655,7 +698,7 @@ class TuningSelect:
         charges = table.per_drop[:, [index[float(c)] for c in drop]].T
         worst_values = np.maximum(table.bottom, charges.max(axis=0))
         worst = RdpCurve(orders, tuple(float(v) for v in worst_values))
-        return TuningPlan(candidates, drop, charges, table.bottom, worst, holdout)
+        return TuningPlan(candidates, drop, charges, table.bottom, worst, holdout, shape)
 
     def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
         return self.plan(params, ctx).worst
@@ -686,6 +729,13 @@ class TuningSelect:
         learner = LEARNERS[p.learner]
         x, y = design_matrix(p.features, ctx, table, learner.task)
         split = split_rows(x, y, plan.holdout, rng)
+        if (
+            split.x_train.shape != (plan.shape.n_train, plan.shape.d)
+            or split.x_hold.shape[0] != plan.shape.n_hold
+        ):
+            raise RuntimeError("the data does not have the public shape the charge was computed for")
+        # noise-free shared work (ERM minimisers) before the latent is drawn: its time does not depend on k
+        learner.prepare(p.grid(), split, lambda _fraction: progress(0.0))
         n = len(plan.candidates)
         done = [0]
 
@@ -707,7 +757,7 @@ class TuningSelect:
             "geometric" if p.mode == "pure" else "exponential",
             run_candidate,
             rng,
-            pad=p.pad_to_worst_case_time,
+            pad=True,  # always: the work must not depend on k (check refuses pad_to_worst_case_time=false)
             progress=progress,
         )
         realized = self.realized(p, plan, selection.index)

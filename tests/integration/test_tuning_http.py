@@ -1,10 +1,11 @@
 """``tuning.select`` over HTTP on SQLite and PostgreSQL: 202, secret progress, release and charge; a crash.
 
 * A tuning request is long-running: with ``wait_seconds = 0`` the POST answers 202 with a Location; polling
-  ``GET /v1/requests/{rid}`` shows the state and the elapsed time only (``progress`` stays null: the amount
-  of work reveals the latent k, note §6.1); the final body carries the release (selected configuration,
-  model, private score, charge, or ⊥) and the realized charge, which is ≤ the worst case and is exactly what
-  the budget shows as spent.
+  ``GET /v1/requests/{rid}`` shows the state and the request's times only (``progress`` stays null: the
+  amount of work would reveal the latent k, note §6.1; every candidate always runs, so the times do not,
+  and ``pad_to_worst_case_time: false`` is refused with 422 before anything is reserved); the final body
+  carries the release (selected configuration, model, private score, charge, or ⊥) and the realized
+  charge, which is ≤ the worst case and is exactly what the budget shows as spent.
 * Worker crash mid-tuning (real ``expost serve`` processes): the server is SIGKILLed while the request is
   running; a restarted server's reaper commits the worst case once the lease expires, and nothing is
   released.
@@ -214,6 +215,21 @@ class TestTuningOverHttp:
         assert response.status_code == 422, response.text
         assert "pure" in response.text
         assert get_budget(world.viewer, world.dataset_id)["pure"]["reserved"] == 0.0
+
+    def test_turning_padding_off_is_refused_before_anything_is_reserved(
+        self, tuning_server: LiveServer
+    ) -> None:
+        """Padding is always on: the run count (a function of the secret k) would show in the times."""
+        world = make_world(tuning_server, PURE_BUDGET)
+        params = {**PURE_PARAMS, "pad_to_worst_case_time": False}
+        response = world.request(world.analyst, params, mechanism="tuning.select")
+        assert response.status_code == 422, response.text
+        fields = [error["field"] for error in response.json().get("errors", [])]
+        assert fields == ["params.pad_to_worst_case_time"], response.text
+        assert "latent" in response.text
+        budget = get_budget(world.viewer, world.dataset_id)
+        assert budget["pure"]["reserved"] == 0.0
+        assert budget["pure"]["spent"] == 0.0
 
 
 # ----- a worker crash mid-tuning (real server processes) ---------------------------------------------------

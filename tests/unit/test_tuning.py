@@ -34,9 +34,12 @@ from mechanisms.tuning import (
 from mechanisms.tuning_candidates import (
     LEARNERS,
     CandidateConfig,
+    PublicShape,
     output_perturbation_l2,
     solve_erm,
 )
+
+SHAPE = PublicShape(n_train=1600, n_hold=400, d=5)
 
 
 # ----- §7.1 closed forms -----------------------------------------------------------------------------------
@@ -453,7 +456,7 @@ def test_erm_solver_reaches_its_tolerance_and_the_sensitivity_holds() -> None:
 def test_dp_gd_candidate_is_calibrated_at_the_order() -> None:
     learner = LEARNERS["dp_gd.logistic"]
     config = CandidateConfig(0.3, 0.01, 50, 1.0, 1.0)
-    curve = learner.curve(config, DEFAULT_ORDERS, 32.0)
+    curve = learner.curve(config, DEFAULT_ORDERS, 32.0, SHAPE)
     by_order = dict(zip(curve.orders, curve.values, strict=True))
     assert by_order[32.0] <= 0.3
     assert by_order[32.0] == pytest.approx(0.3, rel=1e-6)
@@ -599,7 +602,7 @@ def test_schema_dependent_refusals() -> None:
 
 def test_objpert_candidate_plugs_in_calibrated_at_the_order() -> None:
     learner = LEARNERS["objpert.logistic"]
-    curve = learner.curve(CandidateConfig(0.3, 10.0), DEFAULT_ORDERS, 32.0)
+    curve = learner.curve(CandidateConfig(0.3, 10.0), DEFAULT_ORDERS, 32.0, SHAPE)
     by_order = dict(zip(curve.orders, curve.values, strict=True))
     assert by_order[32.0] <= 0.3
     assert by_order[32.0] == pytest.approx(0.3, rel=1e-6)  # the bisection lands on the target
@@ -694,3 +697,149 @@ def test_dp_gd_compute_limit() -> None:
         _params(**common, repeats=6)  # 100 ε × 6 copies × 10 000 steps = 6e6 > 5e6
     ok = _params(**common, repeats=5)  # exactly 5e6
     assert len(ok.candidates()) == 500
+
+
+# ----- the run count is not a function of k (padding is always on) ------------------------------------------
+def test_padding_cannot_be_turned_off() -> None:
+    assert _params().pad_to_worst_case_time is True
+    assert TuningParams.model_json_schema()["properties"]["pad_to_worst_case_time"]["default"] is True
+    with pytest.raises(ParamsError, match="latent") as refused:
+        TuningSelect().check(_params(pad_to_worst_case_time=False), _ctx())
+    assert refused.value.field == "pad_to_worst_case_time"
+    TuningSelect().check(_params(pad_to_worst_case_time=True), _ctx())  # explicit true stays accepted
+
+
+@pytest.mark.parametrize("learner", ["output_perturbation.logistic", "objpert.logistic"])
+def test_service_runs_every_candidate_whatever_k(learner: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over many draws of k (kept counts 0 … n), every candidate runs, in list order, once per request."""
+    import mechanisms.tuning as tuning_module
+
+    target = LEARNERS[learner]
+    original = target.fit_and_score
+    calls: list[int] = []
+    kept_counts: set[int] = set()
+    original_sample = tuning_module.sample_kept
+
+    def counting_fit(config: CandidateConfig, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return original(config, *args, **kwargs)
+
+    def recording_sample(*args: Any, **kwargs: Any) -> Any:
+        mask = original_sample(*args, **kwargs)
+        kept_counts.add(int(mask.sum()))
+        return mask
+
+    monkeypatch.setattr(target, "fit_and_score", counting_fit)
+    monkeypatch.setattr(tuning_module, "sample_kept", recording_sample)
+    changes: dict[str, Any] = {"epsilons": [0.5, 1.0, 2.0], "regularization": [10.0], "repeats": 2}
+    if learner == "objpert.logistic":
+        changes.update(learner=learner, mode="rdp", order=32.0, epsilons=[2.0, 3.0, 4.0], epsilon_prime=1.0)
+    params, ctx = _params(**changes), _ctx(600)
+    rng = np.random.default_rng(21)
+    table = _table(600, rng)
+    for _ in range(12):
+        calls.clear()
+        TuningSelect().run(params, ctx, table, rng)
+        assert len(calls) == 6  # the worst-case work, whatever the latent
+    assert len(kept_counts) >= 2  # k did vary
+
+
+def test_erm_minimisers_are_solved_before_the_latent_is_drawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    import mechanisms.tuning as tuning_module
+    import mechanisms.tuning_candidates as candidates_module
+
+    events: list[str] = []
+    original_solve, original_sample = candidates_module.solve_erm, tuning_module.sample_kept
+
+    def recording_solve(*args: Any, **kwargs: Any) -> Any:
+        events.append("solve")
+        return original_solve(*args, **kwargs)
+
+    def recording_sample(*args: Any, **kwargs: Any) -> Any:
+        events.append("draw k")
+        return original_sample(*args, **kwargs)
+
+    monkeypatch.setattr(candidates_module, "solve_erm", recording_solve)
+    monkeypatch.setattr(tuning_module, "sample_kept", recording_sample)
+    rng = np.random.default_rng(22)
+    beats: list[float] = []
+    TuningSelect().run(
+        _params(regularization=[0.01, 0.1, 1.0]), _ctx(600), _table(600, rng), rng, beats.append
+    )
+    assert events == ["solve", "solve", "solve", "draw k"]  # one per λ, all before k
+    assert len(beats) >= 3 + 18  # heartbeats from the solver and after every candidate
+
+
+def test_erm_solver_sends_a_heartbeat_per_newton_iteration() -> None:
+    rng = np.random.default_rng(23)
+    x = rng.normal(size=(500, 3))
+    x /= np.linalg.norm(x, axis=1)[:, None]
+    y = np.where(x[:, 0] >= 0, 1.0, -1.0)
+    beats: list[float] = []
+    solve_erm(x, y, 1e-6, "classification", 0.01 / 500, beats.append)
+    assert 3 <= len(beats) <= 30
+    assert set(beats) == {0.0}  # a heartbeat carries no secret fraction
+
+
+# ----- objpert candidates: the public float-rounding guard (minimum_tolerance) ------------------------------
+@pytest.mark.parametrize(("n", "reg"), [(2_000, 10.0), (50_000, 1.0), (500_000, 1.0), (500_000, 1000.0)])
+def test_objpert_candidate_tolerance_clears_the_public_minimum(n: int, reg: float) -> None:
+    from mechanisms.objective_perturbation import minimum_tolerance, objpert_curve
+    from mechanisms.tuning_candidates import OBJPERT_TOLERANCE, objpert_candidate_config
+
+    params = _params(
+        learner="objpert.logistic", mode="rdp", order=8.0, epsilons=[1.0, 2.0], regularization=[reg]
+    )
+    mechanism, ctx = TuningSelect(), _ctx(n)
+    mechanism.check(params, ctx)
+    plan = mechanism.plan(params, ctx)
+    shape = plan.shape
+    assert (shape.n_train, shape.n_hold, shape.d) == (n - n // 5, n // 5, 5)
+    for config in params.grid():
+        op = objpert_candidate_config(config.epsilon, config.reg, 8.0, shape.d, shape.n_train)
+        needed = minimum_tolerance(reg, op.sigma, 1.0, shape.d, shape.n_train)
+        assert op.tau >= max(OBJPERT_TOLERANCE, 2.0 * needed)
+        assert 0.99 * op.tau >= 10.0 * op.stopping_bounds(shape.n_train, shape.d).public_slack(shape.d)
+        assert op.max_rows == shape.n_train
+        # the plan's curve is the curve of exactly this configuration (same τ, hence same σ_out)
+        curve = LEARNERS["objpert.logistic"].curve(config, ctx.orders, 8.0, shape)
+        assert curve.at(8.0) <= config.epsilon
+        assert objpert_curve(op, ctx.orders) <= curve
+
+
+def test_objpert_candidate_fits_with_the_planned_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """50 000 rows at λ = 1 (every run failed before the guard): the fit uses the plan's τ and converges."""
+    import mechanisms.tuning_candidates as candidates_module
+    from mechanisms.tuning_candidates import objpert_candidate_config
+
+    seen: list[Any] = []
+    original = candidates_module.fit_objpert
+
+    def recording(x: np.ndarray, y: np.ndarray, config: Any, *args: Any) -> Any:
+        seen.append(config)
+        return original(x, y, config, *args)
+
+    monkeypatch.setattr(candidates_module, "fit_objpert", recording)
+    n = 50_000
+    params = _params(
+        learner="objpert.logistic",
+        mode="rdp",
+        order=8.0,
+        epsilons=[1.0],
+        regularization=[1.0],
+        epsilon_prime=1.0,
+    )
+    mechanism, ctx = TuningSelect(), _ctx(n)
+    rng = np.random.default_rng(24)
+    release = mechanism.run(params, ctx, _table(n, rng), rng)  # no ObjPertDidNotConverge
+    assert release.realized <= mechanism.worst_case(params, ctx)
+    assert seen == [objpert_candidate_config(1.0, 1.0, 8.0, 5, n - n // 5)] * 3  # 3 repeats, all padded
+    assert seen[0].tau > 1e-6  # raised above ObjPertConfig's default by the public guard
+
+
+def test_objpert_without_a_usable_tolerance_is_refused() -> None:
+    """n_t·d/λ beyond float64 precision: no τ clears the rounding slack; refused naming the field."""
+    params = _params(learner="objpert.logistic", mode="rdp", order=8.0, epsilons=[1.0], regularization=[1.0])
+    with pytest.raises(ParamsError, match="regularization") as refused:
+        TuningSelect().check(params, _ctx(10**14))
+    assert refused.value.field == "regularization"
