@@ -152,8 +152,9 @@ def key_of(client: httpx.Client) -> str:
 
 
 def app_for(sessions: sessionmaker[Session], data_dir: Path) -> Any:
-    """What ``service.sessions.ask`` needs of the application context (its sessions and table cache)."""
-    return cast(Any, SimpleNamespace(sessions=sessions, tables=TableCache(data_dir)))
+    """What ``service.sessions.ask`` needs of the application context (sessions, table cache, settings)."""
+    settings = SimpleNamespace(session_ttl_seconds=3600.0)
+    return cast(Any, SimpleNamespace(sessions=sessions, tables=TableCache(data_dir), settings=settings))
 
 
 def laplace_session(
