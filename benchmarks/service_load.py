@@ -1,20 +1,30 @@
-"""Service load: requests/s and latency of the real server, on PostgreSQL, with 1 and 2 server processes.
+"""Service load and scale-out: throughput and latency of the real server and queue workers, on PostgreSQL.
 
-For each process count, ``expost serve --workers N`` runs as a subprocess on a fresh PostgreSQL database
-(migrated and keyed with the real CLI). A closed-loop load generator (asyncio + one keep-alive
-``httpx.AsyncClient``, ``--clients`` concurrent loops) hits, for ``--warmup`` then ``--duration`` seconds:
+Three sections, each on a fresh PostgreSQL database (migrated and keyed with the real CLI), with a
+closed-loop load generator (asyncio, one keep-alive ``httpx.AsyncClient`` per loop, ``--clients``
+concurrent loops) running for ``--warmup`` then ``--duration`` seconds:
 
-  (a) ``GET /healthz``: no authentication, no database: the ceiling of the same app and server stack;
-  (b) ``POST /v1/datasets/{id}/requests``: a Laplace count with ε = 1e-6 against a pure budget of ε = 1e6,
-      so nothing is refused: authentication, validation, admission + reservation (``SELECT … FOR UPDATE``
-      on the one filter row), the worker pool, commit + release (second locked transaction), response.
+1. **API processes** (``--processes``, default 1 2 4): ``expost serve --workers N``, in-process executor.
+   (a) ``GET /healthz``: no authentication, no database: the ceiling of the same app and server stack;
+   (b) ``POST /v1/datasets/{id}/requests``: a cheap Laplace count (ε = 1e-6, against a pure budget of
+       ε = 1e6, so nothing is refused), run inline: authentication, validation, admission + reservation
+       (``SELECT … FOR UPDATE`` on the filter rows), commit + release (second locked transaction).
+2. **Queue workers** (``--workers``, default 1 2 4): one API process with ``EXPOST_EXECUTOR=queue`` and N
+   ``expost worker --queue --threads 1`` processes (Dramatiq on Redis). Heavy requests: ``bench.busy_count``
+   burns ``--busy`` seconds of one core (CPU-bound; pure Python, holds the GIL) and ``bench.sleepy_count``
+   waits ``--busy`` seconds (I/O-bound), then releases a Laplace count. Clients: ``--heavy-clients``, each
+   POSTs and gets the release in the same response (the API waits for the worker's commit).
+3. **One filter row vs many** (at the smallest and the largest ``--processes``): cheap requests all on one
+   dataset vs spread over ``--datasets`` datasets (client i uses dataset i mod D): how far one filter row
+   goes.
 
-Only requests completed inside the measured window count. Every (b) response must be 200 and
-``committed``; afterwards the budget must show exactly (number of releases) × 1e-6 spent and nothing
-reserved, and ``expost ledger verify`` must exit 0. The load generator runs on the same machine as the
-server (``cpu_count`` is recorded), so on a small machine the client competes with the server for CPU.
+Scaling efficiency = throughput(k) / (k · throughput(1)). Only requests completed inside the measured window
+count. Every request response must be 200 and ``committed``; afterwards every dataset's budget must show
+exactly (number of releases) × 1e-6 spent and nothing reserved, and ``expost ledger verify`` must exit 0.
+The load generator, PostgreSQL, Redis and the workers share the machine (``cpu_count`` and the load
+average are recorded), so on a small machine they compete for CPU. Rate limits are off for the run.
 
-    .venv/bin/python benchmarks/service_load.py [--duration 15] [--warmup 3] [--clients 32]
+    .venv/bin/python benchmarks/service_load.py [--duration 10] [--warmup 3] [--clients 32] [--quick]
 """
 
 from __future__ import annotations
@@ -41,10 +51,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pg_database import DEFAULT_URL, fresh_database
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPOST = str(Path(sys.executable).with_name("expost"))
+# Server and worker processes run the real CLI through this script, which first adds the two benchmark
+# mechanisms (bench.busy_count, bench.sleepy_count) to the catalog of that process only.
+EXPOST_CMD = [sys.executable, str(Path(__file__).resolve()), "--as-expost"]
+REDIS_URL = os.environ.get("EXPOST_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 DEFAULT_OUTPUT = ROOT / "benchmarks" / "results" / "service_load.json"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 REQUEST_EPSILON = 1e-6
@@ -114,13 +127,13 @@ def cpu_seconds(pid: int) -> float:
 class Server:
     """``expost serve`` in its own process group; ``stop()`` terminates the group, then kills it."""
 
-    def __init__(self, env: dict[str, str], workdir: Path, processes: int) -> None:
+    def __init__(self, env: dict[str, str], workdir: Path, processes: int, tag: str = "") -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log_path = workdir / f"server-{processes}.log"
+        self.log_path = workdir / f"server-{tag}{processes}.log"
         self.processes = processes
         with self.log_path.open("wb") as log:
-            command = [EXPOST, "serve", "--host", "127.0.0.1", "--port", str(self.port),
+            command = [*EXPOST_CMD, "serve", "--host", "127.0.0.1", "--port", str(self.port),
                        "--workers", str(processes)]
             self.proc = subprocess.Popen(
                 command, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -183,6 +196,36 @@ class Server:
                     os.kill(pid, signal.SIGKILL)
 
 
+class Worker:
+    """``expost worker --queue --threads 1`` in its own process group."""
+
+    def __init__(self, env: dict[str, str], workdir: Path, index: int) -> None:
+        self.log_path = workdir / f"worker-{index}.log"
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [*EXPOST_CMD, "worker", "--queue", "--threads", "1", "--interval", "5"], env=env, cwd=workdir,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while "worker consuming queue" not in self.log_path.read_text(errors="replace"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker not ready: {self.log_path.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=20)
+
+
 def _is_server(pid: int) -> bool:
     """Skip multiprocessing helpers (e.g. the resource tracker) among the supervisor's children."""
     try:
@@ -215,6 +258,10 @@ class Measurement:
     loadavg_1min_after: float = 0.0  # other work on the machine shows up here
     connections_per_process: dict[str, int] = field(default_factory=dict)  # pid -> client connections
     machine_cpu_cores: float = 0.0  # busy cores of the whole machine (server, client, PostgreSQL, others)
+    section: str = "api"  # api | queue | datasets
+    workers: int = 0  # queue workers (section queue)
+    datasets: int = 1  # datasets the clients spread over
+    worker_cpu_cores_per_process: list[float] = field(default_factory=list)
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -226,8 +273,9 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 
 async def run_load(
-    server: Server, endpoint: str, method: str, path: str, headers: dict[str, str], body: Any | None,
-    check: Callable[[httpx.Response], bool], clients: int, warmup: float, duration: float,
+    server: Server, endpoint: str, method: str, path: str | Callable[[int], str], headers: dict[str, str],
+    body: Any | None, check: Callable[[httpx.Response], bool], clients: int, warmup: float, duration: float,
+    extra_pids: list[int] | None = None,
 ) -> Measurement:
     latencies: list[float] = []
     sent = failures = 0
@@ -246,10 +294,11 @@ async def run_load(
         nonlocal sent, failures
         await asyncio.sleep(i * min(0.05, warmup / (2 * clients)))
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        target = path(i) if callable(path) else path
         async with httpx.AsyncClient(base_url=server.base_url, headers=headers, limits=limits,
-                                     timeout=30, verify=TLS) as client:
+                                     timeout=120, verify=TLS) as client:
             while (begin := time.perf_counter()) < window_end:  # bounded by the clock
-                response = await client.request(method, path, json=body)
+                response = await client.request(method, target, json=body)
                 end = time.perf_counter()
                 sent += 1
                 if not check(response):
@@ -261,12 +310,15 @@ async def run_load(
 
     async def sample_cpu() -> None:
         pids = server.server_pids()
+        others = extra_pids or []
         await asyncio.sleep(max(0.0, window_start - time.perf_counter()))
         cpu["before"] = [cpu_seconds(p) for p in pids], time.process_time(), time.perf_counter()
+        cpu["workers_before"] = [cpu_seconds(p) for p in others]
         cpu["machine_before"] = machine_busy_seconds()
         cpu["connections"] = server.connections_per_process()
         await asyncio.sleep(max(0.0, window_end - time.perf_counter()))
         cpu["after"] = [cpu_seconds(p) for p in pids], time.process_time(), time.perf_counter()
+        cpu["workers_after"] = [cpu_seconds(p) for p in others]
         cpu["machine_after"] = machine_busy_seconds()
         cpu["loadavg"] = os.getloadavg()[0]
 
@@ -286,6 +338,9 @@ async def run_load(
         client_cpu_cores=(client_after - client_before) / wall, loadavg_1min_after=cpu["loadavg"],
         connections_per_process=cpu["connections"],
         machine_cpu_cores=(cpu["machine_after"] - cpu["machine_before"]) / wall,
+        worker_cpu_cores_per_process=[
+            (b - a) / wall for a, b in zip(cpu["workers_before"], cpu["workers_after"], strict=True)
+        ],
     )
 
 
@@ -324,9 +379,20 @@ def check_budget(base_url: str, admin_key: str, dataset_id: str, releases: int) 
             "pure_reserved": view["pure"]["reserved"]}
 
 
-def run_configuration(
+def request_body(mechanism: str) -> dict[str, Any]:
+    return {"mechanism": mechanism, "params": {"query": {"kind": "count"}, "epsilon": REQUEST_EPSILON}}
+
+
+def server_errors(*logs: Path) -> list[str]:
+    lines = [line for log in logs for line in log.read_text(errors="replace").splitlines()
+             if "Traceback" in line or "unhandled error" in line or "mechanism failed" in line]
+    return lines[:20]
+
+
+def run_api_configuration(
     env: dict[str, str], workdir: Path, processes: int, keys: dict[str, str], args: argparse.Namespace,
 ) -> tuple[list[Measurement], dict[str, Any]]:
+    """Section 1: the healthz ceiling and cheap requests with ``processes`` API processes."""
     server = Server(env, workdir, processes)
     try:
         server.wait_ready()
@@ -337,19 +403,90 @@ def run_configuration(
         ))
         requests = asyncio.run(run_load(
             server, "POST /v1/datasets/{id}/requests", "POST", f"/v1/datasets/{dataset_id}/requests",
-            {"Authorization": f"Bearer {keys['analyst']}"},
-            {"mechanism": "laplace", "params": {"query": {"kind": "count"}, "epsilon": REQUEST_EPSILON}},
+            {"Authorization": f"Bearer {keys['analyst']}"}, request_body("laplace"),
             committed, args.clients, args.warmup, args.duration,
         ))
         releases = requests.total_sent - requests.failures
         budget = check_budget(server.base_url, keys["admin"], dataset_id, releases)
-        log = server.log_tail(100_000)
-        errors = [line for line in log.splitlines() if "Traceback" in line or "unhandled error" in line]
-        check = {"processes": processes, "releases": releases, "budget": budget,
-                 "server_log_errors": errors[:20]}
+        check = {"section": "api", "processes": processes, "releases": releases, "budget": budget,
+                 "server_log_errors": server_errors(server.log_path)}
         return [ceiling, requests], check
     finally:
         server.stop()
+
+
+def run_datasets_configuration(
+    env: dict[str, str], workdir: Path, processes: int, datasets: int, keys: dict[str, str],
+    args: argparse.Namespace,
+) -> tuple[Measurement, dict[str, Any]]:
+    """Section 3: cheap requests spread over ``datasets`` filter rows."""
+    server = Server(env, workdir, processes, tag=f"datasets{datasets}-")
+    try:
+        server.wait_ready()
+        ids = [setup_dataset(server.base_url, keys["admin"], "load-analyst") for _ in range(datasets)]
+        measured = asyncio.run(run_load(
+            server, f"POST requests over {datasets} dataset(s)", "POST",
+            lambda i: f"/v1/datasets/{ids[i % datasets]}/requests",
+            {"Authorization": f"Bearer {keys['analyst']}"}, request_body("laplace"),
+            committed, args.clients, args.warmup, args.duration,
+        ))
+        measured.section, measured.datasets = "datasets", datasets
+        with client_for(server.base_url, keys["admin"]) as admin:
+            spent = sum(admin.get(f"/v1/datasets/{d}/budget").json()["pure"]["spent"] for d in ids)
+        releases = measured.total_sent - measured.failures
+        expected = releases * REQUEST_UNITS / UNITS_PER_EPSILON
+        budget = {"ok": abs(spent - expected) < 1e-12 * max(1, releases), "pure_spent": spent,
+                  "expected_spent": expected}
+        check = {"section": "datasets", "datasets": datasets, "releases": releases, "budget": budget,
+                 "server_log_errors": server_errors(server.log_path)}
+        return measured, check
+    finally:
+        server.stop()
+
+
+def run_queue_configuration(
+    env: dict[str, str], workdir: Path, workers: int, mechanism: str, keys: dict[str, str],
+    args: argparse.Namespace,
+) -> tuple[Measurement, dict[str, Any]]:
+    """Section 2: heavy requests through the Dramatiq queue with ``workers`` worker processes."""
+    queue_env = {**env, "EXPOST_EXECUTOR": "queue", "EXPOST_BROKER_URL": REDIS_URL,
+                 "EXPOST_QUEUE_NAME": f"bench-{os.getpid()}-{mechanism}-{workers}",
+                 "EXPOST_WAIT_SECONDS": "120", "EXPOST_LEASE_SECONDS": "300"}
+    server = Server(queue_env, workdir, 1, tag=f"queue-{mechanism}-{workers}-")
+    pool = [Worker(queue_env, workdir, i) for i in range(workers)]
+    try:
+        server.wait_ready()
+        for worker in pool:
+            worker.wait_ready()
+        dataset_id = setup_dataset(server.base_url, keys["admin"], "load-analyst")
+        measured = asyncio.run(run_load(
+            server, f"POST {mechanism}", "POST", f"/v1/datasets/{dataset_id}/requests",
+            {"Authorization": f"Bearer {keys['analyst']}"}, request_body(mechanism),
+            committed, args.heavy_clients, args.warmup, args.duration,
+            extra_pids=[w.proc.pid for w in pool],
+        ))
+        measured.section, measured.workers = "queue", workers
+        releases = measured.total_sent - measured.failures
+        budget = check_budget(server.base_url, keys["admin"], dataset_id, releases)
+        check = {"section": "queue", "mechanism": mechanism, "workers": workers, "releases": releases,
+                 "budget": budget,
+                 "server_log_errors": server_errors(server.log_path, *(w.log_path for w in pool))}
+        return measured, check
+    finally:
+        for worker in pool:
+            worker.stop()
+        server.stop()
+        purge_queue(queue_env["EXPOST_QUEUE_NAME"])
+
+
+def purge_queue(queue: str) -> None:
+    import redis
+
+    with contextlib.suppress(redis.RedisError):
+        client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+        keys = list(client.scan_iter(f"expost-tasks:{queue}*"))
+        if keys:
+            client.delete(*keys)
 
 
 def source_digest(package: Path) -> str:
@@ -361,29 +498,105 @@ def source_digest(package: Path) -> str:
 
 
 def print_table(results: list[Measurement]) -> None:
-    header = (f"{'endpoint':34} {'procs':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'failures':>8} "
-              f"{'server cpu (per process)':>24} {'client cpu':>10} {'machine cpu':>11} "
-              f"{'conns/process':>13}")
+    header = (f"{'endpoint':38} {'procs':>5} {'wkrs':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+              f"{'fail':>5} {'api cpu (per process)':>22} {'worker cpu':>16} {'machine cpu':>11}")
     print(header)
     print("-" * len(header))
     for m in results:
         split = "+".join(f"{c:.2f}" for c in m.server_cpu_cores_per_process)
-        conns = "/".join(str(c) for c in m.connections_per_process.values()) or "?"
-        print(f"{m.endpoint:34} {m.processes:>5} {m.requests_per_s:>9.1f} {m.p50_ms:>8.2f} {m.p99_ms:>8.2f} "
-              f"{m.failures:>8} {split:>24} {m.client_cpu_cores:>10.2f} {m.machine_cpu_cores:>11.2f} "
-              f"{conns:>13}")
+        workers = "+".join(f"{c:.2f}" for c in m.worker_cpu_cores_per_process) or "-"
+        print(f"{m.endpoint:38} {m.processes:>5} {m.workers:>4} {m.requests_per_s:>9.1f} {m.p50_ms:>8.2f} "
+              f"{m.p99_ms:>8.2f} {m.failures:>5} {split:>22} {workers:>16} {m.machine_cpu_cores:>11.2f}")
+
+
+def efficiency(rates: dict[int, float]) -> dict[str, float | None]:
+    """throughput(k) / (k · throughput(1)) for every k measured (None without a k = 1 baseline)."""
+    base = rates.get(1)
+    return {str(k): (rate / (k * base) if base else None) for k, rate in sorted(rates.items())}
+
+
+def per_worker_core(results: list[Measurement], endpoint: str) -> dict[str, float | None]:
+    """Requests per worker CPU-second at k workers, relative to k = 1: how much of the CPU the workers got
+    turned into requests. Unlike throughput efficiency it does not depend on how many cores other
+    processes left to the workers (on a shared machine, the dominant effect)."""
+    rate = {m.workers: m.requests_per_s / sum(m.worker_cpu_cores_per_process)
+            for m in results if m.endpoint == endpoint and sum(m.worker_cpu_cores_per_process) > 0}
+    base = rate.get(1)
+    return {str(k): (r / base if base else None) for k, r in sorted(rate.items())}
+
+
+def register_bench_mechanisms() -> None:
+    """Add the two heavy benchmark mechanisms to this process's catalog (Laplace counts that first burn
+    CPU or wait; same worst case and realized curve as ``laplace``)."""
+    from typing import ClassVar
+
+    import numpy as np
+    from pydantic import BaseModel
+
+    from mechanisms.base import PublicContext, Release, Table
+    from mechanisms.catalog import MECHANISMS
+    from mechanisms.laplace import Laplace
+
+    seconds = float(os.environ.get("EXPOST_BENCH_BUSY", "0.2"))
+
+    class BusyCount(Laplace):
+        name: ClassVar[str] = "bench.busy_count"
+
+        def run(
+            self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator
+        ) -> Release:
+            end, x = time.thread_time() + seconds, 0
+            while time.thread_time() < end:
+                for i in range(10_000):
+                    x ^= i * i
+            return super().run(params, ctx, table, rng)
+
+    class SleepyCount(Laplace):
+        name: ClassVar[str] = "bench.sleepy_count"
+
+        def run(
+            self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator
+        ) -> Release:
+            time.sleep(seconds)
+            return super().run(params, ctx, table, rng)
+
+    MECHANISMS.setdefault(BusyCount.name, BusyCount())
+    MECHANISMS.setdefault(SleepyCount.name, SleepyCount())
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--as-expost"]:  # a server or worker process of the benchmark
+        sys.path.insert(0, str(ROOT))
+        register_bench_mechanisms()
+        from service.cli import app
+
+        app(args=argv[1:], prog_name="expost")
+        return 0
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from pg_database import DEFAULT_URL, fresh_database
+
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=float, default=15.0, help="measured seconds per endpoint")
+    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per configuration")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each window")
-    parser.add_argument("--clients", type=int, default=32, help="concurrent closed-loop clients")
-    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2], help="server process counts")
+    parser.add_argument("--clients", type=int, default=32, help="concurrent closed-loop clients (cheap)")
+    parser.add_argument("--heavy-clients", type=int, default=8, help="concurrent clients (heavy requests)")
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4], help="API process counts")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4], help="queue worker counts")
+    parser.add_argument("--busy", type=float, default=0.2, help="seconds of work per heavy request")
+    parser.add_argument("--datasets", type=int, default=16, help="datasets for the many-filters run")
+    parser.add_argument("--sections", nargs="+", default=["api", "queue", "datasets"],
+                        choices=["api", "queue", "datasets"])
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run (seconds, not minutes)")
     parser.add_argument("--postgres-url", default=DEFAULT_URL, help="server to create the database on")
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON results")
+    parser.add_argument("--output", type=Path, default=None, help="JSON results")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.duration, args.warmup, args.clients, args.heavy_clients = 1.0, 0.5, 4, 2
+        args.processes, args.workers, args.busy, args.datasets = [1], [1], 0.05, 2
+    if args.output is None:
+        args.output = DEFAULT_OUTPUT.with_name("service_load_quick.json") if args.quick else DEFAULT_OUTPUT
     if args.duration <= 0 or args.warmup < 0 or args.clients < 1 or min(args.processes) < 1:
         parser.error("need --duration > 0, --warmup ≥ 0, --clients ≥ 1 and --processes ≥ 1")
 
@@ -398,26 +611,60 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("EXPOST_")},
+            "PYTHONPATH": str(ROOT),
             "EXPOST_DATABASE_URL": url,
             "EXPOST_DATA_DIR": str(workdir / "data"),
             "EXPOST_LOG_LEVEL": "INFO",  # the default; wait_ready needs the startup lines
+            "EXPOST_RATE_LIMIT": "",  # measure the service, not the limiter
+            "EXPOST_RATE_LIMIT_REPORTS": "",
+            "EXPOST_BENCH_BUSY": str(args.busy),
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
         }
         cli(env, workdir, "migrate")
         keys = {role: create_key(env, workdir, role) for role in ("admin", "analyst")}
-        for processes in args.processes:
-            measured, check = run_configuration(env, workdir, processes, keys, args)
-            results += measured
-            checks.append(check)
-            print(f"... {processes} process(es) done", file=sys.stderr)
+        if "api" in args.sections:
+            for processes in args.processes:
+                measured, check = run_api_configuration(env, workdir, processes, keys, args)
+                results += measured
+                checks.append(check)
+                print(f"... {processes} API process(es) done", file=sys.stderr)
+        if "queue" in args.sections:
+            for mechanism in ("bench.busy_count", "bench.sleepy_count"):
+                for workers in args.workers:
+                    measured_q, check = run_queue_configuration(env, workdir, workers, mechanism, keys, args)
+                    results.append(measured_q)
+                    checks.append(check)
+                    print(f"... {mechanism} with {workers} worker(s) done", file=sys.stderr)
+        if "datasets" in args.sections:
+            for processes in sorted({min(args.processes), max(args.processes)}):
+                for datasets in sorted({1, args.datasets}):
+                    measured_d, check = run_datasets_configuration(
+                        env, workdir, processes, datasets, keys, args
+                    )
+                    results.append(measured_d)
+                    checks.append(check)
+                    print(f"... {datasets} dataset(s) on {processes} process(es) done", file=sys.stderr)
         verify = subprocess.run([EXPOST, "ledger", "verify"], env=env, cwd=workdir, capture_output=True,
                                 text=True, timeout=600, check=False)
 
+    def rates(endpoint: str, key: str) -> dict[int, float]:
+        return {getattr(m, key): m.requests_per_s for m in results if m.endpoint == endpoint}
+
+    scaling = {
+        "api_cheap_requests": efficiency(rates("POST /v1/datasets/{id}/requests", "processes")),
+        "api_healthz": efficiency(rates("GET /healthz", "processes")),
+        "queue_cpu_bound": efficiency(rates("POST bench.busy_count", "workers")),
+        "queue_io_bound": efficiency(rates("POST bench.sleepy_count", "workers")),
+        "queue_cpu_bound_requests_per_worker_core": per_worker_core(results, "POST bench.busy_count"),
+    }
     ratios = {}
     for processes in args.processes:
-        by_endpoint = {m.endpoint: m for m in results if m.processes == processes}
-        ceiling, real = by_endpoint["GET /healthz"], by_endpoint["POST /v1/datasets/{id}/requests"]
-        ratios[str(processes)] = (real.requests_per_s / ceiling.requests_per_s
-                                  if ceiling.requests_per_s else None)
+        by_endpoint = {m.endpoint: m for m in results if m.processes == processes and m.section == "api"}
+        if {"GET /healthz", "POST /v1/datasets/{id}/requests"} <= set(by_endpoint):
+            ceiling, real = by_endpoint["GET /healthz"], by_endpoint["POST /v1/datasets/{id}/requests"]
+            ratios[str(processes)] = (real.requests_per_s / ceiling.requests_per_s
+                                      if ceiling.requests_per_s else None)
     ok = (all(m.failures == 0 for m in results) and all(c["budget"]["ok"] for c in checks)
           and not any(c["server_log_errors"] for c in checks) and verify.returncode == 0)
     report = {
@@ -427,11 +674,15 @@ def main(argv: list[str] | None = None) -> int:
                     "python": platform.python_version(), "loadavg_1min_before": loadavg_before},
         "service_sha256": digest_before,
         "service_changed_during_run": source_digest(ROOT / "service") != digest_before,
-        "note": "load generator and server share the machine; cpu figures are cores used (CPU s / wall s)",
+        "note": "load generator, server, workers, PostgreSQL and Redis share the machine; cpu figures are "
+                "cores used (CPU s / wall s)",
         "settings": {"duration_s": args.duration, "warmup_s": args.warmup, "clients": args.clients,
-                     "processes": args.processes, "database": "postgresql",
+                     "heavy_clients": args.heavy_clients, "processes": args.processes,
+                     "workers": args.workers, "busy_s": args.busy, "datasets": args.datasets,
+                     "quick": args.quick, "database": "postgresql",
                      "request_epsilon": REQUEST_EPSILON, "budget_epsilon": 1e6},
         "results": [asdict(m) for m in results],
+        "scaling_efficiency": scaling,
         "ratio_requests_to_healthz": ratios,
         "checks": checks,
         "ledger_verify": {"exit_code": verify.returncode, "output": verify.stdout.strip()[-500:]},
@@ -440,12 +691,14 @@ def main(argv: list[str] | None = None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
 
-    print(f"cpu_count={os.cpu_count()}  clients={args.clients}  duration={args.duration}s "
-          f"(+{args.warmup}s warm-up)  database=PostgreSQL")
+    print(f"cpu_count={os.cpu_count()}  clients={args.clients}/{args.heavy_clients}  "
+          f"duration={args.duration}s (+{args.warmup}s warm-up)  database=PostgreSQL  "
+          f"loadavg before={loadavg_before:.2f}")
     print_table(results)
-    for processes, ratio in ratios.items():
-        print(f"ratio requests/healthz at {processes} process(es): "
-              + ("n/a" if ratio is None else f"{ratio:.3f}"))
+    for name, values in scaling.items():
+        if values:
+            shown = "  ".join(f"k={k}: {'n/a' if v is None else f'{v:.2f}'}" for k, v in values.items())
+            print(f"scaling efficiency {name:20} {shown}")
     output = verify.stdout.strip()
     verdict = output.splitlines()[-1] if output else verify.stderr.strip()[-200:]
     print(f"budget checks: {[c['budget']['ok'] for c in checks]}  ledger verify: exit {verify.returncode} "

@@ -10,6 +10,8 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as SqlAlchemyTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import metrics
@@ -19,7 +21,9 @@ from service.db.migrate import ensure_migrated
 from service.errors import PROBLEM_JSON, ServiceError
 from service.logs import configure_logging, failure_fields
 from service.middleware import ObservabilityMiddleware
+from service.ratelimit import GuardMiddleware
 from service.routers import dashboard, datasets, health, keys, mechanisms, requests, sessions
+from service.routers.reports import router as reports_router
 from service.schemas import ERROR_RESPONSES, Problem
 
 log = structlog.get_logger("expost")
@@ -92,6 +96,24 @@ def install_error_handlers(app: FastAPI) -> None:
             headers=getattr(exc, "headers", None),
         )
 
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(SqlAlchemyTimeout)
+    async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        # The database is unreachable, restarting or overloaded: a transient 503 the client may retry
+        # (POSTs with the same Idempotency-Key); every transaction is atomic, so nothing was half-written.
+        log.warning("database unavailable", path=request.url.path, **failure_fields(exc))
+        return problem_response(
+            503,
+            {
+                "type": "/problems/unavailable",
+                "title": "Service unavailable",
+                "status": 503,
+                "detail": "the database is unavailable; retry later (with the same Idempotency-Key)",
+                "instance": request.url.path,
+            },
+            headers={"Retry-After": "1"},
+        )
+
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("unhandled error", path=request.url.path, **failure_fields(exc))
@@ -138,6 +160,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_openapi(app)
     for module in (health, keys, datasets, requests, sessions, mechanisms, dashboard):
         app.include_router(module.router, responses=ERROR_RESPONSES)
+    app.include_router(reports_router, responses=ERROR_RESPONSES)
     app.mount("/metrics", metrics.asgi_app(app))  # with PROMETHEUS_MULTIPROC_DIR: every process
+    app.add_middleware(GuardMiddleware, settings=settings)  # per-key rate limits, body size limits
     app.add_middleware(ObservabilityMiddleware)  # request id, access log, HTTP latency
     return app

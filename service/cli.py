@@ -119,15 +119,27 @@ def serve(
 
 @app.command()
 def worker(
-    interval: Annotated[float, typer.Option(help="seconds between passes")] = 15.0,
-    once: Annotated[bool, typer.Option(help="run one pass and exit")] = False,
+    interval: Annotated[float, typer.Option(help="seconds between reaper passes")] = 15.0,
+    once: Annotated[bool, typer.Option(help="run one reaper pass and exit (no task consumption)")] = False,
+    queue: Annotated[
+        bool | None,
+        typer.Option(
+            "--queue/--no-queue",
+            help="consume the task queue (default: when EXPOST_EXECUTOR=queue)",
+            show_default=False,
+        ),
+    ] = None,
+    threads: Annotated[int, typer.Option(min=1, help="task threads in this process (queue mode)")] = 1,
 ) -> None:
-    """Maintenance worker: commit the worst case of requests whose worker was lost, close expired sessions.
+    """Worker: run queued requests (EXPOST_EXECUTOR=queue) and reap lost ones.
 
-    Every API process already does this in the background; a separate worker keeps it going when the API
-    is scaled to zero. (The distributed executor for mechanisms arrives with the scale-out work.)
+    In queue mode it consumes request ids from the Dramatiq queue on EXPOST_BROKER_URL, claims each
+    request in the database (a lease), runs it and settles it once; start as many as you like, on any
+    machine that reaches the database and the broker. In every mode it also commits the worst case of
+    requests whose lease expired (a lost worker) and closes expired sessions, every ``--interval`` seconds.
     """
-    import time
+    import signal
+    import threading
 
     from service.requests import reap_expired
     from service.sessions import expire_sessions
@@ -135,12 +147,33 @@ def worker(
     settings = get_settings()
     configure_logging(settings.log_level, settings.log_json)
     sessions = _sessions()
-    while True:
+    consume = (settings.executor == "queue") if queue is None else queue
+    if once:
         reaped, expired = reap_expired(sessions), expire_sessions(sessions)
         typer.echo(f"reaped {reaped} requests, closed {expired} expired sessions")
-        if once:
-            return
-        time.sleep(interval)
+        return
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    consumer = None
+    if consume:
+        from service.queue import QueueWorker
+
+        consumer = QueueWorker(settings, threads)
+        consumer.start()
+        typer.echo(f"worker consuming queue {settings.queue_name!r} with {threads} thread(s)")
+    try:
+        while not stop.is_set():
+            try:
+                reaped, expired = reap_expired(sessions), expire_sessions(sessions)
+                if reaped or expired or not consume:
+                    typer.echo(f"reaped {reaped} requests, closed {expired} expired sessions")
+            except Exception as exc:  # e.g. the database restarting: try again next pass
+                typer.echo(f"reaper pass failed: {type(exc).__name__}", err=True)
+            stop.wait(interval)
+    finally:
+        if consumer is not None:
+            consumer.stop()
 
 
 @keys_app.command("create")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -18,6 +19,9 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path("./var/data"), description="where uploaded datasets are stored")
     wait_seconds: float = Field(10.0, ge=0, description="how long a POST waits for its release before 202")
     max_upload_bytes: int = Field(50 * 1024 * 1024, gt=0)
+    max_body_bytes: int = Field(
+        1024 * 1024, gt=0, description="largest non-upload (JSON) request body; larger ones get 413"
+    )
     worker_threads: int = Field(4, ge=1, description="in-process executor pool size")
     lease_seconds: float = Field(300.0, gt=0, description="after this a running request is reaped")
     reaper_interval_seconds: float = Field(15.0, gt=0)
@@ -28,6 +32,26 @@ class Settings(BaseSettings):
     session_ttl_seconds: float = Field(3600.0, gt=0, description="an open session closes itself after this")
     auth_cache_seconds: float = Field(5.0, ge=0, description="how long a verified API key is cached")
     pool_size: int = Field(10, ge=1)
+    executor: Literal["inprocess", "queue"] = Field(
+        "inprocess",
+        description="inprocess: a thread pool in each API process; queue: a Dramatiq task queue served by "
+        "`expost worker` processes (on any machine sharing the database and the broker)",
+    )
+    broker_url: str = Field("redis://127.0.0.1:6379/0", description="the task queue's Redis URL")
+    queue_name: str = Field("expost", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Dramatiq queue name")
+    heartbeat_seconds: float = Field(
+        1.0, ge=0, description="long-running runs renew their lease at most this often (via progress)"
+    )
+    rate_limit: str = Field(
+        "6000/minute;300/second",
+        description="per API key, per process (`limits` notation, ';'-separated); empty disables it",
+    )
+    rate_limit_reports: str = Field(
+        "60/minute", description="stricter per-key limit for POST /v1/requests/{rid}/privacy-report"
+    )
+    rate_limit_storage: str = Field(
+        "memory://", description="`limits` storage URI: memory:// (per process) or redis://… (shared)"
+    )
     log_json: bool = False
     log_level: str = "INFO"
 

@@ -57,7 +57,18 @@ class AppContext:
         engine = make_engine(settings.database_url, settings.pool_size)
         sessions = make_sessionmaker(engine)
         tables = TableCache(settings.data_dir)
-        executor = InProcessExecutor(lambda rid: run_request(sessions, tables, rid), settings.worker_threads)
+        executor: Executor
+        if settings.executor == "queue":
+            from service.queue import QueueExecutor
+
+            executor = QueueExecutor(settings)
+        else:
+            executor = InProcessExecutor(
+                lambda rid: run_request(
+                    sessions, tables, rid, settings.lease_seconds, settings.heartbeat_seconds
+                ),
+                settings.worker_threads,
+            )
         return cls(settings, engine, sessions, tables, executor, WriteBatcher(sessions))
 
     def start_reaper(self) -> threading.Thread:

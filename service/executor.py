@@ -1,7 +1,9 @@
-"""Executors run admitted requests. The in-process one is a thread pool inside the API process.
+"""Executors run admitted requests: a thread pool in the API process, or a distributed task queue.
 
 An executor never decides budget: admission and commit happen in database transactions
-(``service.requests``); the executor only calls ``run_request(request_id)`` somewhere.
+(``service.requests``); the executor only gets ``run_request(request_id)`` called somewhere. The queue
+executor (``service.queue``) sends just the request id to a Dramatiq queue; ``expost worker`` processes
+claim the request in the database (a lease), run it and settle it once.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ from service import metrics
 
 
 class Executor(Protocol):
-    def submit(self, request_id: str) -> Future[None]: ...
+    def submit(self, request_id: str) -> Future[None]:
+        """Hand the request over; raises RuntimeError when it cannot (shutting down, broker down)."""
+        ...
 
     def shutdown(self) -> None: ...
 
 
 class InProcessExecutor:
-    def __init__(self, run: Callable[[str], None], threads: int) -> None:
+    def __init__(self, run: Callable[[str], object], threads: int) -> None:
         self._run = run
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="expost-worker")
 

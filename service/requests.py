@@ -4,24 +4,34 @@ States: running → committed | failed_charged (and aborted when refused before 
 Reservation and commit are separate transactions, each holding the dataset filter's row lock; the
 release is stored in the same transaction that commits the realized charge, so a release never leaves
 before its debit is durable. A request whose worker dies is reaped: its worst case is committed.
+
+Workers (in-process threads or distributed queue workers, ``service.queue``) get only a request id. A
+worker first **claims** the request: one conditional UPDATE sets ``lease_owner`` where it is NULL, so of
+two deliveries or two workers exactly one runs it; the other returns without reading the data. The
+claimed lease is renewed by the heartbeat of long-running mechanisms (their ``progress`` callback); the
+settlement commits once (it is a no-op when the request is no longer running), and the reaper commits the
+worst case of any request whose lease expired, claimed or not.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import wait
-from dataclasses import dataclass
+from concurrent.futures import Future, wait
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import structlog
 from pydantic import BaseModel, ValidationError
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import RdpCurve, UnitsVector
@@ -29,8 +39,10 @@ from mechanisms.base import (
     InteractiveMechanism,
     Mechanism,
     ParamsError,
+    ProgressFn,
     PublicContext,
     best_affordable_cost,
+    is_long_running,
 )
 from mechanisms.catalog import MECHANISMS
 from service import budget, ledger, metrics
@@ -68,6 +80,7 @@ class Validated:
     worst_case: RdpCurve
     charge: UnitsVector
     kind: str = "request"
+    inline: bool = False  # runs in the admitting thread: admitted already claimed by this process
 
 
 def validate(session: Session, principal: Principal, dataset_id: str, name: str, raw: Any) -> Validated:
@@ -205,6 +218,8 @@ def _reserve_locked(
         created_at=now,
         updated_at=now,
         lease_expires_at=now + timedelta(seconds=lease),
+        lease_owner=worker_id() if v.inline else None,
+        started_at=now if v.inline else None,
     )
     RequestRepository(session).add(request)
     for flt in filters:
@@ -340,16 +355,79 @@ def settle(
     return locked[1]
 
 
-def abort(session: Session, ref: RequestRef, reason: str) -> bool:
-    """Release a reservation without charge. Only for requests whose data was provably never read."""
+def abort(session: Session, ref: RequestRef, reason: str, unclaimed_only: bool = False) -> bool:
+    """Release a reservation without charge. Only for requests whose data was provably never read.
+
+    ``unclaimed_only``: only if no worker has claimed it (a task that may have reached a queue): a
+    worker's claim needs the request running, so after this abort no worker can start it.
+    """
     with session.begin():
         locked = _lock_running(session, ref)
-        if locked is None:
+        if locked is None or (unclaimed_only and locked[1].lease_owner is not None):
             return False
         filters, request = locked
         _end_reservation(session, filters, request, None, "abort", {"reason": reason})
         request.state, request.error = "aborted", reason
     return True
+
+
+_PROCESS_ID = f"{socket.gethostname()[:30]}:{os.getpid()}"
+
+
+def worker_id() -> str:
+    """Names the claimant of a lease: host, process and a random part (unique per claim)."""
+    return f"{_PROCESS_ID}:{uuid.uuid4().hex[:12]}"[:64]
+
+
+class LeaseLost(Exception):
+    """Raised from a heartbeat when the request was settled (e.g. reaped) meanwhile: stop the run."""
+
+
+class Heartbeat:
+    """The ``progress`` callback of a long-running run: at most every ``interval`` seconds it renews the
+    request's lease (so a live run is never reaped) and stores the fraction when ``public``.
+
+    Raises :class:`LeaseLost` when the request is no longer running under this lease; the run is then
+    abandoned (its charge was already committed by whoever settled it).
+    """
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        request_id: str,
+        lease_seconds: float,
+        owner: str | None,
+        public: bool,
+        interval: float = 1.0,
+    ) -> None:
+        self.sessions, self.request_id, self.lease_seconds = sessions, request_id, lease_seconds
+        self.owner, self.public, self.interval = owner, public, interval
+        self.beats = 0
+        self._last = -float("inf")
+        self._lock = threading.Lock()
+
+    def __call__(self, fraction: float) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < self.interval:
+                return
+            self._last = now
+        self.beat(fraction)
+
+    def beat(self, fraction: float | None = None) -> None:
+        progress = None
+        if self.public and fraction is not None and np.isfinite(fraction):
+            progress = float(min(1.0, max(0.0, fraction)))
+        until = datetime.now(UTC) + timedelta(seconds=self.lease_seconds)
+        try:
+            with self.sessions() as session, session.begin():
+                renewed = RequestRepository(session).renew(self.request_id, self.owner, until, progress)
+        except DBAPIError as exc:  # e.g. a database restart: keep working; the next beat tries again
+            log.warning("heartbeat failed", request_id=self.request_id, **failure_fields(exc))
+            return
+        self.beats += 1
+        if not renewed:
+            raise LeaseLost(self.request_id)
 
 
 def execute(
@@ -359,18 +437,26 @@ def execute(
     context: PublicContext,
     tables: TableCache,
     worst: RdpCurve | None = None,
+    progress: ProgressFn | None = None,
 ) -> tuple[RdpCurve | None, dict[str, Any] | None, str | None]:
     """Read the data and run with fresh noise from the OS CSPRNG: (realized, output, error).
 
-    Any failure after this point is charged the worst case: the data may have been read.
+    A long-running mechanism (``mechanisms.base.LongRunningMechanism``) gets ``progress``, normally a
+    :class:`Heartbeat`. Any failure after this point is charged the worst case: the data may have been read.
     """
     try:
         worst = worst or mechanism.worst_case(params, context)
         table = tables.get(dataset, context.schema)
         rng = np.random.default_rng(np.random.SeedSequence(secrets.randbits(128)))
-        result = mechanism.run(params, context, table, rng)
+        if is_long_running(mechanism) and progress is not None:
+            result = mechanism.run(params, context, table, rng, progress=progress)  # type: ignore[call-arg]
+        else:
+            result = mechanism.run(params, context, table, rng)
         if not result.realized <= worst:
             raise AssertionError("realized charge exceeds the worst case")
+    except LeaseLost:
+        log.warning("lease lost during the run; its settlement is discarded", dataset_id=dataset.id)
+        return None, None, "the worker lost its lease; its worst case was charged"
     except Exception as exc:
         log.error(
             "mechanism failed after reading data; charging the worst case",
@@ -381,31 +467,98 @@ def execute(
     return result.realized, result.output, None
 
 
-def run_request(sessions: sessionmaker[Session], tables: TableCache, request_id: str) -> None:
-    """Worker body for the two-transaction path: run, then settle (idempotent if already reaped)."""
+SettleFn = Callable[["RequestRef", RdpCurve | None, dict[str, Any] | None, str | None], object]
+
+
+def claim(sessions: sessionmaker[Session], request_id: str, owner: str, lease_seconds: float) -> bool:
+    """Take the request for ``owner`` (atomic conditional update); False if anyone else has it, it is
+    settled, or its lease already expired (the reaper will charge it)."""
+    now = datetime.now(UTC)
+    with sessions() as session, session.begin():
+        until = now + timedelta(seconds=lease_seconds)
+        return RequestRepository(session).claim(request_id, owner, now, until)
+
+
+def run_request(
+    sessions: sessionmaker[Session],
+    tables: TableCache,
+    request_id: str,
+    lease_seconds: float = 300.0,
+    heartbeat_seconds: float = 1.0,
+    settle_fn: SettleFn | None = None,
+) -> str:
+    """Worker body: claim, run (with a heartbeat for long-running mechanisms), settle once.
+
+    Returns what happened: ``"settled"``, ``"duplicate"`` (someone else claimed it or it is no longer
+    running: nothing was read, nothing charged), ``"lost"`` (settled by someone else, e.g. the reaper,
+    while this run went on: its output is discarded), ``"unrunnable"`` (this worker does not know the
+    mechanism or its parameters: aborted without charge if nobody claimed it) or ``"missing"``.
+    """
     with sessions() as session:
         request = RequestRepository(session).get(request_id)
-        if request is None or request.state != "running":
-            return
+        if request is None:
+            return "missing"
+        if request.state != "running":
+            return "duplicate"
         dataset = dataset_by_id(session, request.dataset_id)
         assert dataset is not None
-    mechanism = MECHANISMS[request.mechanism]
-    params = mechanism.params_model.model_validate(request.params)
-    realized, output, error = execute(dataset, mechanism, params, public_context(dataset), tables)
-    with sessions() as session:
-        settle(session, RequestRef.of(request), realized, output, error)
+    mechanism = MECHANISMS.get(request.mechanism)
+    try:
+        if mechanism is None:
+            raise LookupError(f"unknown mechanism {request.mechanism!r}")
+        params = mechanism.params_model.model_validate(request.params)
+    except (LookupError, ValidationError) as exc:  # e.g. a worker of another version: nothing read yet
+        log.error("this worker cannot run the request", request_id=request_id, **failure_fields(exc))
+        with sessions() as session:
+            abort(session, RequestRef.of(request), "no worker could run this request; nothing was charged",
+                  unclaimed_only=True)
+        return "unrunnable"
+    owner = worker_id()
+    if not claim(sessions, request_id, owner, lease_seconds):
+        log.info("request already claimed or settled; not running it", request_id=request_id)
+        return "duplicate"
+    heartbeat = None
+    if is_long_running(mechanism):
+        public = bool(getattr(mechanism, "progress_is_public", False))
+        heartbeat = Heartbeat(sessions, request_id, lease_seconds, owner, public, heartbeat_seconds)
+    realized, output, error = execute(
+        dataset, mechanism, params, public_context(dataset), tables, progress=heartbeat
+    )
+    ref = RequestRef.of(request)
+    if settle_fn is not None:
+        settled = settle_fn(ref, realized, output, error)
+    else:
+        with sessions() as session:
+            settled = settle(session, ref, realized, output, error)
+    return "lost" if settled is None else "settled"
+
+
+def _lock_expired(
+    session: Session, ref: RequestRef, now: datetime
+) -> tuple[list[PrivacyFilter], AnalysisRequest] | None:
+    """Like ``_lock_running`` but also re-checks, under the locks, that the lease is still expired (a
+    heartbeat may have renewed it since the reaper listed it)."""
+    locked = _lock_running(session, ref)
+    if locked is None:
+        return None
+    expires = locked[1].lease_expires_at
+    return locked if expires is not None and expires < now else None
 
 
 def reap_expired(sessions: sessionmaker[Session]) -> int:
     """Commit the worst case of running requests whose lease expired (a crashed worker)."""
+    now = datetime.now(UTC)
     with sessions() as session:
-        running = RequestRepository(session).expired_running(datetime.now(UTC), kind="request")
+        running = RequestRepository(session).expired_running(now, kind="request")
         expired = [RequestRef.of(r) for r in running]
     reaped = 0
     for ref in expired:
-        with sessions() as session:
-            lost = "the worker was lost; its worst case was charged"
-            reaped += settle(session, ref, None, None, lost) is not None
+        with sessions() as session, session.begin():
+            locked = _lock_expired(session, ref, now)
+            if locked is None:
+                continue
+            _settle_locked(session, *locked, None, None, "the worker was lost; its worst case was charged")
+            reaped += 1
     if reaped:
         log.warning("reaped expired requests", count=reaped)
     return reaped
@@ -437,14 +590,17 @@ def submit(
 ) -> AnalysisRequest:
     """Validate (read-only), admit + reserve (one durable transaction), run, settle, respond.
 
-    Cheap mechanisms (``settings.inline_mechanisms``) run in the request's thread; others go to the
-    executor and the response waits up to the wait window (else 202).
+    Cheap mechanisms (``settings.inline_mechanisms``) run in the request's thread; others (and every
+    long-running mechanism) go to the executor and the response waits up to the wait window (else 202).
     """
     started = time.monotonic()
     with ctx.sessions() as session:
         validated = validate(session, principal, dataset_id, mechanism, params)
+    inline = mechanism in ctx.settings.inline_mechanisms and not is_long_running(validated.mechanism)
     try:
-        request, created = ctx.writer.admit(principal, validated, key, ctx.settings.lease_seconds)
+        request, created = ctx.writer.admit(
+            principal, replace(validated, inline=inline), key, ctx.settings.lease_seconds
+        )
     except (BudgetExhausted, NoBudget) as exc:
         metrics.REQUESTS.labels(mechanism, "refused").inc()
         metrics.refused(exc, "request")
@@ -457,8 +613,8 @@ def submit(
         mechanism=mechanism,
         analyst=principal.name,
     )
-    if created and mechanism in ctx.settings.inline_mechanisms:
-        # The reservation is durable; run in this thread (no executor hop), then settle.
+    if created and inline:
+        # The reservation is durable and this process holds the lease; run here, then settle.
         v = validated
         assert isinstance(v.mechanism, Mechanism)
         realized, output, error = execute(
@@ -469,11 +625,17 @@ def submit(
             return settled
     elif created:
         try:
-            future = ctx.executor.submit(request.id)
-        except RuntimeError:  # the executor is shutting down: the data was never read
+            future: Future[None] | None = ctx.executor.submit(request.id)
+        except RuntimeError:  # the executor is shutting down or the broker is unreachable
             with ctx.sessions() as session:
-                abort(session, RequestRef.of(request), "the service was shutting down; nothing was charged")
-            raise ServiceUnavailable("the service is shutting down; retry later") from None
-        wait([future], timeout=ctx.settings.wait_seconds)
+                aborted = abort(
+                    session, RequestRef.of(request), "the request could not be queued; nothing was charged",
+                    unclaimed_only=True,
+                )
+            if aborted:
+                raise ServiceUnavailable("the service cannot run requests now; retry later") from None
+            future = None  # a worker got it after all: wait for its release
+        if future is not None:
+            wait([future], timeout=ctx.settings.wait_seconds)
     remaining = max(0.0, ctx.settings.wait_seconds - (time.monotonic() - started))
     return wait_settled(ctx.sessions, request.id, remaining)

@@ -127,3 +127,12 @@ class RequestOut(BaseModel):
     error: str | None
     created_at: datetime
     updated_at: datetime
+    started_at: datetime | None = Field(None, description="when a worker started running it")
+    elapsed_seconds: float = Field(
+        description="seconds since submission, until now while running, else until it was settled"
+    )
+    progress: float | None = Field(
+        None,
+        description="fraction done of a long-running mechanism, only when its progress is public "
+        "(otherwise only the state and the elapsed time are shown)",
+    )

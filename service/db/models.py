@@ -152,6 +152,12 @@ class AnalysisRequest(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Set by the worker that claimed the request (atomic conditional update); NULL while queued.
+    lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # When the run started (claim, or admission for inline runs); elapsed time is measured from it.
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Fraction done of a long-running mechanism, stored only when its progress is public.
+    progress: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class AnalysisSession(Base):

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from service.db.models import (
@@ -184,6 +185,43 @@ class RequestRepository:
 
     def add(self, request: AnalysisRequest) -> None:
         self.session.add(request)
+
+    def claim(self, request_id: str, owner: str, now: datetime, until: datetime) -> bool:
+        """Atomically take an unclaimed, running, unexpired request for ``owner``: one conditional UPDATE,
+        so of two workers (or two deliveries of one task) exactly one sees a row count of 1."""
+        result = self.session.execute(
+            update(AnalysisRequest)
+            .where(
+                AnalysisRequest.id == request_id,
+                AnalysisRequest.state == "running",
+                AnalysisRequest.lease_owner.is_(None),
+                AnalysisRequest.lease_expires_at > now,
+            )
+            .values(lease_owner=owner, lease_expires_at=until, started_at=now, updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        assert isinstance(result, CursorResult)
+        return result.rowcount == 1
+
+    def renew(
+        self, request_id: str, owner: str | None, until: datetime, progress: float | None
+    ) -> bool:
+        """Heartbeat: extend the lease of a request still running (and still ``owner``'s when given);
+        store ``progress`` unless None. False when the request was settled or reaped meanwhile."""
+        conditions = [AnalysisRequest.id == request_id, AnalysisRequest.state == "running"]
+        if owner is not None:
+            conditions.append(AnalysisRequest.lease_owner == owner)
+        values: dict[str, Any] = {"lease_expires_at": until}
+        if progress is not None:
+            values["progress"] = progress
+        result = self.session.execute(
+            update(AnalysisRequest)
+            .where(*conditions)
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        )
+        assert isinstance(result, CursorResult)
+        return result.rowcount == 1
 
     def expired_running(self, now: datetime, kind: str, limit: int = 100) -> Sequence[AnalysisRequest]:
         return self.session.scalars(

@@ -89,6 +89,8 @@ OPERATIONS: dict[str, str] = {
     "GET /v1/mechanisms": ANALYST,
     "GET /v1/datasets/{dataset_id}/activity": ANALYST,
     "GET /v1/datasets/{dataset_id}/refusals": ANALYST,
+    "POST /v1/requests/{request_id}/privacy-report": ANALYST,
+    "POST /v1/sessions/{session_id}/next": ANALYST,
     # last (the tests run in this order): they close the world's session and change its budgets
     "POST /v1/sessions/{session_id}/close": ANALYST,
     "PUT /v1/datasets/{dataset_id}/analysts/{analyst}/budget": ADMIN,

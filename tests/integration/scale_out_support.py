@@ -1,0 +1,489 @@
+"""Real processes for the scale-out and crash tests: API servers, queue workers, a private PostgreSQL.
+
+``python -m tests.integration.scale_out_support <expost args>`` is the real ``expost`` CLI with two test
+mechanisms added to the catalog of *that* process (never of the installed service):
+
+* ``test.sleepy_count``: a Laplace count (same worst case and realized curve) that is long-running with
+  public progress: it works for ``EXPOST_TEST_SLEEP`` seconds in 0.1 s slices, calling ``progress`` after
+  each, so a worker can be killed mid-run;
+* ``test.busy_count``: a Laplace count that first burns ``EXPOST_TEST_BUSY`` seconds of one CPU core
+  (the heavy, CPU-bound request of the scale-out benchmark).
+
+After every scenario :func:`assert_books_balance` checks, straight in the database: ``expost ledger
+verify`` is clean; no request is left running and nothing is reserved; every request has exactly one
+reserve and one commit (or abort) in the ledger; a committed request has its release, a failed one has
+none and was charged its worst case; and each filter's spent total equals the sum of the charges of its
+settled requests, i.e. exactly what the released outputs (and the lost runs' worst cases) justify.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import httpx
+import numpy as np
+from pydantic import BaseModel
+from sqlalchemy import select
+
+from mechanisms.accounting import UnitsVector
+from mechanisms.base import ProgressFn, PublicContext, Release, Table, no_progress
+from mechanisms.laplace import Laplace
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_URL = os.environ.get("EXPOST_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+COUNT = {"query": {"kind": "count"}, "epsilon": 0.01}
+
+
+class SleepyCount(Laplace):
+    name: ClassVar[str] = "test.sleepy_count"
+    long_running: ClassVar[bool] = True
+    progress_is_public: ClassVar[bool] = True
+
+    def run(  # type: ignore[override]
+        self,
+        params: BaseModel,
+        ctx: PublicContext,
+        table: Table,
+        rng: np.random.Generator,
+        progress: ProgressFn = no_progress,
+    ) -> Release:
+        seconds = float(os.environ.get("EXPOST_TEST_SLEEP", "1.0"))
+        slices = max(1, round(seconds / 0.1))
+        for i in range(slices):
+            time.sleep(seconds / slices)
+            progress((i + 1) / slices)
+        return super().run(params, ctx, table, rng)
+
+
+class BusyCount(Laplace):
+    name: ClassVar[str] = "test.busy_count"
+
+    def run(self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator) -> Release:
+        burn(float(os.environ.get("EXPOST_TEST_BUSY", "0.2")))
+        return super().run(params, ctx, table, rng)
+
+
+def burn(seconds: float) -> None:
+    """Keep one core busy for about ``seconds`` (pure Python: holds the GIL, like much real work)."""
+    end = time.thread_time() + seconds
+    x = 0
+    while time.thread_time() < end:
+        for i in range(10_000):
+            x ^= i * i
+
+
+def register() -> None:
+    from mechanisms.catalog import MECHANISMS
+
+    MECHANISMS.setdefault(SleepyCount.name, SleepyCount())
+    MECHANISMS.setdefault(BusyCount.name, BusyCount())
+
+
+# ----- processes -----------------------------------------------------------------------------------------
+
+
+def redis_available() -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping())
+    except redis.RedisError:
+        return False
+
+
+def require_redis() -> None:
+    import pytest
+
+    if not redis_available():
+        message = f"Redis is not reachable at {REDIS_URL}"
+        if IN_CI:
+            pytest.fail(f"{message} (CI=true: queue tests must run)", pytrace=False)
+        pytest.skip(message)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen[bytes]
+    log: Path
+    kind: str
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def kill9(self) -> None:
+        """SIGKILL the whole process group (uvicorn supervisor and its workers, or one worker)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(15)
+
+    def stop(self) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+
+@dataclass
+class Cluster:
+    """API processes and queue workers sharing one database and one (per-test) queue."""
+
+    workdir: Path
+    database_url: str
+    env: dict[str, str]
+    procs: list[Proc] = field(default_factory=list)
+    admin_key: str = ""
+
+    @classmethod
+    def create(cls, workdir: Path, database_url: str, **settings: str) -> Cluster:
+        queue = f"t{uuid.uuid4().hex[:12]}"
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "EXPOST_DATABASE_URL": database_url,
+            "EXPOST_DATA_DIR": str(workdir / "data"),
+            "EXPOST_EXECUTOR": "queue",
+            "EXPOST_BROKER_URL": REDIS_URL,
+            "EXPOST_QUEUE_NAME": queue,
+            "EXPOST_INLINE_MECHANISMS": "[]",
+            "EXPOST_LEASE_SECONDS": "4",
+            "EXPOST_REAPER_INTERVAL_SECONDS": "0.5",
+            "EXPOST_HEARTBEAT_SECONDS": "0.5",
+            "EXPOST_WAIT_SECONDS": "0.5",
+            "EXPOST_RATE_LIMIT": "",
+            "EXPOST_LOG_LEVEL": "INFO",
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "dramatiq_restart_delay": "500",
+            **{f"EXPOST_{k.upper()}": v for k, v in settings.items()},
+        }
+        from service.db.migrate import upgrade
+
+        upgrade(database_url)  # in this process: a CLI start costs seconds on a loaded 2-core machine
+        return cls(workdir, database_url, env)
+
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tests.integration.scale_out_support", *args],
+            env=self.env, cwd=self.workdir, capture_output=True, text=True, timeout=timeout, check=False,
+        )
+
+    def _spawn(self, kind: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
+        log = self.workdir / f"{kind}-{len(self.procs)}.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "tests.integration.scale_out_support", *args],
+                env=env or self.env, cwd=self.workdir, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        proc = Proc(popen, log, kind)
+        self.procs.append(proc)
+        return proc
+
+    def api(self, processes: int = 1, port: int | None = None, wait: bool = True) -> tuple[Proc, str]:
+        port = port or free_port()
+        proc = self._spawn("api", ["serve", "--port", str(port), "--workers", str(processes)])
+        base = f"http://127.0.0.1:{port}"
+        if wait:
+            self.wait_api(proc, base, processes)
+        return proc, base
+
+    def wait_api(self, proc: Proc, base: str, processes: int = 1) -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert proc.alive(), proc.text()[-3000:]
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200 and (
+                    proc.text().count("expost started") >= processes
+                ):
+                    return
+            time.sleep(0.1)
+        raise AssertionError(f"the API did not start:\n{proc.text()[-3000:]}")
+
+    def worker(self, threads: int = 1, wait: bool = True, **env: str) -> Proc:
+        extra = {**self.env, **env}
+        proc = self._spawn("worker", ["worker", "--queue", "--threads", str(threads), "--interval", "0.5"],
+                           extra)
+        if wait:
+            self.wait_worker(proc)
+        return proc
+
+    def wait_worker(self, proc: Proc) -> None:
+        deadline = time.monotonic() + 90
+        while "worker consuming queue" not in proc.text():
+            assert proc.alive(), proc.text()[-3000:]
+            assert time.monotonic() < deadline, proc.text()[-3000:]
+            time.sleep(0.05)
+
+    def start(self, workers: int, threads: int = 1, processes: int = 1) -> tuple[Proc, str, list[Proc]]:
+        """An API and ``workers`` queue workers, started together."""
+        api, base = self.api(processes, wait=False)
+        started = [self.worker(threads, wait=False) for _ in range(workers)]
+        for proc in started:
+            self.wait_worker(proc)
+        self.wait_api(api, base, processes)
+        return api, base, started
+
+    def setup_world(self, base: str, epsilon: float = 1000.0, datasets: int = 1) -> World:
+        from service.auth import Role, create_key
+        from service.db.session import make_engine, make_sessionmaker
+
+        engine = make_engine(self.database_url)
+        try:
+            with make_sessionmaker(engine)() as session, session.begin():
+                self.admin_key = create_key(session, f"admin-{uuid.uuid4().hex[:6]}", Role.admin)
+        finally:
+            engine.dispose()
+        admin = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {self.admin_key}"}, timeout=60)
+        key = admin.post("/v1/keys", json={"name": f"analyst-{uuid.uuid4().hex[:6]}", "role": "analyst"})
+        assert key.status_code == 201, key.text
+        analyst_name, analyst_key = key.json()["name"], key.json()["key"]
+        from tests.integration.helpers import upload
+
+        ids = []
+        for _ in range(datasets):
+            up = upload(admin)
+            assert up.status_code == 201, up.text
+            dataset_id = up.json()["id"]
+            granted = admin.post(f"/v1/datasets/{dataset_id}/grants", json={"analyst": analyst_name})
+            assert granted.status_code == 201, granted.text
+            put = admin.put(f"/v1/datasets/{dataset_id}/budget", json={"epsilon": epsilon, "delta": 0.0})
+            assert put.status_code == 200, put.text
+            ids.append(dataset_id)
+        admin.close()
+        return World(ids, analyst_name, analyst_key)
+
+    def close(self) -> None:
+        for proc in self.procs:  # SIGTERM all at once, then wait for each
+            if proc.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            proc.stop()
+        purge_queue(self.env["EXPOST_QUEUE_NAME"])
+
+
+@dataclass
+class World:
+    dataset_ids: list[str]
+    analyst: str
+    analyst_key: str
+
+    @property
+    def dataset_id(self) -> str:
+        return self.dataset_ids[0]
+
+    def client(self, base: str) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.analyst_key}"}
+        return httpx.Client(base_url=base, headers=headers, timeout=60)
+
+
+def purge_queue(queue: str) -> None:
+    import redis
+
+    with contextlib.suppress(redis.RedisError):
+        client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+        keys = list(client.scan_iter(f"expost-tasks:{queue}*"))
+        if keys:
+            client.delete(*keys)
+
+
+@contextlib.contextmanager
+def cluster(workdir: Path, database_url: str, **settings: str) -> Iterator[Cluster]:
+    require_redis()
+    made = Cluster.create(workdir, database_url, **settings)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+# ----- the books --------------------------------------------------------------------------------------
+
+
+def wait_until_settled(database_url: str, dataset_ids: list[str], timeout: float) -> None:
+    from service.db.models import AnalysisRequest
+    from service.db.session import make_engine, make_sessionmaker
+
+    engine = make_engine(database_url)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            with make_sessionmaker(engine)() as session:
+                running = session.scalars(
+                    select(AnalysisRequest.id).where(
+                        AnalysisRequest.dataset_id.in_(dataset_ids), AnalysisRequest.state == "running"
+                    )
+                ).all()
+            if not running:
+                return
+            assert time.monotonic() < deadline, f"{len(running)} requests still running"
+            time.sleep(0.2)
+    finally:
+        engine.dispose()
+
+
+def assert_books_balance(cluster: Cluster, dataset_ids: list[str]) -> Counter[str]:
+    """The checks of the module docstring; returns the count of requests per final state."""
+    from service.db.models import AnalysisRequest, LedgerEntry, PrivacyFilter
+    from service.db.session import make_engine, make_sessionmaker
+
+    verified = cluster.cli("ledger", "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert verified.stdout.strip().endswith("ok"), verified.stdout
+    engine = make_engine(cluster.database_url)
+    states: Counter[str] = Counter()
+    try:
+        with make_sessionmaker(engine)() as session:
+            for dataset_id in dataset_ids:
+                requests = session.scalars(
+                    select(AnalysisRequest).where(AnalysisRequest.dataset_id == dataset_id)
+                ).all()
+                events: dict[str, Counter[str]] = {}
+                for request_id, event in session.execute(
+                    select(LedgerEntry.request_id, LedgerEntry.event).where(
+                        LedgerEntry.dataset_id == dataset_id, LedgerEntry.request_id.is_not(None)
+                    )
+                ):
+                    events.setdefault(request_id, Counter())[event] += 1
+                rows = session.scalars(select(PrivacyFilter).where(PrivacyFilter.dataset_id == dataset_id))
+                filters = {f.scope: f for f in rows}
+                slots = len(UnitsVector.from_json(filters["*"].spent))
+                spent: dict[str, UnitsVector] = {scope: UnitsVector.zeros(slots) for scope in filters}
+                for request in requests:
+                    states[request.state] += 1
+                    assert request.state in ("committed", "failed_charged", "aborted"), request.state
+                    seen = events.get(request.id, Counter())
+                    ended = "abort" if request.state == "aborted" else "commit"
+                    assert seen == Counter({"reserve": 1, ended: 1}), (request.id, seen)
+                    if request.state == "aborted":
+                        assert request.release is None
+                        continue
+                    assert request.realized is not None
+                    charge = UnitsVector.from_json(request.realized["units"])
+                    if request.state == "committed":
+                        assert request.release is not None, request.id
+                    else:
+                        assert request.release is None, request.id
+                        assert request.realized == request.worst_case  # a lost run costs its worst case
+                    for scope in request.scopes:
+                        spent[scope] = spent[scope] + charge
+                for scope, flt in filters.items():
+                    reserved = UnitsVector.from_json(flt.reserved)
+                    assert reserved == UnitsVector.zeros(slots), (scope, flt.reserved)
+                    assert UnitsVector.from_json(flt.spent) == spent[scope], scope
+    finally:
+        engine.dispose()
+    return states
+
+
+# ----- a private, throw-away PostgreSQL cluster (for restart tests) ------------------------------------
+
+
+@dataclass
+class PrivatePostgres:
+    directory: Path
+    port: int
+    bin: Path
+    user: str | None
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/expost"
+
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        command = [str(self.bin / args[0]), *args[1:]]
+        if self.user is not None:
+            command = ["runuser", "-u", self.user, "--", *command]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, check=check)
+
+    def start(self) -> None:
+        self._run("pg_ctl", "-D", str(self.directory / "data"), "-l", str(self.directory / "pg.log"),
+                  "-o", f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1", "-w", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", str(self.directory / "data"), "-m", mode, "-w", "stop", check=False)
+
+    def restart(self) -> None:
+        self.stop("immediate")  # like a crash: no checkpoint, recovery on start
+        self.start()
+
+
+def postgres_bin() -> Path | None:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    return found[-1].parent if found else None
+
+
+@contextlib.contextmanager
+def private_postgres() -> Iterator[PrivatePostgres]:
+    """initdb + pg_ctl on a free port in ``tmp`` (as the ``postgres`` OS user when running as root)."""
+    import psycopg
+    import pytest
+
+    bin_dir = postgres_bin()
+    if bin_dir is None:
+        message = "PostgreSQL server binaries (initdb, pg_ctl) are not installed"
+        if IN_CI:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    user = "postgres" if os.geteuid() == 0 else None
+    # under /tmp (world-traversable), not pytest's 0700 tmp_path: the server may run as another user
+    directory = Path(tempfile.mkdtemp(prefix="expost-pg-", dir="/tmp"))
+    if user is not None:
+        shutil.chown(directory, user, user)
+        directory.chmod(0o700)
+    pg = PrivatePostgres(directory, free_port(), bin_dir, user)
+    pg._run("initdb", "-D", str(directory / "data"), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+            "--no-sync")
+    pg.start()
+    try:
+        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{pg.port}/postgres", autocommit=True) as conn:
+            conn.execute("CREATE DATABASE expost")
+        yield pg
+    finally:
+        pg.stop("immediate")
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def main() -> None:
+    register()
+    from service.cli import app
+
+    app(prog_name="expost")
+
+
+if __name__ == "__main__":
+    main()
+
