@@ -2,7 +2,7 @@
 
 Service-facing adapters over ``mechanisms.noise_reduction`` (samplers, charges) and Ligett et al.'s
 InteractiveAboveThreshold (``mechanisms.above_threshold``). Documentation with request examples:
-docs/mechanisms/noise_reduction.md; proofs: docs/privacy_parts/noise_reduction.md.
+docs/mechanisms/noise_reduction.md; proofs: docs/privacy.md §8.1.
 
 One-shot mechanisms (``Mechanism``):
 
@@ -36,7 +36,7 @@ a − max_j |ŷ_{t,j} − y_j| (absolute; sensitivity max shift), passing when f
 Lap(2Δ_q/ε_A). Charge ε_A + (level charge) at the pass, ε_A + (last level charge) without a pass. ε_A and W
 are given explicitly or by a labelled calibration (paper-theorem or reference-code) with width α and
 failure γ. For the Brownian family the pure ε_A is added to the RDP curve at every order (proof in
-docs/privacy_parts/noise_reduction.md §4).
+docs/privacy.md §8.1.4).
 
 Interactive sessions (``InteractiveMechanism``): ``noise_reduction.laplace`` and ``noise_reduction.gaussian``.
 ``start`` draws the level-0 noise of the lazy sampler without reading data; each ``step`` (query ``{}``)

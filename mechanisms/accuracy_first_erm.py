@@ -3,7 +3,7 @@
 Ligett, Neel, Roth, Waggoner, Wu, "Accuracy First: Selecting a Differential Privacy Level for
 Accuracy-Constrained ERM" (NeurIPS 2017); notation, errata and test vectors: notes/seed_001_accuracy_first.md
 (cited as "note §x"). Documentation: docs/mechanisms/accuracy_first_erm.md; soundness argument:
-docs/privacy_parts/accuracy_first_erm.md.
+docs/privacy.md §8.2.
 
 Objective (note §2.0): L(θ, D) = (1/n) Σ_i ℓ(θ, x_i, y_i) + (λ/2)‖θ‖², with θ* = argmin L (secret).
 

@@ -24,7 +24,7 @@ estimate (the service mechanism asks for an ``n_hint`` parameter); a wrong hint 
 asked for against the noise actually used, T·α·Δ_asked²/(2(zΔ_noise)²), so a mismatch can only over-charge
 (replace_one noise is valid for both relations) and never under-charge.
 
-Floating point (docs/privacy_parts/rgm_gd.md §6). ``clipped_gradient_sum`` computes every per-record term as a
+Floating point (docs/privacy.md §8.3.6). ``clipped_gradient_sum`` computes every per-record term as a
 deterministic function of (θ, x_i, y_i) alone whose exact norm is ≤ C, for **every** θ (also huge or
 non-finite θ) and every finite or non-finite record: the scalar s_i is clipped as a coefficient
 c_i = sign(s_i)·min(|s_i|, C(1 − (d+8)·2⁻⁵²)/‖x_i‖) (the shrink covers the rounding of ‖x_i‖, of the

@@ -2,7 +2,7 @@
 
 Two families, each with an eager sampler (the whole path at once) and a lazy forward sampler (keeps only the
 current noise; JSON state, so a session can step forward without storing the path). Documentation, proofs and
-the numeric checks: docs/mechanisms/noise_reduction.md, docs/privacy_parts/noise_reduction.md.
+the numeric checks: docs/mechanisms/noise_reduction.md, docs/privacy.md §8.1.
 
 **Laplace noise reduction** (Koufogiannis, Han, Pappas 2016; Ligett, Neel, Roth, Waggoner, Wu 2017
 "Accuracy First", Algorithm 1 / Theorem 2.7; notes/seed_001_accuracy_first.md §2.1). A vector value v with
@@ -26,7 +26,7 @@ increments). Lazy: B(t_0) ~ N(0, t_0), then the bridge step
 B(t_{j+1}) | B(t_j) = x ~ N((t_{j+1}/t_j)·x, t_{j+1}(t_j − t_{j+1})/t_j). Ex-post charge when the last
 released level is j: the RDP curve α·Δ₂²/(2 t_j) at every order (our derivation: the privacy-loss process
 is Δ·W_s + Δ²s/2 in inverse time s = 1/t, and optional stopping of the exponential martingale gives the
-ex-post RDP inequality; docs/privacy_parts/noise_reduction.md, confirmed by a Monte Carlo audit). No pure
+ex-post RDP inequality; docs/privacy.md §8.1, confirmed by a Monte Carlo audit). No pure
 bound.
 
 Limitation (as for ``mechanisms.laplace``): floating-point samplers (Mironov 2012); the accounting is for the
@@ -306,7 +306,7 @@ def brownian_nr_charge(
 
     ε(α) = α·Δ₂²/(2t) at every order, no pure bound. Valid for any stopping rule adapted to the released
     values (exponential martingale in inverse time + optional stopping;
-    docs/privacy_parts/noise_reduction.md).
+    docs/privacy.md §8.1).
     """
     var = _decreasing_variances(variances)
     t = float(var[_level_index(stopped_level, var.size)])

@@ -454,7 +454,7 @@ def ridge_relative_sensitivity_split(
     """A tighter (η, R_rel) for the full-batch ridge gradient, uniformly in θ (derived; replace-one).
 
     Same identity as ``ridge_relative_sensitivity``: n(∇f − ∇f′)(θ) = (A₀ − A₀′)A⁻¹∇f(θ) + c with
-    c = ∇ℓ₀(θ*) − ∇ℓ₀′(θ*). Three refinements (proofs in docs/privacy_parts/rgm_gd.md §4):
+    c = ∇ℓ₀(θ*) − ∇ℓ₀′(θ*). Three refinements (proofs in docs/privacy.md §8.3.4):
 
     * ‖A₀ − A₀′‖ ≤ max(‖x₀‖², ‖x₀′‖²) ≤ X² (x₀x₀ᵀ − x₀′x₀′ᵀ has one eigenvalue in [0, ‖x₀‖²], one in
       [−‖x₀′‖², 0], the rest 0) and ‖A⁻¹‖ ≤ 1/λ;

@@ -2,7 +2,7 @@
 
 Source: Hendrikx, Mangold, Bellet (AISTATS 2024), eq. (7), read through ``seed_004_relative_gaussian.md``
 (cited "note §x"); the RGM and its curves are ``mechanisms.relative_gaussian``. The soundness argument is
-written out in docs/privacy_parts/rgm_gd.md.
+written out in docs/privacy.md §8.3.
 
 Algorithm (replace-one neighbours, n public; K = {‖θ‖ ≤ r} a public ball)::
 
@@ -15,7 +15,7 @@ f(θ; D) = (1/n)Σ ℓ(x_iᵀθ, y_i) + (λ/2)‖θ‖² on the design matrix of
 labels |y_i| ≤ Y = 1), with ℓ the squared loss ½(x_iᵀθ − y_i)² ("ridge") or the logistic loss
 log(1 + e^{−y_i x_iᵀθ}) with y_i = ±1 ("logistic").
 
-Projection and finite arithmetic (docs/privacy_parts/rgm_gd.md §2.1). The radius r = ``theta_bound``
+Projection and finite arithmetic (docs/privacy.md §8.3.2.1). The radius r = ``theta_bound``
 is a public bound on ‖θ*‖ for every dataset (ridge: ``ridge_theta_bound``; logistic: X·Y/λ), so θ* ∈ K and
 projected GD keeps Theorem 2's contraction (Π_K is non-expansive). Without it, floats overflowed at a
 data-dependent step (γ‖∇f(θ_t; D)‖² = ∞ for D but not for D′ at the same public θ_t): a failure bit that
@@ -29,15 +29,15 @@ Relative sensitivity, uniformly in θ (so it holds at every public iterate θ_t)
 
 * ridge: ``ridge_relative_sensitivity_split`` with κ = 3 (note §3.2 with the corrected scaling, C = I in
   Prop. 1, curvature A ⪰ λI from the public λ, no data-dependent test and no PTR; tightened in
-  docs/privacy_parts/rgm_gd.md §4): η = 2X²/(λn), R_rel = (4/√3)·X(XB + Y)/n with B = Y/(2√λ) ≥ ‖θ*‖
+  docs/privacy.md §8.3.4): η = 2X²/(λn), R_rel = (4/√3)·X(XB + Y)/n with B = Y/(2√λ) ≥ ‖θ*‖
   (for X ≥ √λ). The paper-faithful ``ridge_relative_sensitivity`` (η = √6X²/(λn), R_rel = √12·X(XB′ + Y)/n,
   B′ = Y·min(X/λ, 1/√λ)) is looser in both.
 * logistic: ``logistic_relative_sensitivity`` (App. B.2 of the paper, instantiated in note §3.2 "[derived]
-  Logistic / GLM instantiation"; proof in docs/privacy_parts/rgm_gd.md §3): each per-record loss is convex
+  Logistic / GLM instantiation"; proof in docs/privacy.md §8.3.3): each per-record loss is convex
   and L = X²/4 smooth, f is λ-strongly convex, so η = √(6·L·(L/λ)/λ)/n = √(3/8)·X²/(λn) and
   R_rel = √12·X/n (‖∇ℓ_i‖ ≤ X). Checked on adversarial neighbours in tests/unit/test_rgm_gd.py.
 
-Charge (docs/privacy_parts/rgm_gd.md §2). Each step is an RGM release of a query with (η, R_rel)-relative
+Charge (docs/privacy.md §8.3.2). Each step is an RGM release of a query with (η, R_rel)-relative
 sensitivity, so it is (α, ε_step(α))-RDP conditionally on the past (Theorem 1, or the exact curve of note
 §2.6), with ε_step a function of (α, η, γ, d) only (σ² = γR_rel²/η² satisfies the σ² condition at every α).
 The stopping time T_run is decided from released iterates only, so Π_{s≤t} (p_s/q_s)^{α−1}e^{−(α−1)ε_step}
@@ -111,7 +111,7 @@ def logistic_relative_sensitivity(n_rows: int, reg: float, feature_bound: float)
     """(η, R_rel) of the full-batch ridge-regularised logistic gradient, uniformly in θ (replace-one).
 
     Paper App. B.2 (general convex losses), instantiated as in note §3.2 and proved in
-    docs/privacy_parts/rgm_gd.md §3: with ℓ_i convex and L-smooth (L = X²/4), f λ-strongly convex and
+    docs/privacy.md §8.3.3: with ℓ_i convex and L-smooth (L = X²/4), f λ-strongly convex and
     D_{ℓ} ≤ (L/λ)·D_f (relative smoothness, L_rel = L/λ), θ* = argmin f(·; D),
 
         n(∇f − ∇f′)(θ) = [∇ℓ₀(θ) − ∇ℓ₀(θ*)] − [∇ℓ₀′(θ) − ∇ℓ₀′(θ*)] + [∇ℓ₀(θ*) − ∇ℓ₀′(θ*)],
@@ -452,7 +452,7 @@ class RgmGdParams(FeatureSpec):
     model: Literal["ridge", "logistic"] = Field(
         default="ridge",
         description="ridge least squares (note §3.2) or ridge-regularised logistic regression "
-        "(derived bound, docs/privacy_parts/rgm_gd.md §3)",
+        "(derived bound, docs/privacy.md §8.3.3)",
     )
     task: Literal["regression", "classification"] | None = Field(
         default=None,

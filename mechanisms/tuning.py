@@ -3,7 +3,7 @@
 Source: Ghazi, Kamath, Knop, Kumar, Manurangsi, Zhang, "Private hyperparameter tuning with ex-post
 guarantee", read through ``notes/seed_003_expost_tuning.md`` (cited "note §x"). The service mechanism
 ``tuning.select`` built on these functions lives in ``mechanisms.tuning_candidates`` (base learners) and at
-the bottom of this module (``TuningSelect``). Docs: docs/mechanisms/tuning.md, docs/privacy_parts/tuning.md.
+the bottom of this module (``TuningSelect``). Docs: docs/mechanisms/tuning.md, docs/privacy.md §8.5.
 
 Algorithm 3 (best-of with random dropping, note §3.3)
 -----------------------------------------------------

@@ -14,7 +14,7 @@ Under replace-one the replaced row lies in exactly one part; the other part's co
 distributed (or a post-processing of the private part with independent noise), so M_i^π's divergence is
 that of one part, for every π: the curve is max(train, score) pointwise. Theorems 11/13 then hold
 conditionally on π with the same charges, and the ex-post inequalities survive the data-independent mixture
-over π (pure: linear; RDP: (p, q) ↦ p^α q^{1−α} is jointly convex). Details: docs/privacy_parts/tuning.md §3.
+over π (pure: linear; RDP: (p, q) ↦ p^α q^{1−α} is jointly convex). Details: docs/privacy.md §8.5.3.
 
 There is no notion of a public validation set in the dataset model, so every score is a noisy score on a
 held-out split (the public-validation variant of the issue is not implemented).

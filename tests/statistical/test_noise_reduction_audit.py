@@ -8,7 +8,7 @@ Vectorisation: the coordinates of the samplers are independent chains, so N inde
 chain are one call with ``dim = N`` (no Python loop over runs).
 
 Sources: notes/seed_001_accuracy_first.md §2.1 (facts 1–4, lazy kernel), §5 P1, §6 T2–T8 (Laplace);
-§2.10 (Brownian); docs/privacy_parts/noise_reduction.md (the ex-post RDP theorem audited here).
+§2.10 (Brownian); docs/privacy.md §8.1 (the ex-post RDP theorem audited here).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Reviewer's regression tests for accuracy-first ERM (mechanisms/accuracy_first_erm.py).
 
-They pin what the privacy review verified (docs/privacy_parts/accuracy_first_erm.md):
+They pin what the privacy review verified (docs/privacy.md §8.2):
 - the ridge statistic is the full p×p matrix plus Xᵀy, each entry with its own noise (no mirrored
   triangle), its ℓ1 sensitivity 4 is attained exactly by disjoint-support neighbours and never exceeded;
 - the design matrix that reaches the ridge statistic has ‖x‖₁ ≤ 1 *including* the intercept column;

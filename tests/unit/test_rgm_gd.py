@@ -1,6 +1,6 @@
 """RGM gradient descent (mechanisms/rgm_gd.py): sensitivity, calibration, charges, stopping, the mechanisms.
 
-The logistic relative-sensitivity bound (derived, docs/privacy_parts/rgm_gd.md §3) is checked on random and
+The logistic relative-sensitivity bound (derived, docs/privacy.md §8.3.3) is checked on random and
 adversarially optimised neighbouring datasets; the ridge bound has its own tests in test_relative_gaussian.py.
 """
 
@@ -567,7 +567,7 @@ def test_exact_bound_charges_less_for_the_same_gamma() -> None:
     assert finite == [a for a, v in zip(exact.orders, exact.values, strict=True) if math.isfinite(v)]
 
 
-# ----- projection onto the public ball and the finiteness check (docs/privacy_parts/rgm_gd.md §2.1) --------
+# ----- projection onto the public ball and the finiteness check (docs/privacy.md §8.3.2.1) --------
 def test_project_to_ball() -> None:
     rng = np.random.default_rng(12)
     for _ in range(500):

@@ -1,4 +1,4 @@
-"""Independent review of RGM-GD / DP-GD privacy (docs/privacy_parts/rgm_gd.md): regression tests.
+"""Independent review of RGM-GD / DP-GD privacy (docs/privacy.md §8.3): regression tests.
 
 Written by a reviewer, independently of tests/unit/test_rgm_gd.py: own oracles, own adversarial searches.
 What is pinned here:
