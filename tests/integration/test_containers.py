@@ -110,7 +110,10 @@ def test_the_compose_file_has_postgres_api_worker_and_a_data_volume() -> None:
     assert "@postgres:5432/" in url, "the API reaches the postgres service"
     assert worker_env["EXPOST_DATABASE_URL"] == url, "api and worker use the same database"
     assert "api" in worker["depends_on"] or "postgres" in worker["depends_on"]
-    assert worker["command"] in (["expost", "worker"], "expost worker")
+    assert worker["command"] in (["expost", "worker", "--queue"], "expost worker --queue")
+    assert worker_env["EXPOST_EXECUTOR"] == "queue", "mechanisms run on the queue workers"
+    assert worker_env["EXPOST_BROKER_URL"].startswith("redis://redis:"), "the workers reach the redis service"
+    assert "redis" in services
     assert api.get("command") is None, "the API runs the image's CMD (migrate, then serve)"
     assert worker.get("healthcheck", {}).get("disable") is True, "the worker serves no /readyz"
 
