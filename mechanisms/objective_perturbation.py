@@ -42,7 +42,7 @@ solver is never restarted with a larger tolerance or smaller noise; if it cannot
 within a generous iteration cap it raises ``ObjPertDidNotConverge`` and the service commits the worst case.
 
 The failure outcome is visible to the analyst, so it must not depend on the data beyond an event of
-negligible, data-independent probability (privacy part §2, "Failure channel"). The stopping rule's
+negligible, data-independent probability (docs/privacy.md §8.4.2, "Failure channel"). The stopping rule's
 rounding slack is therefore built from public constants only (``StoppingBounds``): the row bound R (not
 max‖x_i‖), a public row count n̄ (n under replace_one, the declared ``max_rows`` under add_remove), ‖θ‖ ≤
 θ̄ = (n̄R + B_b + τ)/λ (stationarity of the sum-scale objective at any certified stop) and
@@ -329,7 +329,7 @@ def minimum_tolerance(lam: float, sigma: float, row_norm: float, d: int, n_bound
     """The smallest τ with 0.99τ ≥ 10·S_pub(τ) (S_pub is affine in τ through θ̄), rounded up.
 
     Then the certified stop is reachable on every dataset with ≤ n_bound rows: near θ^P the float gradient is
-    within S_pub of the exact one (≈ 0), so the certified norm is ≲ 2S_pub ≤ 0.99τ (privacy part §2).
+    within S_pub of the exact one (≈ 0), so the certified norm is ≲ 2S_pub ≤ 0.99τ (docs/privacy.md §8.4.2).
     """
     bounds = StoppingBounds(n_bound, row_norm, lam, 0.0, noise_norm_bound(sigma, d))
     constant = bounds.public_slack(d)
@@ -604,7 +604,7 @@ class ObjPertLogistic:
         check_features(p, ctx, "classification")
         d = dimension(p, ctx)
         n_bound = public_row_bound(p, ctx)
-        # public: the certified stop must be reachable on every dataset (privacy part §2, failure channel)
+        # public: the certified stop must be reachable on every dataset (docs/privacy.md §8.4.2, failure channel)
         needed = minimum_tolerance(p.regularization, p.sigma, p.row_norm, d, n_bound)
         if p.tolerance < needed:
             raise ParamsError(

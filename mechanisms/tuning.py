@@ -40,7 +40,7 @@ timings. Nothing here returns them except ``sample_kept`` (a sampler for tests a
 service never calls it directly and never exposes its result). The service mechanism always pads: every
 candidate runs whatever k is (dropped ones are discarded), and noise-free shared work (the ERM minimiser
 per λ) is done before k is drawn, so the amount of work does not depend on k; ``pad_to_worst_case_time``
-must be true (privacy part §4: the run count voids Theorem 11, and what remains of the timing channel).
+must be true (docs/privacy.md §8.5.4: the run count voids Theorem 11, and what remains of the timing channel).
 
 Numerics (note §6.4): k is drawn by inversion (⌊E/ε′⌋ for the geometric latent, E/ε′ for the exponential
 one, E ~ Exp(1)); candidate i is kept iff an independent E_i ~ Exp(1) satisfies E_i ≥ c_i·k, which has

@@ -208,7 +208,7 @@ def solve_erm(
     n_t ≤ 10⁶, but not near n_t ≈ 10⁷ (a certified check is future work). ``progress`` is a heartbeat
     (called with 0.0 once per Newton iteration; the service throttles it to one write a second). Failure is
     argued, not proven, data-independent: on the hardest measured inputs (separable, λ = 1e-6) the logistic
-    solver needs 12–14 gradient/Hessian evaluations against a cap of ``NEWTON_CAP`` = 100 (privacy part §3).
+    solver needs 12–14 gradient/Hessian evaluations against a cap of ``NEWTON_CAP`` = 100 (docs/privacy.md §8.5.3).
     """
     n, d = x.shape
     if task == "regression":
@@ -406,7 +406,7 @@ def objpert_candidate_config(epsilon: float, reg: float, order: float, d: int, n
     σ from ``objpert_sigma`` (the AMP term 2α/1000² does not depend on τ because σ_out = 1000·τ/λ). τ is
     max(1e-6, 2 × ``minimum_tolerance``(λ, σ, R = 1, d, n̄ = n_t)): the stand-alone mechanism's guard
     (0.99τ ≥ 10 × the public rounding slack), so the certified stop is reachable on every dataset of this
-    shape and failure does not depend on the data (privacy part §3). The curve is re-evaluated with the
+    shape and failure does not depend on the data (docs/privacy.md §8.5.3). The curve is re-evaluated with the
     final τ and σ raised by 1e-9 relative steps until it is ≤ ε at α* again (τ recomputed with it), so the
     validity mask of Theorem 13 sees exactly the configuration that runs. ValueError if no τ works
     (``minimum_tolerance`` infinite: n_t·d/λ beyond float64 precision) or ε is unreachable.
