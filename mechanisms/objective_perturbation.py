@@ -604,7 +604,7 @@ class ObjPertLogistic:
         check_features(p, ctx, "classification")
         d = dimension(p, ctx)
         n_bound = public_row_bound(p, ctx)
-        # public: the certified stop must be reachable on every dataset (docs/privacy.md §8.4.2, failure channel)
+        # public: the certified stop must be reachable on every dataset (docs/privacy.md §8.4.2)
         needed = minimum_tolerance(p.regularization, p.sigma, p.row_norm, d, n_bound)
         if p.tolerance < needed:
             raise ParamsError(

@@ -208,7 +208,7 @@ def solve_erm(
     n_t ≤ 10⁶, but not near n_t ≈ 10⁷ (a certified check is future work). ``progress`` is a heartbeat
     (called with 0.0 once per Newton iteration; the service throttles it to one write a second). Failure is
     argued, not proven, data-independent: on the hardest measured inputs (separable, λ = 1e-6) the logistic
-    solver needs 12–14 gradient/Hessian evaluations against a cap of ``NEWTON_CAP`` = 100 (docs/privacy.md §8.5.3).
+    solver needs 12–14 gradient/Hessian evaluations against a cap of ``NEWTON_CAP`` = 100 (privacy.md §8.5.3).
     """
     n, d = x.shape
     if task == "regression":

@@ -17,7 +17,8 @@ Maurer & Pontil 2009 Thm 4, on the variable truncated at e^{α−1}, which only 
 would prove a violation; false-alarm probability ≤ 1e-6 per audit (Bonferroni over the two orders 2 and 4).
 E_D[e^{−L}] = 1 is checked too: it ties the densities used for L to the sampler actually run.
 
-Projection: rgm.gd projects every iterate onto a public ball (post-processing; docs/privacy.md §8.3.2.1). The default radius here (ridge_theta_bound(25, 1, 1) = 1/26) would project θ₀ = 50 to 0.038 and
+Projection: rgm.gd projects every iterate onto a public ball (post-processing; docs/privacy.md
+§8.3.2.1). The default radius here (ridge_theta_bound(25, 1, 1) = 1/26) would project θ₀ = 50 to 0.038 and
 make the step laws non-Gaussian, so the audit passes the public radius RADIUS = 1e4 explicitly (any public
 radius is private) and asserts that no transcript reaches it: the sampler is then exactly the unprojected
 one whose Gaussian densities are written out below.
