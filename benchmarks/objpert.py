@@ -47,6 +47,7 @@ from mechanisms.accounting import RdpCurve, epsilon_at_delta_tight  # noqa: E402
 from mechanisms.dp_gd import DpGdConfig, dp_gd_curve, dp_gd_train  # noqa: E402
 from mechanisms.objective_perturbation import (  # noqa: E402
     ObjPertConfig,
+    minimum_tolerance,
     objpert_curve,
     solve_to_tolerance,
     train_objpert_logistic,
@@ -102,7 +103,7 @@ def gaussian_sigma(eps: float, sensitivity: float) -> float:
     return _bisect(ok, 1e-3, 1e4, increasing_ok=True)
 
 
-def objpert_config(eps: float, n: int) -> ObjPertConfig:
+def objpert_config(eps: float, n: int, d: int) -> ObjPertConfig:
     sigma = F_SIGMA * gaussian_sigma(eps, R)
     beta = R * R / 4
 
@@ -112,7 +113,10 @@ def objpert_config(eps: float, n: int) -> ObjPertConfig:
         )
 
     lam = _bisect(curve_ok, beta * (1 + 1e-9), 1e7, increasing_ok=True)
-    return ObjPertConfig(lam=lam, sigma=sigma, tau=TAU, row_norm=R)
+    # τ no smaller than the public float-rounding floor the service enforces (the curve does not depend on
+    # τ: the output noise scales with it), so the certified stop is reachable.
+    tau = max(TAU, minimum_tolerance(lam, sigma, R, d, n))
+    return ObjPertConfig(lam=lam, sigma=sigma, tau=tau, row_norm=R, max_rows=n)
 
 
 def outpert(x: np.ndarray, y: np.ndarray, eps: float, rng: np.random.Generator) -> np.ndarray:
@@ -191,7 +195,7 @@ def run(quick: bool, trials: int) -> dict[str, Any]:
         nonprivate = solve_to_tolerance(xtr, ytr, 1e-3, np.zeros(xtr.shape[1]), 1e-8)
         rows = []
         for eps in epsilons:
-            config = objpert_config(eps, xtr.shape[0])
+            config = objpert_config(eps, *xtr.shape)
             accs: dict[str, list[float]] = {"objpert": [], "outpert": [], "dp-gd": []}
             for trial in range(trials):
                 rng = np.random.default_rng(1000 * trial + int(eps * 100))
