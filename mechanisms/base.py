@@ -5,7 +5,8 @@
   before anything is reserved.
 * ``worst_case(params, ctx)``: the largest ex-post loss any outcome can have, from public information only.
 * ``run(params, ctx, table, rng)``: the DP release and its realized ex-post curve, ``realized <= worst_case``.
-* ``cost_parameter``/``with_cost``: the main cost knob (ε or σ), so a refusal can say what is affordable.
+* ``cost_parameter``/``with_cost``: the main scalar cost knob (ε, σ, γ, z, …), so a refusal can say what is
+  affordable.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
+from types import UnionType
+from typing import Annotated, Any, ClassVar, Protocol, TypeVar, Union, get_args, get_origin, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel
@@ -119,9 +121,42 @@ def is_long_running(mechanism: object) -> bool:
     return bool(getattr(mechanism, "long_running", False))
 
 
+def has_public_progress(mechanism: object) -> bool:
+    """Whether a run's progress (and anything that tracks it, such as heartbeat times) may be shown."""
+    return is_long_running(mechanism) and bool(getattr(mechanism, "progress_is_public", False))
+
+
 def with_cost(params: BaseModel, name: str, value: float) -> BaseModel:
     """A copy of ``params`` with its cost parameter set to ``value`` (re-validated)."""
     return type(params).model_validate({**params.model_dump(), name: value})
+
+
+def _is_number(annotation: object) -> bool:
+    """float or int, possibly Optional and/or Annotated (e.g. ``StrictFloat | None``)."""
+    if annotation in (float, int):
+        return True
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    if get_origin(annotation) is Annotated:
+        return _is_number(args[0])
+    return bool(args) and get_origin(annotation) in (Union, UnionType) and all(map(_is_number, args))
+
+
+def cost_range(model: type[BaseModel], name: str) -> tuple[float, float] | None:
+    """The interval [lo, hi] ⊆ [1e-9, 1e9] the model accepts for a scalar cost field (None: not scalar)."""
+    field = model.model_fields.get(name)
+    if field is None or not _is_number(field.annotation):
+        return None
+    lo, hi = 1e-9, 1e9
+    for bound in field.metadata:
+        if getattr(bound, "ge", None) is not None:
+            lo = max(lo, float(bound.ge))
+        if getattr(bound, "gt", None) is not None:
+            lo = max(lo, math.nextafter(float(bound.gt), math.inf))
+        if getattr(bound, "le", None) is not None:
+            hi = min(hi, float(bound.le))
+        if getattr(bound, "lt", None) is not None:
+            hi = min(hi, math.nextafter(float(bound.lt), -math.inf))
+    return (lo, hi) if 0 < lo < hi else None
 
 
 def best_affordable_cost(
@@ -133,18 +168,26 @@ def best_affordable_cost(
 ) -> float | None:
     """The most expensive value of the cost parameter that ``admissible`` still accepts, or None.
 
-    Bisection in log space over [1e-9, 1e9] assuming the worst case is monotone in the parameter; the
-    returned value is on the admissible side of the bracket (checked again before returning).
+    Bisection in log space over the field's own accepted range (within [1e-9, 1e9]) assuming the worst case
+    is monotone in the parameter; a value counts only if the mechanism's ``check`` accepts it too. The
+    returned value is on the admissible side of the bracket (checked again before returning). None when the
+    cost parameter is not a scalar or nothing in range is admissible.
     """
     name = mechanism.cost_parameter
+    bracket = cost_range(type(params), name)
+    if bracket is None:
+        return None
 
     def ok(value: float) -> bool:
         try:
-            return admissible(mechanism.worst_case(with_cost(params, name, value), ctx))
-        except (ValueError, ParamsError):
+            candidate = with_cost(params, name, value)
+            mechanism.check(candidate, ctx)
+            return admissible(mechanism.worst_case(candidate, ctx))
+        except (ValueError, ArithmeticError):  # ParamsError and pydantic's ValidationError are ValueErrors
             return False
 
-    cheap, dear = (1e-9, 1e9) if mechanism.cost_increases_with_parameter else (1e9, 1e-9)
+    low, high = bracket
+    cheap, dear = (low, high) if mechanism.cost_increases_with_parameter else (high, low)
     if not ok(cheap):
         return None
     if ok(dear):

@@ -84,6 +84,18 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 413:  # a chunked body over the limit: the same problem as a declared one
+            return problem_response(
+                413,
+                {
+                    "type": "/problems/payload-too-large",
+                    "title": "Payload too large",
+                    "status": 413,
+                    "detail": str(exc.detail),
+                    "instance": request.url.path,
+                    "errors": [{"field": "body", "reason": str(exc.detail)}],
+                },
+            )
         return problem_response(
             exc.status_code,
             {

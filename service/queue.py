@@ -28,7 +28,7 @@ import dramatiq
 import structlog
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Retries, ShutdownNotifications, TimeLimit
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import RdpCurve
@@ -107,7 +107,7 @@ def settle_with_retry(
             try:
                 with sessions() as session:
                     return lifecycle.settle(session, ref, realized, release, error)
-            except DBAPIError as exc:
+            except SQLAlchemyError as exc:
                 if time.monotonic() > deadline:
                     raise
                 log.warning("settlement failed; retrying", request_id=ref.id, **failure_fields(exc))

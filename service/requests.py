@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import structlog
 from pydantic import BaseModel, ValidationError
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import RdpCurve, UnitsVector
@@ -42,6 +42,7 @@ from mechanisms.base import (
     ProgressFn,
     PublicContext,
     best_affordable_cost,
+    has_public_progress,
     is_long_running,
 )
 from mechanisms.catalog import MECHANISMS
@@ -107,6 +108,9 @@ def validated_for(
         raise InvalidInput(f"params.{exc.field}", exc.reason) from None
     except ValueError as exc:
         raise InvalidInput("params", str(exc)) from None
+    except ArithmeticError:  # an extreme but schema-valid value overflowed a public computation
+        reason = "the parameters are numerically out of range (a computation overflowed); use milder values"
+        raise InvalidInput("params", reason) from None
     return Validated(dataset, mechanism, params, context, worst, UnitsVector.charge(worst), kind)
 
 
@@ -368,6 +372,8 @@ def abort(session: Session, ref: RequestRef, reason: str, unclaimed_only: bool =
         filters, request = locked
         _end_reservation(session, filters, request, None, "abort", {"reason": reason})
         request.state, request.error = "aborted", reason
+        # Nothing was read, so a retry with the same key must be admitted afresh (not replay the abort).
+        request.idempotency_key = None
     return True
 
 
@@ -422,7 +428,7 @@ class Heartbeat:
         try:
             with self.sessions() as session, session.begin():
                 renewed = RequestRepository(session).renew(self.request_id, self.owner, until, progress)
-        except DBAPIError as exc:  # e.g. a database restart: keep working; the next beat tries again
+        except SQLAlchemyError as exc:  # a database restart or an exhausted pool: the next beat tries again
             log.warning("heartbeat failed", request_id=self.request_id, **failure_fields(exc))
             return
         self.beats += 1
@@ -519,7 +525,7 @@ def run_request(
         return "duplicate"
     heartbeat = None
     if is_long_running(mechanism):
-        public = bool(getattr(mechanism, "progress_is_public", False))
+        public = has_public_progress(mechanism)
         heartbeat = Heartbeat(sessions, request_id, lease_seconds, owner, public, heartbeat_seconds)
     realized, output, error = execute(
         dataset, mechanism, params, public_context(dataset), tables, progress=heartbeat
@@ -574,6 +580,13 @@ def wait_settled(sessions: sessionmaker[Session], request_id: str, timeout: floa
         if request.state != "running" or time.monotonic() >= deadline:
             return request
         time.sleep(0.05)
+
+
+def public_progress(request: AnalysisRequest) -> float | None:
+    """The progress shown for a request: only for mechanisms whose amount of work is public."""
+    if not has_public_progress(MECHANISMS.get(request.mechanism)):
+        return None
+    return 1.0 if request.state == "committed" else request.progress
 
 
 def get_visible(session: Session, principal: Principal, request_id: str) -> AnalysisRequest:

@@ -166,8 +166,9 @@ class RequestRepository:
         return self.session.get(AnalysisRequest, request_id) if _storable(request_id) else None
 
     def fresh(self, request_id: str) -> AnalysisRequest | None:
-        """Re-read from the database (the caller holds the filter locks that guard every transition)."""
-        return self.session.get(AnalysisRequest, request_id, populate_existing=True)
+        """Re-read from the database and lock the row (the caller holds the filter locks): a worker's claim or
+        heartbeat, which take only this row, cannot interleave with the caller's check-then-transition."""
+        return self.session.get(AnalysisRequest, request_id, populate_existing=True, with_for_update=True)
 
     def fresh_many(self, request_ids: Sequence[str]) -> Sequence[AnalysisRequest]:
         return self.session.scalars(

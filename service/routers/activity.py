@@ -10,6 +10,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
+from mechanisms.base import has_public_progress
+from mechanisms.catalog import MECHANISMS
 from service import datasets
 from service.auth import Principal, Role
 from service.budget import budget_view
@@ -63,7 +65,10 @@ def get_activity(
             "worst_case_pure": row.worst_case["curve"]["pure"],
             "worst_case_binding": _at(row.worst_case["curve"], binding),
             "since": row.created_at,
-            "lease_expires_at": row.lease_expires_at,
+            # Heartbeat times track a run's progress: shown only where that progress is public.
+            "lease_expires_at": (
+                row.lease_expires_at if has_public_progress(MECHANISMS.get(row.mechanism)) else None
+            ),
         }
         for row in activity.running_requests(dataset_id, _own(who), limit)
     ]

@@ -5,8 +5,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Response
 
-from mechanisms.base import is_long_running
-from mechanisms.catalog import MECHANISMS
 from service import requests as lifecycle
 from service.db.models import AnalysisRequest
 from service.deps import AdminOrAnalyst, Analyst, AnyRole, CtxDep, SessionDep
@@ -29,11 +27,6 @@ IdempotencyKey = Annotated[
 
 def _out(request: AnalysisRequest) -> RequestOut:
     end = datetime.now(UTC) if request.state == "running" else request.updated_at
-    mechanism = MECHANISMS.get(request.mechanism)
-    public = mechanism is not None and bool(getattr(mechanism, "progress_is_public", False))
-    progress = request.progress if public else None
-    if public and request.state == "committed":
-        progress = 1.0
     return RequestOut(
         id=request.id,
         dataset_id=request.dataset_id,
@@ -49,7 +42,7 @@ def _out(request: AnalysisRequest) -> RequestOut:
         updated_at=request.updated_at,
         started_at=request.started_at,
         elapsed_seconds=round(max(0.0, (end - request.created_at).total_seconds()), 3),
-        progress=progress if public and is_long_running(mechanism) else None,
+        progress=lifecycle.public_progress(request),
     )
 
 

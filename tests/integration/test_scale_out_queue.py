@@ -73,11 +73,15 @@ def test_an_unreachable_broker_aborts_the_request_and_charges_nothing(
     settings = server_settings(database_url, tmp_path, executor="queue", broker_url=dead, wait_seconds=1)
     with running_server(settings) as server:
         world = make_world(server)
-        refused = world.request(world.analyst, COUNT, mechanism=SleepyCount.name)
+        refused = world.request(world.analyst, COUNT, mechanism=SleepyCount.name, key="retry-me")
         body = assert_problem(refused, 503)
         assert "retry" in body["detail"]
         budget = get_budget(world.viewer, world.dataset_id)["pure"]
         assert (budget["spent"], budget["reserved"]) == (0, 0)
+        # The retry the 503 asks for, same key: admitted afresh (and refused again), never a replay of the
+        # aborted request as a 200 without a release.
+        retried = world.request(world.analyst, COUNT, mechanism=SleepyCount.name, key="retry-me")
+        assert assert_problem(retried, 503)["type"] == "/problems/unavailable"
         assert world.request(world.analyst, COUNT).status_code == 200  # inline mechanisms still work
 
 

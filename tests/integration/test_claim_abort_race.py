@@ -1,0 +1,52 @@
+"""A worker's claim cannot slip between an abort's check and its release of the reservation.
+
+``abort(unclaimed_only=True)`` locks the filters, re-reads the request and releases the reservation only
+if no worker holds it. The claim is one UPDATE of the request row alone, so the re-read must lock that row
+(PostgreSQL: ``SELECT … FOR UPDATE``; SQLite serializes every writer): otherwise a worker could claim (and
+read the data) after the check, and the abort would release the reservation of a request that runs.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from service import requests
+from service.auth import Principal, Role
+from service.db.session import make_engine, make_sessionmaker
+from tests.conftest import LiveServer
+from tests.integration.helpers import make_world
+
+
+def test_a_claim_waits_for_an_abort_that_has_checked_the_lease(live_server: LiveServer) -> None:
+    world = make_world(live_server, {"epsilon": 1.0, "delta": 0.0})
+    engine = make_engine(live_server.settings.database_url)
+    sessions = make_sessionmaker(engine)
+    try:
+        analyst = Principal(world.analyst_name, Role.analyst)
+        with sessions() as session:
+            validated = requests.validate(
+                session, analyst, world.dataset_id, "laplace", {"query": {"kind": "count"}, "epsilon": 0.1}
+            )
+        with sessions() as session:
+            request, _ = requests.admit(session, analyst, validated, None, 60)
+        ref = requests.RequestRef.of(request)
+        claimed: list[bool] = []
+        with sessions() as session, session.begin():
+            locked = requests._lock_running(session, ref)  # the abort's check, holding its locks
+            assert locked is not None
+            assert locked[1].lease_owner is None
+            claimer = threading.Thread(
+                target=lambda: claimed.append(
+                    requests.claim(sessions, request.id, "racing-worker", 60)
+                )
+            )
+            claimer.start()
+            claimer.join(1.0)
+            assert claimer.is_alive(), "the claim did not wait for the abort's transaction"
+            filters, row = locked
+            requests._end_reservation(session, filters, row, None, "abort", {"reason": "test"})
+            row.state, row.error = "aborted", "test"
+        claimer.join(30)
+        assert claimed == [False], "a claim after the abort must fail: the request never runs"
+    finally:
+        engine.dispose()
