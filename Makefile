@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test install install-test lint typecheck unit integration postgres browser bench clean
+.PHONY: run test install install-test lint typecheck unit integration postgres redis browser bench clean
 
 $(VENV)/.created:
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "expost needs Python 3.11, found " + sys.version.split()[0]'
@@ -30,8 +30,8 @@ run: install
 	$(BIN)/expost demo
 	$(BIN)/expost serve --host 127.0.0.1 --port 8000
 
-## test: set up, lint, type-check and run the whole suite (SQLite and PostgreSQL)
-test: install-test postgres browser lint typecheck
+## test: set up, lint, type-check and run the whole suite (SQLite and PostgreSQL, Redis for the queue)
+test: install-test postgres redis browser lint typecheck
 	$(BIN)/pytest -n 2 --dist loadfile -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: install-test
@@ -52,6 +52,10 @@ browser:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] \
 	  && (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver); } \
 	  || echo "make browser: chromium is not installed (needs root: apt-get install chromium); the e2e tests will skip, or fail under CI=true"
+
+## redis: make sure the local Redis answers on 127.0.0.1:6379 (starts it if it is down)
+redis:
+	@bash .ci/ensure-redis
 
 ## postgres: make sure the local PostgreSQL answers on 127.0.0.1:5432 (starts the cluster if it is down)
 postgres:

@@ -62,7 +62,7 @@ def test_privacy_reports_have_a_stricter_limit(limited: LiveServer) -> None:
     with limited.client(key) as client:
         statuses = [client.post("/v1/requests/rq_missing/privacy-report", json={"record": {}}).status_code
                     for _ in range(3)]
-        assert statuses[:2] != [429, 429]
+        assert 429 not in statuses[:2]
         assert statuses[2] == 429
         assert client.get("/v1/datasets").status_code == 200  # only that route is exhausted so far
 
@@ -91,12 +91,12 @@ def test_bodies_over_the_limit_are_413_declared_or_chunked(limited: LiveServer, 
 
 
 def test_the_limit_window_moves_on(database_url: str, tmp_path: Path) -> None:
-    settings = server_settings(database_url, tmp_path, rate_limit="3/2 seconds")
+    settings = server_settings(database_url, tmp_path, rate_limit="3/5 seconds")
     with running_server(settings) as server:
         _, key = server.create_key(Role.viewer)
         with server.client(key) as client:
             assert [client.get("/v1/datasets").status_code for _ in range(4)] == [200, 200, 200, 429]
-            time.sleep(2.1)
+            time.sleep(5.1)
             assert client.get("/v1/datasets").status_code == 200
 
 
