@@ -51,9 +51,8 @@ from pydantic import BaseModel, Field, model_validator
 from mechanisms.accounting.curve import RdpCurve, _pad_up
 from mechanisms.accounting.orders import validate_orders
 from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
-from mechanisms.learning import FeatureSpec, Task, check_features, design_matrix, dimension
+from mechanisms.learning import FeatureSpec, Task, check_features, column_names, design_matrix, dimension
 from mechanisms.relative_gaussian import project_to_ball, ridge_theta_bound
-from mechanisms.schema import CategoricalColumn
 
 Loss = Literal["logistic", "squared"]
 Neighboring = Literal["replace_one", "add_remove"]
@@ -399,7 +398,7 @@ class DpGdParams(FeatureSpec):
         description="step τ; default 1/L, public smoothness bound L = X² + λ (ridge), X²/4 + λ (logistic)",
     )
     clip: float = Field(
-        default=1.0, gt=0, le=1e6, allow_inf_nan=False, description="per-example gradient norm bound C"
+        default=1.0, ge=1e-9, le=1e6, allow_inf_nan=False, description="per-example gradient norm bound C"
     )
     noise_multiplier: float | None = Field(
         default=None,
@@ -421,7 +420,7 @@ class DpGdParams(FeatureSpec):
     )
     row_norm: float = Field(
         default=1.0,
-        gt=0,
+        ge=1e-6,
         le=1e6,
         allow_inf_nan=False,
         description="rows of the design matrix clipped to this ℓ2 norm",
@@ -464,18 +463,6 @@ def learner_task(model: str, task: str | None) -> Task:
     return "classification" if model == "logistic" else "regression"
 
 
-def column_names(spec: FeatureSpec, ctx: PublicContext) -> list[str]:
-    """Names of the design-matrix columns (public): numeric name, ``name=value`` one-hots, ``(intercept)``."""
-    names: list[str] = []
-    for name in spec.features:
-        column = ctx.schema.column(name)
-        if isinstance(column, CategoricalColumn):
-            names.extend(f"{name}={value}" for value in column.values)
-        else:
-            names.append(name)
-    if spec.intercept:
-        names.append("(intercept)")
-    return names
 
 
 class DpGdMechanism:

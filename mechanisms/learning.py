@@ -123,3 +123,17 @@ def design_matrix(
     assert label is not None
     assert not isinstance(label, CategoricalColumn)
     return features, raw.astype(np.float64) / _magnitude(label.min, label.max)
+
+
+def column_names(spec: FeatureSpec, ctx: PublicContext) -> list[str]:
+    """Names of the design-matrix columns (public): numeric name, ``name=value`` one-hots, ``(intercept)``."""
+    names: list[str] = []
+    for name in spec.features:
+        column = ctx.schema.column(name)
+        if isinstance(column, CategoricalColumn):
+            names.extend(f"{name}={value}" for value in column.values)
+        else:
+            names.append(name)
+    if spec.intercept:
+        names.append("(intercept)")
+    return names

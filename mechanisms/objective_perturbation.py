@@ -511,7 +511,7 @@ class ObjPertLogisticParams(FeatureSpec):
         description="σ_out of the output noise (default 1000·τ/λ)",
     )
     row_norm: StrictFloat = Field(
-        default=1.0, gt=0, le=1e3, allow_inf_nan=False,
+        default=1.0, ge=1e-6, le=1e3, allow_inf_nan=False,
         description="R: each design-matrix row (intercept included) is clipped to ℓ2 norm ≤ R",
     )
     report: ReportKind = Field(
@@ -562,13 +562,13 @@ def public_row_bound(p: ObjPertLogisticParams, ctx: PublicContext) -> int:
     if ctx.schema.neighboring == "replace_one":
         if p.max_rows is not None:
             raise ParamsError(
-                "params.max_rows", "only for add_remove datasets (the row count is public under replace_one)"
+                "max_rows", "only for add_remove datasets (the row count is public under replace_one)"
             )
         assert ctx.n_rows is not None
         return ctx.n_rows
     if p.max_rows is None:
         raise ParamsError(
-            "params.max_rows",
+            "max_rows",
             "required on add_remove datasets: a public upper bound on the number of rows (the solver's "
             "rounding slack must not depend on the private row count)",
         )
@@ -608,7 +608,7 @@ class ObjPertLogistic:
         needed = minimum_tolerance(p.regularization, p.sigma, p.row_norm, d, n_bound)
         if p.tolerance < needed:
             raise ParamsError(
-                "params.tolerance",
+                "tolerance",
                 f"must be ≥ {_round_up(needed)!r} (10× the solver's float64 rounding slack at these public "
                 "bounds); raise tolerance or regularization, or lower max_rows",
             )
@@ -617,7 +617,7 @@ class ObjPertLogistic:
 
             reason = data_dependent_requirements(p, d)
             if reason is not None:
-                raise ParamsError("params.report_hessian_sigma", reason)
+                raise ParamsError("report_hessian_sigma", reason)
 
     def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
         from mechanisms.per_instance import report_curve

@@ -60,8 +60,8 @@ from mechanisms.accounting.conversion import epsilon_at_delta
 from mechanisms.accounting.curve import RdpCurve, _pad_up
 from mechanisms.accounting.orders import validate_orders
 from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
-from mechanisms.dp_gd import column_names, learner_task, safe_row_norms
-from mechanisms.learning import FeatureSpec, check_features, design_matrix, dimension
+from mechanisms.dp_gd import learner_task, safe_row_norms
+from mechanisms.learning import FeatureSpec, check_features, column_names, design_matrix, dimension
 from mechanisms.relative_gaussian import (
     Bound,
     RelativeSensitivity,
@@ -471,7 +471,7 @@ class RgmGdParams(FeatureSpec):
         description="step τ; default 1/((1 + dγ)L), L = X² + λ (ridge) or X²/4 + λ (logistic)",
     )
     row_norm: float = Field(
-        default=1.0, gt=0, le=1e6, allow_inf_nan=False, description="rows clipped to this ℓ2 norm X"
+        default=1.0, ge=1e-6, le=1e6, allow_inf_nan=False, description="rows clipped to this ℓ2 norm X"
     )
     gamma: float | None = Field(
         default=None,

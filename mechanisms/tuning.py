@@ -62,8 +62,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, mode
 
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
-from mechanisms.learning import FeatureSpec, check_features, design_matrix, dimension
-from mechanisms.schema import CategoricalColumn
+from mechanisms.learning import FeatureSpec, check_features, column_names, design_matrix, dimension
 from mechanisms.tuning_candidates import (
     LEARNERS,
     CandidateConfig,
@@ -590,15 +589,6 @@ def noise_sd(noise: dict[str, Any]) -> float:
     return float(noise["sigma"])
 
 
-def _column_names(spec: FeatureSpec, ctx: PublicContext) -> list[str]:
-    names: list[str] = []
-    for name in spec.features:
-        column = ctx.schema.column(name)
-        if isinstance(column, CategoricalColumn):
-            names += [f"{name}={value}" for value in column.values]
-        else:
-            names.append(name)
-    return names + (["(intercept)"] if spec.intercept else [])
 
 
 @dataclass(frozen=True)
@@ -627,8 +617,8 @@ class TuningSelect:
 
     name: ClassVar[str] = "tuning.select"
     summary: ClassVar[str] = (
-        "Hyperparameter tuning incl. choosing ε (ex-post, Ghazi et al. Algorithm 3); charges ≈ 2ε of the "
-        "selected candidate only."
+        "Hyperparameter tuning incl. choosing ε (ex-post, Ghazi et al. Algorithm 3); pure: 2ε_i + ε′ of the "
+        "selected candidate, 0 for none; rdp: Theorem 13."
     )
     params_model: ClassVar[type[BaseModel]] = TuningParams
     cost_parameter: ClassVar[str] = "epsilon_prime"
@@ -771,7 +761,7 @@ class TuningSelect:
             "outcome": "selected",
             "selected": {**config.as_dict(p.learner), "index": selection.index},
             "model": {
-                "columns": _column_names(p.features, ctx),
+                "columns": column_names(p.features, ctx),
                 "coefficients": [float(v) if math.isfinite(v) else None for v in theta],
             },
             "score": {

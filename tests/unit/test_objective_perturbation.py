@@ -491,11 +491,11 @@ def test_max_rows_is_required_on_add_remove_and_refused_on_replace_one() -> None
     mech = ObjPertLogistic()
     with pytest.raises(ParamsError, match="max_rows") as info:
         mech.check(_params(), _ctx("add_remove"))
-    assert info.value.field == "params.max_rows"
+    assert info.value.field == "max_rows"
     mech.check(_params(max_rows=400), _ctx("add_remove"))
     with pytest.raises(ParamsError, match="max_rows") as info:
         mech.check(_params(max_rows=400), _ctx("replace_one"))
-    assert info.value.field == "params.max_rows"
+    assert info.value.field == "max_rows"
     mech.check(_params(), _ctx("replace_one"))
 
 
@@ -509,7 +509,7 @@ def test_tolerance_below_the_public_minimum_is_refused_naming_it(neighboring: st
     assert 0 < needed < 1e-6  # the default tolerance is admissible here
     with pytest.raises(ParamsError, match="tolerance") as info:
         mech.check(_params(tolerance=needed / 2, **rows), ctx)
-    assert info.value.field == "params.tolerance"
+    assert info.value.field == "tolerance"
     shown = float(info.value.reason.split("≥ ")[1].split(" ")[0])
     assert needed <= shown <= needed * 1.01
     mech.check(_params(tolerance=shown, **rows), ctx)  # the minimum shown in the message is admissible

@@ -206,7 +206,7 @@ def test_failure_outcome_does_not_depend_on_one_row_replace_one() -> None:
     assert curve.values[curve.orders.index(8.0)] < 0.5  # a modest, finite charge
     with pytest.raises(ParamsError, match="tolerance") as info:
         ObjPertLogistic().check(params, ctx)  # refused before the data is read
-    assert info.value.field == "params.tolerance"
+    assert info.value.field == "tolerance"
     needed = minimum_tolerance(1e6, 20.0, 2.0, 2, n)
     assert tol < needed < 1e-9
     params = ObjPertLogisticParams.model_validate({**base, "tolerance": needed})
