@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Self
 
 import numpy as np
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from mechanisms.accounting.curve import RdpCurve, _pad_up
 from mechanisms.accounting.orders import validate_orders
@@ -386,21 +386,21 @@ class DpGdParams(FeatureSpec):
         description="label handling (mechanisms.learning); default: classification for logistic, "
         "regression for ridge. Logistic needs classification.",
     )
-    regularization: float = Field(
+    regularization: StrictFloat = Field(
         default=0.01, ge=0, le=1e6, allow_inf_nan=False, description="ridge λ ≥ 0"
     )
-    steps: int = Field(ge=1, le=10_000, description="number of gradient steps T")
-    step_size: float | None = Field(
+    steps: StrictInt = Field(ge=1, le=10_000, description="number of gradient steps T")
+    step_size: StrictFloat | None = Field(
         default=None,
         gt=0,
         le=1e6,
         allow_inf_nan=False,
         description="step τ; default 1/L, public smoothness bound L = X² + λ (ridge), X²/4 + λ (logistic)",
     )
-    clip: float = Field(
+    clip: StrictFloat = Field(
         default=1.0, ge=1e-9, le=1e6, allow_inf_nan=False, description="per-example gradient norm bound C"
     )
-    noise_multiplier: float | None = Field(
+    noise_multiplier: StrictFloat | None = Field(
         default=None,
         gt=0,
         le=1e6,
@@ -408,24 +408,24 @@ class DpGdParams(FeatureSpec):
         description="z: noise std z·Δ on the clipped sum (Δ = 2C replace-one, C add/remove). "
         "Give it, or target_epsilon and target_delta.",
     )
-    target_epsilon: float | None = Field(
+    target_epsilon: StrictFloat | None = Field(
         default=None,
         gt=0,
         le=1e4,
         allow_inf_nan=False,
         description="total ε at target_delta (Mironov conversion)",
     )
-    target_delta: float | None = Field(
+    target_delta: StrictFloat | None = Field(
         default=None, gt=0, lt=1, allow_inf_nan=False, description="δ of the total (ε, δ) target"
     )
-    row_norm: float = Field(
+    row_norm: StrictFloat = Field(
         default=1.0,
         ge=1e-6,
         le=1e6,
         allow_inf_nan=False,
         description="rows of the design matrix clipped to this ℓ2 norm",
     )
-    max_norm: float | None = Field(
+    max_norm: StrictFloat | None = Field(
         default=None,
         gt=0,
         le=1e12,
@@ -434,14 +434,14 @@ class DpGdParams(FeatureSpec):
         "a bound on the norm of the optimum, X/λ (logistic) or max(B, min(1/√λ, C/λ)) (ridge); required when "
         "regularization = 0",
     )
-    n_hint: int | None = Field(
+    n_hint: StrictInt | None = Field(
         default=None,
         ge=1,
         le=10**12,
         description="add_remove datasets only: a PUBLIC row-count estimate that normalises the gradient "
         "sum (the true count is private); affects utility only",
     )
-    return_iterates: bool = Field(
+    return_iterates: StrictBool = Field(
         default=False, description="release every noisy iterate, not only the final one"
     )
 

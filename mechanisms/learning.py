@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from mechanisms.base import ParamsError, PublicContext, Table
 from mechanisms.schema import CategoricalColumn
@@ -34,7 +34,7 @@ class FeatureSpec(BaseModel):
 
     features: tuple[str, ...] = Field(min_length=1, max_length=200, description="feature column names")
     label: str = Field(description="label column name")
-    intercept: bool = Field(default=True, description="append a constant-one feature")
+    intercept: StrictBool = Field(default=True, description="append a constant-one feature")
 
 
 def _magnitude(low: float, high: float) -> float:

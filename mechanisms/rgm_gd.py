@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Self
 
 import numpy as np
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from mechanisms.accounting.conversion import epsilon_at_delta
 from mechanisms.accounting.curve import RdpCurve, _pad_up
@@ -459,21 +459,21 @@ class RgmGdParams(FeatureSpec):
         description="label handling (mechanisms.learning): labels scaled to [-1, 1] or mapped to ±1; "
         "default: regression for ridge, classification for logistic (which requires it)",
     )
-    regularization: float = Field(
+    regularization: StrictFloat = Field(
         gt=0, le=1e6, allow_inf_nan=False, description="ridge λ > 0: the public curvature lower bound"
     )
-    steps: int = Field(ge=1, le=10_000, description="maximum number of gradient steps T (worst case)")
-    step_size: float | None = Field(
+    steps: StrictInt = Field(ge=1, le=10_000, description="maximum number of gradient steps T (worst case)")
+    step_size: StrictFloat | None = Field(
         default=None,
         gt=0,
         le=1e6,
         allow_inf_nan=False,
         description="step τ; default 1/((1 + dγ)L), L = X² + λ (ridge) or X²/4 + λ (logistic)",
     )
-    row_norm: float = Field(
+    row_norm: StrictFloat = Field(
         default=1.0, ge=1e-6, le=1e6, allow_inf_nan=False, description="rows clipped to this ℓ2 norm X"
     )
-    gamma: float | None = Field(
+    gamma: StrictFloat | None = Field(
         default=None,
         gt=0,
         le=1e12,
@@ -481,20 +481,20 @@ class RgmGdParams(FeatureSpec):
         description="RGM γ (noise variance γ‖∇f‖² + σ², σ² = γR_rel²/η²). Give it, or target_epsilon "
         "with target_alpha (per step) or with target_delta (total over T steps).",
     )
-    target_epsilon: float | None = Field(
+    target_epsilon: StrictFloat | None = Field(
         default=None, gt=0, le=1e4, allow_inf_nan=False, description="target ε (per step or total)"
     )
-    target_alpha: float | None = Field(
+    target_alpha: StrictFloat | None = Field(
         default=None, gt=1, le=1e4, allow_inf_nan=False, description="order of a per-step RDP target"
     )
-    target_delta: float | None = Field(
+    target_delta: StrictFloat | None = Field(
         default=None, gt=0, lt=1, allow_inf_nan=False, description="δ of a total (ε, δ) target"
     )
     bound: Literal["theorem1", "exact"] = Field(
         default="theorem1",
         description="per-step curve: Theorem 1 (paper) or the exact worst case (note §2.6, derived)",
     )
-    stop_tolerance: float | None = Field(
+    stop_tolerance: StrictFloat | None = Field(
         default=None,
         gt=0,
         le=1e12,
@@ -502,9 +502,13 @@ class RgmGdParams(FeatureSpec):
         description="stop when the released noisy gradient norm ‖θ_{t+1} − θ_t‖/τ ≤ this for "
         "stop_patience consecutive steps (charged only for the steps run)",
     )
-    stop_patience: int = Field(default=1, ge=1, le=10_000, description="consecutive steps below tolerance")
-    stop_min_steps: int = Field(default=1, ge=1, le=10_000, description="never stop before this many steps")
-    return_iterates: bool = Field(
+    stop_patience: StrictInt = Field(
+        default=1, ge=1, le=10_000, description="consecutive steps below tolerance"
+    )
+    stop_min_steps: StrictInt = Field(
+        default=1, ge=1, le=10_000, description="never stop before this many steps"
+    )
+    return_iterates: StrictBool = Field(
         default=False, description="release every noisy iterate, not only the final one"
     )
 
