@@ -161,14 +161,20 @@ def test_drop_given_k_is_exactly_exp_minus_c_k() -> None:
     rng = np.random.default_rng(104)
     eps_prime, c, copies, runs = 0.2, 0.25, 8, 300_000
     k = draw_latent(rng, "geometric", eps_prime, runs)
-    kept = (rng.standard_exponential((runs, copies)) >= c * k[:, None]).sum(axis=1)
-    # exact mixture pmf of the count
-    ks = np.arange(0, 400)
-    weights = -np.expm1(-eps_prime) * np.exp(-eps_prime * ks)
-    pmf = weights[:, None] * stats.binom.pmf(np.arange(copies + 1)[None, :], copies, np.exp(-c * ks)[:, None])
-    expected = pmf.sum(axis=0) * runs
-    observed = np.bincount(kept, minlength=copies + 1)
-    assert stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > FALSE_ALARM
+    exponentials = rng.standard_exponential((runs, copies))
+
+    def p_value(drop_rate: float) -> float:
+        """Chi-square p-value of the kept counts under drop rate ``drop_rate`` against the exact law at c."""
+        kept = (exponentials >= drop_rate * k[:, None]).sum(axis=1)
+        ks = np.arange(0, 400)  # exact mixture pmf of the count under the claimed c
+        weights = -np.expm1(-eps_prime) * np.exp(-eps_prime * ks)
+        binom = stats.binom.pmf(np.arange(copies + 1)[None, :], copies, np.exp(-c * ks)[:, None])
+        expected = (weights[:, None] * binom).sum(axis=0) * runs
+        observed = np.bincount(kept, minlength=copies + 1)
+        return float(stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
+
+    assert p_value(c) > FALSE_ALARM
+    assert p_value(1.3 * c) < FALSE_ALARM  # power: a 30%-wrong drop rate is rejected
 
 
 def test_bottom_is_data_independent() -> None:
@@ -183,6 +189,10 @@ def test_bottom_is_data_independent() -> None:
     assert abs(z) < stats.norm.isf(FALSE_ALARM / 2)
     z_d = (on_d[-1] / runs - p) / math.sqrt(p * (1 - p) / runs)
     assert abs(z_d) < stats.norm.isf(FALSE_ALARM / 2)
+    # power: the same z test tells apart a latent 30% off (ε′ = 0.13), whose P(⊥) differs
+    wrong = simulate_rr(copies, eps, 1.3 * eps_prime, q1, runs, np.random.default_rng(107))
+    z_wrong = (wrong[-1] / runs - p) / math.sqrt(p * (1 - p) / runs)
+    assert abs(z_wrong) > stats.norm.isf(FALSE_ALARM / 2)
 
 
 # ----- the simulator is the algorithm ----------------------------------------------------------------------
