@@ -345,6 +345,9 @@ def _print_demo(info: dict[str, object]) -> None:
     keys = {role: info[role]["key"] for role in ("admin", "analyst", "viewer")}  # type: ignore[index]
     ds = info["dataset"]
     learning = info.get("learning_dataset", "(none: an older demo; delete var/demo-keys.json to remake it)")
+    learner = {"features": ["age", "tenure", "visits"], "label": "churn", "steps": 20, "target_epsilon": 0.5,
+               "target_delta": 1e-6}
+    learner_body = json.dumps({"mechanism": "dp_gd", "params": learner})
     sys.stdout.write(f"""
 Demo dataset: {ds}   (budget ε = 1, δ = 1e-6; keys kept in var/demo-keys.json)
 Learning demo dataset: {learning}   (age, tenure, visits, spend, churn yes/no; same budget and keys)
@@ -357,7 +360,10 @@ Try (in another terminal):
        -d '{{"mechanism": "laplace", "params": {{"query": {{"kind": "count"}}, "epsilon": 0.1}}}}' \\
        http://127.0.0.1:8000/v1/datasets/{ds}/requests
   curl -s -H 'Authorization: Bearer {keys["viewer"]}' http://127.0.0.1:8000/v1/datasets/{ds}/budget
-  API docs: http://127.0.0.1:8000/docs
+  curl -s -H 'Authorization: Bearer {keys["analyst"]}' -H 'Content-Type: application/json' \\
+       -d '{learner_body}' \\
+       http://127.0.0.1:8000/v1/datasets/{learning}/requests
+  API docs: http://127.0.0.1:8000/docs    Dashboard: http://127.0.0.1:8000/dashboard
 """)
 
 
