@@ -320,32 +320,48 @@ def dp_gd_config(task: Task, config: CandidateConfig, order: float, orders: tupl
         z *= 1.0 + 1e-9
 
 
-class DpGd:
-    """Clipped Gaussian DP-GD on the training part; Gaussian-noised held-out score. RDP only."""
+class _GaussianScored:
+    """An RDP-only candidate calibrated at the order α*: a training run plus a Gaussian-noised held-out
+    score, each with RDP ≤ ε at α*; the candidate's curve is the maximum of the two (they touch disjoint
+    rows of the replace-one split). Subclasses give the training run's curve and the run itself."""
 
     has_pure_guarantee: ClassVar[bool] = False
+    kind: ClassVar[str]
 
     def __init__(self, name: str, task: Task) -> None:
         self.name = name
         self.task = task
 
+    def _train_curve(
+        self, config: CandidateConfig, orders: tuple[float, ...], order: float, shape: PublicShape
+    ) -> RdpCurve:
+        raise NotImplementedError
+
+    def _train(
+        self,
+        config: CandidateConfig,
+        split: Split,
+        order: float,
+        rng: np.random.Generator,
+        progress: ProgressFn,
+    ) -> np.ndarray:
+        raise NotImplementedError
+
     def curve(
         self, config: CandidateConfig, orders: tuple[float, ...], order: float | None, shape: PublicShape
     ) -> RdpCurve:
         if order is None:
-            raise ValueError("DP-GD candidates need a calibration order")
-        calibration = (order,)
-        gd = dp_gd_config(self.task, config, order, calibration)
-        train = dp_gd_curve(gd, "replace_one", orders)
+            raise ValueError(f"{self.kind} candidates need a calibration order")
+        train = self._train_curve(config, orders, order, shape)
         # The score curve's ratio to ε is the same for every m: use m = 1 (sensitivity scales with σ).
         unit = score_sensitivity(self.task, 1)
-        score = RdpCurve.gaussian(unit, _gaussian_sigma(unit, config.epsilon, order, calibration), orders)
+        score = RdpCurve.gaussian(unit, _gaussian_sigma(unit, config.epsilon, order, (order,)), orders)
         return train.maximum(score)
 
     def prepare(
         self, configs: list[CandidateConfig], split: Split, progress: ProgressFn = no_progress
     ) -> None:
-        """Nothing to share: every step of DP-GD draws its own noise."""
+        """Nothing to share: every training run draws its own noise."""
 
     def fit_and_score(
         self,
@@ -356,14 +372,34 @@ class DpGd:
         progress: ProgressFn = no_progress,
     ) -> tuple[np.ndarray, float, dict[str, Any]]:
         assert order is not None
-        calibration = (order,)
-        gd = dp_gd_config(self.task, config, order, calibration)
-        n_train = split.x_train.shape[0]
-        theta = dp_gd_train(gd, split.x_train, split.y_train, float(n_train), rng, progress)
+        theta = self._train(config, split, order, rng, progress)
         sens = score_sensitivity(self.task, split.x_hold.shape[0])
-        sigma = _gaussian_sigma(sens, config.epsilon, order, calibration)
+        sigma = _gaussian_sigma(sens, config.epsilon, order, (order,))
         score = utility(theta, split.x_hold, split.y_hold, self.task) + float(rng.normal(0.0, sigma))
         return np.asarray(theta, dtype=float), score, {"distribution": "gaussian", "sigma": sigma}
+
+
+class DpGd(_GaussianScored):
+    """Clipped Gaussian DP-GD on the training part; Gaussian-noised held-out score. RDP only."""
+
+    kind: ClassVar[str] = "DP-GD"
+
+    def _train_curve(
+        self, config: CandidateConfig, orders: tuple[float, ...], order: float, shape: PublicShape
+    ) -> RdpCurve:
+        return dp_gd_curve(dp_gd_config(self.task, config, order, (order,)), "replace_one", orders)
+
+    def _train(
+        self,
+        config: CandidateConfig,
+        split: Split,
+        order: float,
+        rng: np.random.Generator,
+        progress: ProgressFn,
+    ) -> np.ndarray:
+        gd = dp_gd_config(self.task, config, order, (order,))
+        n_train = split.x_train.shape[0]
+        return dp_gd_train(gd, split.x_train, split.y_train, float(n_train), rng, progress)
 
 
 # ----- objective perturbation (RDP) -------------------------------------------------------------------------
@@ -427,51 +463,34 @@ def objpert_candidate_config(epsilon: float, reg: float, order: float, d: int, n
     raise ValueError(f"objective perturbation cannot reach RDP ε = {epsilon!r} at order {order!r}")
 
 
-class ObjPert:
+class ObjPert(_GaussianScored):
     """Objective perturbation (``mechanisms.objective_perturbation``, AMP variant) for logistic regression,
     calibrated so its RDP at α* is ≤ ε; Gaussian-noised held-out score. RDP only.
 
     ``regularization`` is λ of the **sum-scale** objective Σ f + (λ/2)‖θ‖², and must exceed β = 1/4.
     """
 
-    has_pure_guarantee: ClassVar[bool] = False
+    kind: ClassVar[str] = "objective-perturbation"
 
-    def __init__(self, name: str, task: Task) -> None:
-        self.name = name
-        self.task = task
-
-    def curve(
-        self, config: CandidateConfig, orders: tuple[float, ...], order: float | None, shape: PublicShape
+    def _train_curve(
+        self, config: CandidateConfig, orders: tuple[float, ...], order: float, shape: PublicShape
     ) -> RdpCurve:
-        if order is None:
-            raise ValueError("objective-perturbation candidates need a calibration order")
-        op = objpert_candidate_config(config.epsilon, config.reg, order, shape.d, shape.n_train)
-        train = objpert_curve(op, orders)
-        unit = score_sensitivity(self.task, 1)
-        score = RdpCurve.gaussian(unit, _gaussian_sigma(unit, config.epsilon, order, (order,)), orders)
-        return train.maximum(score)
+        return objpert_curve(
+            objpert_candidate_config(config.epsilon, config.reg, order, shape.d, shape.n_train), orders
+        )
 
-    def prepare(
-        self, configs: list[CandidateConfig], split: Split, progress: ProgressFn = no_progress
-    ) -> None:
-        """Nothing to share: each candidate's objective carries its own noise b."""
-
-    def fit_and_score(
+    def _train(
         self,
         config: CandidateConfig,
         split: Split,
-        order: float | None,
+        order: float,
         rng: np.random.Generator,
-        progress: ProgressFn = no_progress,
-    ) -> tuple[np.ndarray, float, dict[str, Any]]:
-        assert order is not None
+        progress: ProgressFn,
+    ) -> np.ndarray:
         n_train, d = split.x_train.shape  # the public shape: equal to the plan's (asserted in the service)
         op = objpert_candidate_config(config.epsilon, config.reg, order, d, n_train)
-        theta = fit_objpert(split.x_train, split.y_train, op, rng, progress).released
-        sens = score_sensitivity(self.task, split.x_hold.shape[0])
-        s_sigma = _gaussian_sigma(sens, config.epsilon, order, (order,))
-        score = utility(theta, split.x_hold, split.y_hold, self.task) + float(rng.normal(0.0, s_sigma))
-        return np.asarray(theta, dtype=float), score, {"distribution": "gaussian", "sigma": s_sigma}
+        theta: np.ndarray = fit_objpert(split.x_train, split.y_train, op, rng, progress).released
+        return theta
 
 
 LEARNERS: dict[str, OutputPerturbation | DpGd | ObjPert] = {
