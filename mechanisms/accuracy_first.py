@@ -51,7 +51,7 @@ import itertools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -265,18 +265,15 @@ def output_dim(query: AnyQuery, ctx: PublicContext) -> int:
     raise ParamsError("query.column", "a histogram needs a categorical or int column")
 
 
-ModelT = TypeVar("ModelT", bound=BaseModel)
-
-
 class _Family(ABC):
     """What differs between Laplace and Brownian noise reduction: grid, sampler, scales and charges."""
 
     distribution: ClassVar[str]
     grid_field: ClassVar[str]
 
-    @staticmethod
-    @abstractmethod
-    def grid(params: BaseModel) -> tuple[float, ...]: ...
+    def grid(self, params: BaseModel) -> tuple[float, ...]:
+        """The request's grid: its ``grid_field`` (ε increasing, or variances decreasing)."""
+        return tuple(getattr(params, self.grid_field))
 
     @staticmethod
     @abstractmethod
@@ -327,10 +324,6 @@ class _LaplaceFamily(_Family):
     grid_field = "epsilons"
 
     @staticmethod
-    def grid(params: BaseModel) -> tuple[float, ...]:
-        return tuple(getattr(params, "epsilons"))  # noqa: B009 - the family's grid field
-
-    @staticmethod
     def sensitivity(query: AnyQuery, ctx: PublicContext) -> float:
         return l1(shifts(query, ctx))
 
@@ -376,10 +369,6 @@ class _LaplaceFamily(_Family):
 class _GaussianFamily(_Family):
     distribution = "gaussian"
     grid_field = "variances"
-
-    @staticmethod
-    def grid(params: BaseModel) -> tuple[float, ...]:
-        return tuple(getattr(params, "variances"))  # noqa: B009 - the family's grid field
 
     @staticmethod
     def sensitivity(query: AnyQuery, ctx: PublicContext) -> float:
