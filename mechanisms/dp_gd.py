@@ -51,7 +51,14 @@ from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, model
 from mechanisms.accounting.curve import RdpCurve, _pad_up
 from mechanisms.accounting.orders import validate_orders
 from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
-from mechanisms.learning import FeatureSpec, Task, check_features, column_names, design_matrix, dimension
+from mechanisms.learning import (
+    FeatureSpec,
+    check_features,
+    column_names,
+    design_matrix,
+    dimension,
+    learner_task,
+)
 from mechanisms.relative_gaussian import project_to_ball, ridge_theta_bound
 
 Loss = Literal["logistic", "squared"]
@@ -455,16 +462,6 @@ class DpGdParams(FeatureSpec):
         return self
 
 
-
-def learner_task(model: str, task: str | None) -> Task:
-    """The label handling of ``mechanisms.learning`` for a model."""
-    if task is not None:
-        return "classification" if task == "classification" else "regression"
-    return "classification" if model == "logistic" else "regression"
-
-
-
-
 class DpGdMechanism:
     """Clipped Gaussian DP gradient descent (full batch), the baseline of issue 5."""
 
@@ -481,10 +478,7 @@ class DpGdMechanism:
 
     def check(self, params: BaseModel, ctx: PublicContext) -> None:
         p = params_as(params, DpGdParams)
-        task = learner_task(p.model, p.task)
-        if p.model == "logistic" and task != "classification":
-            raise ParamsError("task", "logistic regression needs a classification label")
-        check_features(p, ctx, task)
+        check_features(p, ctx, learner_task(p.model, p.task))
         if ctx.schema.neighboring == "replace_one":
             if p.n_hint is not None:
                 raise ParamsError("n_hint", "only for add_remove datasets (the row count is public here)")

@@ -37,6 +37,17 @@ class FeatureSpec(BaseModel):
     intercept: StrictBool = Field(default=True, description="append a constant-one feature")
 
 
+def learner_task(model: str, task: str | None) -> Task:
+    """The label handling for a model: ``task`` if given, else classification for logistic and regression
+    otherwise. Logistic regression needs ±1 labels, so any other task is refused (ParamsError on ``task``)."""
+    if task is None:
+        task = "classification" if model == "logistic" else "regression"
+    chosen: Task = "classification" if task == "classification" else "regression"
+    if model == "logistic" and chosen != "classification":
+        raise ParamsError("task", "logistic regression needs a classification label")
+    return chosen
+
+
 def _magnitude(low: float, high: float) -> float:
     return max(abs(float(low)), abs(float(high)))
 

@@ -60,8 +60,15 @@ from mechanisms.accounting.conversion import epsilon_at_delta
 from mechanisms.accounting.curve import RdpCurve, _pad_up
 from mechanisms.accounting.orders import validate_orders
 from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
-from mechanisms.dp_gd import learner_task, safe_row_norms
-from mechanisms.learning import FeatureSpec, check_features, column_names, design_matrix, dimension
+from mechanisms.dp_gd import safe_row_norms
+from mechanisms.learning import (
+    FeatureSpec,
+    check_features,
+    column_names,
+    design_matrix,
+    dimension,
+    learner_task,
+)
 from mechanisms.relative_gaussian import (
     Bound,
     RelativeSensitivity,
@@ -548,10 +555,7 @@ class RgmGdMechanism:
 
     def check(self, params: BaseModel, ctx: PublicContext) -> None:
         p = params_as(params, RgmGdParams)
-        task = learner_task(p.model, p.task)
-        if p.model == "logistic" and task != "classification":
-            raise ParamsError("task", "logistic regression needs a classification label")
-        check_features(p, ctx, task)
+        check_features(p, ctx, learner_task(p.model, p.task))
         self._resolve(p, ctx)
 
     def _resolve(self, p: RgmGdParams, ctx: PublicContext) -> _Resolved:
