@@ -401,6 +401,20 @@ def ridge_gradient(theta: np.ndarray, features: np.ndarray, labels: np.ndarray, 
     return gradient
 
 
+def _ridge_inputs(
+    n_rows: int, reg: float, feature_bound: float, label_bound: float
+) -> tuple[float, float, float, float]:
+    """(n, λ, X, Y) of a ridge relative-sensitivity bound, validated: n ≥ 1 an integer, λ > 0, X, Y ≥ 0."""
+    if isinstance(n_rows, bool) or int(n_rows) != n_rows or n_rows < 1:
+        raise ValueError(f"n_rows must be an integer ≥ 1, got {n_rows!r}")
+    reg = _finite_nonnegative(reg, "reg")
+    if reg == 0.0:
+        raise ValueError("reg must be > 0: the ridge term is the public curvature lower bound")
+    x_max = _finite_nonnegative(feature_bound, "feature_bound")
+    y_max = _finite_nonnegative(label_bound, "label_bound")
+    return float(n_rows), reg, x_max, y_max
+
+
 def ridge_relative_sensitivity(
     n_rows: int, reg: float, feature_bound: float, label_bound: float
 ) -> RelativeSensitivity:
@@ -417,14 +431,7 @@ def ridge_relative_sensitivity(
 
     The bound holds for θ that is public (e.g. the previous noisy iterate); it is C = I in Prop. 1.
     """
-    if isinstance(n_rows, bool) or int(n_rows) != n_rows or n_rows < 1:
-        raise ValueError(f"n_rows must be an integer ≥ 1, got {n_rows!r}")
-    reg = _finite_nonnegative(reg, "reg")
-    if reg == 0.0:
-        raise ValueError("reg must be > 0: the ridge term is the public curvature lower bound")
-    x_max = _finite_nonnegative(feature_bound, "feature_bound")
-    y_max = _finite_nonnegative(label_bound, "label_bound")
-    n = float(n_rows)
+    n, reg, x_max, y_max = _ridge_inputs(n_rows, reg, feature_bound, label_bound)
     eta = _up(math.sqrt(6.0) * x_max * x_max / (reg * n))
     theta_bound = y_max * min(x_max / reg, 1.0 / math.sqrt(reg))
     r_rel = _up(math.sqrt(12.0) * x_max * (x_max * theta_bound + y_max) / n)
@@ -465,17 +472,10 @@ def ridge_relative_sensitivity_split(
     Hence η² = (1 + κ)X⁴/(λ²n²) and R_rel² = (1 + 1/κ)·4X²(XB + Y)²/n². With κ = 3: η = 2X²/(λn)
     (vs √6X²/(λn)) and R_rel = (4/√3)·X(XB + Y)/n (vs √12·X(XB + Y)/n with a larger B).
     """
-    if isinstance(n_rows, bool) or int(n_rows) != n_rows or n_rows < 1:
-        raise ValueError(f"n_rows must be an integer ≥ 1, got {n_rows!r}")
-    reg = _finite_nonnegative(reg, "reg")
-    if reg == 0.0:
-        raise ValueError("reg must be > 0: the ridge term is the public curvature lower bound")
-    x_max = _finite_nonnegative(feature_bound, "feature_bound")
-    y_max = _finite_nonnegative(label_bound, "label_bound")
+    n, reg, x_max, y_max = _ridge_inputs(n_rows, reg, feature_bound, label_bound)
     split = float(split)
     if not (math.isfinite(split) and split > 0.0):
         raise ValueError(f"split must be finite and > 0, got {split!r}")
-    n = float(n_rows)
     eta = _up(math.sqrt(1.0 + split) * x_max * x_max / (reg * n))
     theta_bound = ridge_theta_bound(reg, x_max, y_max)
     r_rel = _up(math.sqrt(1.0 + 1.0 / split) * 2.0 * x_max * (x_max * theta_bound + y_max) / n)
