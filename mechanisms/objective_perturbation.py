@@ -584,7 +584,6 @@ def _round_up(value: float, digits: int = 3) -> float:
     return shown if shown >= value else math.nextafter(value, math.inf)
 
 
-
 class ObjPertLogistic:
     """Objective perturbation (approximate minimizer + output noise) for logistic regression."""
 

@@ -18,7 +18,7 @@ from service import metrics
 from service.config import Settings, get_settings
 from service.context import AppContext
 from service.db.migrate import ensure_migrated
-from service.errors import PROBLEM_JSON, ServiceError
+from service.errors import PROBLEM_JSON, ServiceError, ServiceUnavailable
 from service.logs import configure_logging, failure_fields
 from service.middleware import ObservabilityMiddleware
 from service.ratelimit import GuardMiddleware
@@ -114,17 +114,9 @@ def install_error_handlers(app: FastAPI) -> None:
         # The database is unreachable, restarting or overloaded: a transient 503 the client may retry
         # (POSTs with the same Idempotency-Key); every transaction is atomic, so nothing was half-written.
         log.warning("database unavailable", path=request.url.path, **failure_fields(exc))
-        return problem_response(
-            503,
-            {
-                "type": "/problems/unavailable",
-                "title": "Service unavailable",
-                "status": 503,
-                "detail": "the database is unavailable; retry later (with the same Idempotency-Key)",
-                "instance": request.url.path,
-            },
-            headers={"Retry-After": "1"},
-        )
+        detail = "the database is unavailable; retry later (with the same Idempotency-Key)"
+        unavailable = ServiceUnavailable(detail)
+        return problem_response(503, unavailable.problem(request.url.path), headers={"Retry-After": "1"})
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
