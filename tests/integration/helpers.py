@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from service.auth import Role
 from service.db.migrate import upgrade
+from service.db.models import AnalysisRequest, AnalysisSession
 from service.db.session import is_sqlite, make_engine, make_sessionmaker
 from tests.conftest import LiveServer, fresh_postgres_database
 
@@ -157,3 +161,24 @@ def fresh_database(like_url: str, directory: Path, migrated: bool = True) -> Ite
         yield fresh.url
     finally:
         fresh.drop()
+
+
+def backdate_session_expiry(session: Session, session_id: str) -> None:
+    """Make an open session look idle past its TTL: its expiry and its reservation's lease are in the past."""
+    row = session.get(AnalysisSession, session_id)
+    assert row is not None
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    session.execute(update(AnalysisSession).where(AnalysisSession.id == row.id).values(expires_at=past))
+    session.execute(
+        update(AnalysisRequest).where(AnalysisRequest.id == row.request_id).values(lease_expires_at=past)
+    )
+
+
+def wait_until_closed(client: httpx.Client, session_id: str) -> dict[str, Any]:
+    """The session once the test server's reaper (every 0.5 s) has closed it, or its state after 10 s."""
+    for _ in range(100):
+        state: dict[str, Any] = client.get(f"/v1/sessions/{session_id}").json()
+        if state["state"] == "closed":
+            break
+        threading.Event().wait(0.1)
+    return state

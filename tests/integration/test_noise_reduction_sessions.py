@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import update
 
-from service.db.models import AnalysisRequest, AnalysisSession
 from tests.conftest import LiveServer
-from tests.integration.helpers import World, assert_problem, db_session, get_budget, make_world
+from tests.integration.helpers import (
+    World,
+    assert_problem,
+    backdate_session_expiry,
+    db_session,
+    get_budget,
+    make_world,
+    wait_until_closed,
+)
 
 COUNT = {"kind": "count"}  # 200 rows in the helpers' CSV
 EPSILONS = [0.1, 0.2, 0.4, 0.8]
@@ -110,23 +115,9 @@ class TestSessions:
         world = make_world(live_server, BUDGET)
         opened = open_nr(world)
         assert next_level(world, opened["id"]).status_code == 200
-        past = datetime.now(UTC) - timedelta(seconds=1)
         with db_session(live_server.settings.database_url) as session, session.begin():
-            row = session.get(AnalysisSession, opened["id"])
-            assert row is not None
-            session.execute(
-                update(AnalysisSession).where(AnalysisSession.id == row.id).values(expires_at=past)
-            )
-            session.execute(
-                update(AnalysisRequest)
-                .where(AnalysisRequest.id == row.request_id)
-                .values(lease_expires_at=past)
-            )
-        for _ in range(100):  # the test server's reaper runs every 0.5 s
-            state = world.analyst.get(f"/v1/sessions/{opened['id']}").json()
-            if state["state"] == "closed":
-                break
-            threading.Event().wait(0.1)
+            backdate_session_expiry(session, opened["id"])
+        state = wait_until_closed(world.analyst, opened["id"])
         assert state["close_reason"] == "expired"
         assert exact(state["realized"]["pure"], 0.1)
         assert exact(pure(world)["spent"], 0.1)

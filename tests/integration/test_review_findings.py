@@ -48,6 +48,7 @@ from tests.integration.helpers import (
     SCHEMA,
     World,
     assert_problem,
+    backdate_session_expiry,
     db_session,
     get_budget,
     ledger_items,
@@ -443,16 +444,8 @@ class TestVerifiedProperties:
         row = laplace_session(sessions, analyst, dataset_id)
         answer = domain.ask(app, analyst, row.id, BELOW, "q0")[1]
         assert answer == {"above": False, "index": 0}
-        past = datetime.now(UTC) - timedelta(seconds=1)
         with sessions() as session, session.begin():
-            session.execute(
-                update(AnalysisSession).where(AnalysisSession.id == row.id).values(expires_at=past)
-            )
-            session.execute(
-                update(AnalysisRequest)
-                .where(AnalysisRequest.id == row.request_id)
-                .values(lease_expires_at=past)
-            )
+            backdate_session_expiry(session, row.id)
         barrier = threading.Barrier(8)
 
         def one(i: int) -> Any:

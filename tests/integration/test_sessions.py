@@ -16,12 +16,20 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import update
 
-from service.db.models import AnalysisRequest, AnalysisSession
+from service.db.models import AnalysisSession
 from service.db.repositories import SessionRepository
 from tests.conftest import LiveServer
-from tests.integration.helpers import SCHEMA, World, db_session, get_budget, ledger_items, make_world
+from tests.integration.helpers import (
+    SCHEMA,
+    World,
+    backdate_session_expiry,
+    db_session,
+    get_budget,
+    ledger_items,
+    make_world,
+    wait_until_closed,
+)
 
 BELOW = {"query": {"kind": "count", "where": [{"column": "region", "op": "eq", "value": "north"}]}}
 ABOVE = {"query": {"kind": "count"}}
@@ -122,23 +130,9 @@ class TestOutcomes:
         world = make_world(live_server, BUDGET)
         opened = open_session(world)
         assert ask(world, opened["id"], BELOW, 0.5).status_code == 200
-        past = datetime.now(UTC) - timedelta(seconds=1)
         with db_session(live_server.settings.database_url) as session, session.begin():
-            row = session.get(AnalysisSession, opened["id"])
-            assert row is not None
-            session.execute(
-                update(AnalysisSession).where(AnalysisSession.id == row.id).values(expires_at=past)
-            )
-            session.execute(
-                update(AnalysisRequest)
-                .where(AnalysisRequest.id == row.request_id)
-                .values(lease_expires_at=past)
-            )
-        for _ in range(100):  # the test server's reaper runs every 0.5 s
-            state = world.analyst.get(f"/v1/sessions/{opened['id']}").json()
-            if state["state"] == "closed":
-                break
-            threading.Event().wait(0.1)
+            backdate_session_expiry(session, opened["id"])
+        state = wait_until_closed(world.analyst, opened["id"])
         assert state["close_reason"] == "expired"
         assert charged(state["realized"]["pure"], 1.0)
         assert charged(pure(world)["spent"], 1.0)
