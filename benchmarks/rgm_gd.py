@@ -12,7 +12,12 @@ N = 141 691 records and d = 22 features; ridge λ = 0.03; labels ±1 fitted by r
 * methods: non-private GD; RGM-GD (``mechanisms.rgm_gd``, the relative sensitivity rgm.gd charges:
   η = 2X²/(λn), R_rel = (4/√3)X(XB + Y)/n) with Theorem 1 and with the exact curve; clipped DP-GD
   (``mechanisms.dp_gd``, replace-one Δ = 2C) with C ∈ {c/10, c, 10c}, c = max_i ‖∇ℓ_i(θ*)‖ (the paper's
-  non-private choice) and with C = X·Y = 1 (the largest per-example gradient norm at θ₀ = 0, public);
+  non-private choice), with C = X·Y = 1 (the largest per-example gradient norm at θ₀ = 0, public) and with
+  C_pub = X(XB + Y) on the ball ‖θ‖ ≤ B (``never_clipping_threshold``: public, never clips there);
+* Proposition NOGAIN (docs/privacy.md §8.3.8): every valid relative sensitivity has R_rel ≥ R_floor
+  (``ridge_r_rel_floor``), so no RGM-GD parametrisation has a noise floor below that of a Gaussian mechanism
+  with sensitivity R_floor; "rgm_at_floor" runs RGM-GD with σ from R_floor instead of R_rel (NOT private: an
+  optimistic bound on what any sound parametrisation could reach);
 * privacy levels: (a) per step RDP ε = 0.1 at α = 2 (the paper's "equivalent RDP": RGM γ from Theorem 1 /
   the exact curve, DP-GD noise multiplier z = √(α/(2ε))), (b) a total (ε, δ) = (1, 1e-6) over T steps,
   each method calibrated on its own RDP curve over ``DEFAULT_ORDERS`` with Mironov's conversion;
@@ -42,16 +47,20 @@ if str(ROOT) not in sys.path:
 
 from mechanisms.accounting import DEFAULT_ORDERS, epsilon_at_delta  # noqa: E402
 from mechanisms.dp_gd import DpGdConfig, dp_gd_curve, dp_gd_train, noise_multiplier_for  # noqa: E402
+from mechanisms.relative_gaussian import RelativeSensitivity  # noqa: E402
 from mechanisms.rgm_gd import (  # noqa: E402
     RgmGdConfig,
     baseline_sigma,
     full_gradient,
     gamma_for_step,
     gamma_for_total,
+    never_clipping_threshold,
     relative_sensitivity,
     rgm_gd_train,
+    ridge_r_rel_floor,
     scale_curve,
     step_curve,
+    theta_bound,
 )
 
 REG = 0.03
@@ -118,10 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     residual = x @ theta_star - y
     c = float(np.max(np.abs(residual) * np.linalg.norm(x, axis=1)))
     sens = relative_sensitivity("ridge", n, REG, 1.0, 1.0)
+    c_pub = never_clipping_threshold("ridge", REG, 1.0, 1.0)
+    ball = theta_bound("ridge", REG, 1.0, 1.0)
+    r_floor = ridge_r_rel_floor(n, REG, 1.0, 1.0)
     checkpoints = sorted({t for t in (1, 2, 5, 10, 20, 50, 100, steps) if t <= steps})
     print(
         f"N = {n}, d = {d}, λ = {REG}, T = {steps}, τ = {tau:.4g}, c = {c:.4g}, "
-        f"η = {sens.eta:.4g}, R_rel = {sens.r_rel:.4g}, seeds = {args.seeds}"
+        f"η = {sens.eta:.4g}, R_rel = {sens.r_rel:.4g}, seeds = {args.seeds}\n"
+        f"n·R_rel = {n * sens.r_rel:.4g} (rgm.gd), n·R_floor = {n * r_floor:.4g} (every valid R_rel ≥ it), "
+        f"2c = {2 * c:.4g} (DP-GD, C = c), 2C_pub = {2 * c_pub:.4g} (DP-GD, public C that never clips)"
     )
 
     levels: dict[str, Any] = {}
@@ -140,7 +154,13 @@ def main(argv: list[str] | None = None) -> int:
             if level.startswith("per_step")
             else noise_multiplier_for(TOTAL_EPS, TOTAL_DELTA, steps, DEFAULT_ORDERS)
         )
-        clips = {"C=c/10": c / 10, "C=c": c, "C=10c": 10 * c, "C=1 (public)": 1.0}
+        clips: dict[str, tuple[float, float | None]] = {
+            "C=c/10": (c / 10, None),
+            "C=c": (c, None),
+            "C=10c": (10 * c, None),
+            "C=1 (public)": (1.0, None),
+            "C=C_pub (public, never clips)": (c_pub, ball),
+        }
 
         # --- the privacy each method is charged ---
         for bound, (gamma, sigma) in rgm_params.items():
@@ -151,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                 "rdp_alpha2_total": curve.at(2.0),
                 "epsilon_at_1e-6": epsilon_at_delta(curve, TOTAL_DELTA),
             }
-        for name, clip in clips.items():
-            config = DpGdConfig("squared", REG, steps, tau, clip, z)
+        for name, (clip, radius) in clips.items():
+            config = DpGdConfig("squared", REG, steps, tau, clip, z, radius=radius)
             curve = dp_gd_curve(config, "replace_one", DEFAULT_ORDERS)
             methods[f"dpgd_{name}"] = {
                 "clip": clip,
@@ -170,10 +190,30 @@ def main(argv: list[str] | None = None) -> int:
                     excess(rgm_gd_train(config_r, x, y, np.random.default_rng(seed)).iterates, a, theta_star)
                 )
             methods[f"rgm_{bound}"].update(summarize(runs, checkpoints))
-        for name, clip in clips.items():
+        gamma_t1 = rgm_params["theorem1"][0]
+        floor_sigma = baseline_sigma(gamma_t1, RelativeSensitivity(sens.eta, r_floor))
+        runs = [
+            excess(
+                rgm_gd_train(
+                    RgmGdConfig("ridge", REG, steps, tau, gamma_t1, floor_sigma),
+                    x,
+                    y,
+                    np.random.default_rng(seed),
+                ).iterates,
+                a,
+                theta_star,
+            )
+            for seed in range(args.seeds)
+        ]
+        methods["rgm_at_floor (not private)"] = {
+            "gamma": gamma_t1,
+            "sigma": floor_sigma,
+            **summarize(runs, checkpoints),
+        }
+        for name, (clip, radius) in clips.items():
             runs = []
             for seed in range(args.seeds):
-                config = DpGdConfig("squared", REG, steps, tau, clip, z)
+                config = DpGdConfig("squared", REG, steps, tau, clip, z, radius=radius)
                 path = dp_gd_train(config, x, y, n, np.random.default_rng(seed), return_iterates=True)
                 runs.append(excess(path, a, theta_star))
             methods[f"dpgd_{name}"].update(summarize(runs, checkpoints))
@@ -183,7 +223,19 @@ def main(argv: list[str] | None = None) -> int:
 
         dp_names = [k for k in methods if k.startswith("dpgd_")]
         best_dp = min(dp_names, key=lambda k: methods[k]["final_mean"])
+        rgm_best = min(methods["rgm_theorem1"]["final_mean"], methods["rgm_exact"]["final_mean"])
         levels[level] = {
+            "nogain": {
+                "dpgd_c_pub_beats_rgm": methods["dpgd_C=C_pub (public, never clips)"]["final_mean"]
+                < rgm_best,
+                "rgm_at_floor_beats_best_dpgd": methods["rgm_at_floor (not private)"]["final_mean"]
+                < methods[best_dp]["final_mean"],
+                "noise_std_near_optimum": {
+                    "rgm": rgm_params["theorem1"][1],
+                    "rgm_at_floor": floor_sigma,
+                    **{k: methods[k]["noise_multiplier"] * 2 * methods[k]["clip"] / n for k in dp_names},
+                },
+            },
             "methods": methods,
             "best_dpgd": best_dp,
             "rgm_theorem1_beats_best_dpgd": methods["rgm_theorem1"]["final_mean"]
@@ -200,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                 if ("rdp_alpha2_total" in value)
                 else ""
             )
-            print(f"  {key:22s} " + " ".join(f"{v:9.3e}" for v in value["mean"]) + charge)
+            print(f"  {key:34s} " + " ".join(f"{v:9.3e}" for v in value["mean"]) + charge)
 
     # --- wall time: RGM-GD vs non-private GD (same gradient code), median of repeats ---
     gamma = gamma_for_step(EPS_STEP, ALPHA, sens.eta, d)
@@ -248,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
             "seeds": args.seeds,
             "step_size": tau,
             "c_max_per_example_grad_at_optimum": c,
+            "c_pub_never_clips": c_pub,
+            "ball_radius": ball,
+            "r_rel_floor_every_valid": r_floor,
             "eta": sens.eta,
             "r_rel": sens.r_rel,
             "orders": list(DEFAULT_ORDERS),

@@ -173,6 +173,63 @@ def gradient_bound(
     return feature_bound * residual + reg * radius
 
 
+# ----- how RGM-GD compares with clipped DP-GD (docs/privacy.md §8.3.8, Proposition NOGAIN) ---------------
+def never_clipping_threshold(
+    model: Model, reg: float, feature_bound: float, label_bound: float = 1.0
+) -> float:
+    """A public C ≥ ‖∇ℓ(θ; x, y)‖ for every record (‖x‖ ≤ X, |y| ≤ Y) and every θ in the ball of radius
+    ``theta_bound``: X(XB + Y) for ridge (‖x(xᵀθ − y)‖ ≤ X(X‖θ‖ + Y)), X·Y for logistic
+    (|y|σ(−y xᵀθ)‖x‖ ≤ XY, every θ). Clipped DP-GD with this threshold on that ball never clips, and its
+    replace-one sensitivity 2C/n is below ``relative_sensitivity(...).r_rel`` (Proposition NOGAIN (c)).
+    """
+    if model == "ridge":
+        return _pad_up(
+            feature_bound
+            * (feature_bound * theta_bound(model, reg, feature_bound, label_bound) + label_bound)
+        )
+    if model == "logistic":
+        return _pad_up(feature_bound * label_bound)
+    raise ValueError(f"model must be 'ridge' or 'logistic', got {model!r}")
+
+
+def ridge_r_rel_floor(
+    n_rows: int, reg: float, feature_bound: float, label_bound: float = 1.0, grid: int = 2001
+) -> float:
+    """A lower bound on R_rel of **every** pair (η, R_rel) satisfying Def. 2 for the full-batch ridge gradient
+    over datasets of n ≥ 2 rows with ‖x_i‖ ≤ X, |y_i| ≤ Y, d ≥ 2 (Proposition NOGAIN (a)).
+
+    Witnesses: D has n − 1 records (s·e₁, Y), s = min(√λ, X) (they pull ‖θ*‖ towards its supremum B), and
+    record 0 = (x₀, y₀); D′ replaces it by (x₀′, y₀′). Since ∇f(θ*; D) = 0, Def. 2 at θ* = θ*(D) reads
+    ‖∇f(θ*; D) − ∇f(θ*; D′)‖ = ‖x₀r₀ − x₀′r₀′‖/n ≤ R_rel, r = xᵀθ* − y. Two families, solved exactly
+    (2×2 ridge): x₀ = (a, b), x₀′ = (a, −b), y₀ = y₀′ = −Y, b = √(X² − a²), a on a grid of [0, X]; and
+    x₀ = X·e₁, y₀ = −Y, x₀′ = X·e₂, y₀′ = Y. Each is a valid witness, so their maximum is a lower bound
+    (4.378/n at λ = 0.03, X = Y = 1, against the 2X(XB + Y)/n = 7.77/n of the triangle inequality).
+    """
+    if isinstance(n_rows, bool) or int(n_rows) != n_rows or n_rows < 2:
+        raise ValueError(f"n_rows must be an integer ≥ 2, got {n_rows!r}")
+    n, x_max, y_max = float(n_rows), float(feature_bound), float(label_bound)
+    s = min(math.sqrt(reg), x_max)
+    a = np.concatenate([np.linspace(0.0, x_max, grid), [x_max]])
+    b = np.sqrt(np.maximum(x_max * x_max - a * a, 0.0))
+    b[-1] = 0.0  # the last witness: x₀ = X·e₁ (its partner X·e₂ is handled below)
+    y0 = -y_max
+    # θ*(D) of the 2-D ridge problem, one per witness: A θ = c
+    a11 = ((n - 1.0) * s * s + a * a) / n + reg
+    a12 = a * b / n
+    a22 = b * b / n + reg
+    c1 = ((n - 1.0) * s * y_max + a * y0) / n
+    c2 = b * y0 / n
+    det = a11 * a22 - a12 * a12
+    theta1 = (a22 * c1 - a12 * c2) / det
+    theta2 = (a11 * c2 - a12 * c1) / det
+    r0 = a * theta1 + b * theta2 - y0
+    symmetric = 2.0 * b[:-1] * np.abs(a[:-1] * theta1[:-1] - y0)  # x₀r₀ − x₀′r₀′ = (a(r₀ − r₀′), b(r₀ + r₀′))
+    symmetric = np.hypot(a[:-1] * 2.0 * b[:-1] * theta2[:-1], symmetric)
+    orthogonal = x_max * math.hypot(float(r0[-1]), y_max)  # x₀′ = X·e₂ ⟂ θ*: r₀′ = −Y
+    value = max(float(np.max(symmetric)), orthogonal) / n
+    return value * (1.0 - 1e-9)
+
+
 def smoothness(model: Model, reg: float, feature_bound: float) -> float:
     """A public upper bound L on the smoothness of f: X² + λ (ridge), X²/4 + λ (logistic)."""
     curvature = feature_bound**2 if model == "ridge" else feature_bound**2 / 4.0
@@ -528,7 +585,6 @@ class RgmGdParams(FeatureSpec):
         elif self.target_epsilon is None or (self.target_alpha is None) == (self.target_delta is None):
             raise ValueError("give gamma, or target_epsilon with exactly one of target_alpha, target_delta")
         return self
-
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,14 @@ from scipy import optimize
 from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve, epsilon_at_delta
 from mechanisms.base import ParamsError, PublicContext, best_affordable_cost
 from mechanisms.catalog import MECHANISMS
-from mechanisms.dp_gd import DpGdConfig, DpGdMechanism, DpGdParams, default_radius, dp_gd_curve
+from mechanisms.dp_gd import (
+    DpGdConfig,
+    DpGdMechanism,
+    DpGdParams,
+    clipped_gradient_sum,
+    default_radius,
+    dp_gd_curve,
+)
 from mechanisms.relative_gaussian import (
     RelativeSensitivity,
     alpha_max,
@@ -47,8 +54,10 @@ from mechanisms.rgm_gd import (
     gradient_bound,
     logistic_relative_sensitivity,
     model_objective,
+    never_clipping_threshold,
     relative_sensitivity,
     rgm_gd_train,
+    ridge_r_rel_floor,
     scale_curve,
     step_curve,
     theta_bound,
@@ -543,13 +552,23 @@ def test_benchmark_quick_smoke(tmp_path: Path) -> None:
     per_step = result["levels"]["per_step_alpha2_eps0.1"]["methods"]
     total = result["levels"]["total_eps1_delta1e-6"]["methods"]
     steps = result["setting"]["steps"]
+    uncharged = {"nonprivate", "rgm_at_floor (not private)"}
+    assert uncharged <= set(per_step)
+    assert "dpgd_C=C_pub (public, never clips)" in per_step
     for name, method in per_step.items():
-        if name != "nonprivate":
+        if name not in uncharged:
             assert method["rdp_alpha2_total"] <= steps * 0.1 * (1 + 1e-9)
             assert method["rdp_alpha2_total"] >= steps * 0.1 * (1 - 1e-6)
     for name, method in total.items():
-        if name != "nonprivate":
+        if name not in uncharged:
             assert 0.999 < method["epsilon_at_1e-6"] <= 1.0
+    for level in result["levels"].values():
+        assert set(level["nogain"]) == {
+            "dpgd_c_pub_beats_rgm",
+            "rgm_at_floor_beats_best_dpgd",
+            "noise_std_near_optimum",
+        }
+    assert result["setting"]["r_rel_floor_every_valid"] < result["setting"]["r_rel"]
     assert set(result["targets"]) == {
         "rgm_lower_excess_risk_than_best_clipped_dpgd",
         "rgm_wall_time_at_most_1.5x_nonprivate",
@@ -695,7 +714,12 @@ def test_no_data_dependent_failure_at_extreme_admitted_parameters() -> None:
         sens = relative_sensitivity(model, n, reg, x_max)  # type: ignore[arg-type]
         try:
             config = RgmGdConfig(
-                model, reg, 3, float(10 ** rng.uniform(-3, 6)), gamma, baseline_sigma(gamma, sens),  # type: ignore[arg-type]
+                model,
+                reg,
+                3,
+                float(10 ** rng.uniform(-3, 6)),
+                gamma,
+                baseline_sigma(gamma, sens),  # type: ignore[arg-type]
                 feature_bound=x_max,
             )
         except ValueError:
@@ -756,3 +780,109 @@ def test_dp_gd_mechanism_projection_radius_and_max_norm() -> None:
     with pytest.raises(ParamsError) as info:
         mechanism.check(tiny, ctx)
     assert info.value.field == "regularization"
+
+
+# ----- Proposition NOGAIN (docs/privacy.md §8.3.8): how far any RGM-GD can go against clipped DP-GD ---------
+def _witness_gap(n: int, reg: float, x_max: float, y_max: float, a: float, orthogonal: bool) -> float:
+    """n·‖∇f(θ*; D) − ∇f(θ*; D′)‖ on the explicit datasets of ``ridge_r_rel_floor``'s docstring, with θ*
+    solved directly and ∇f(θ*; D) = 0 checked (an oracle independent of the closed form)."""
+    s = min(math.sqrt(reg), x_max)
+    x = np.zeros((n, 2))
+    x[1:, 0] = s
+    y = np.full(n, y_max)
+    if orthogonal:
+        x[0], y[0], new_row, new_label = (x_max, 0.0), -y_max, np.array([0.0, x_max]), y_max
+    else:
+        b = math.sqrt(max(x_max * x_max - a * a, 0.0))
+        x[0], y[0], new_row, new_label = (a, b), -y_max, np.array([a, -b]), -y_max
+    theta = np.linalg.solve(x.T @ x / n + reg * np.eye(2), x.T @ y / n)
+    assert np.linalg.norm(ridge_gradient(theta, x, y, reg)) < 1e-12
+    x2, y2 = x.copy(), y.copy()
+    x2[0], y2[0] = new_row, new_label
+    return n * float(np.linalg.norm(ridge_gradient(theta, x, y, reg) - ridge_gradient(theta, x2, y2, reg)))
+
+
+@pytest.mark.parametrize(
+    ("n", "reg", "x_max", "y_max"),
+    [(50, 0.03, 1.0, 1.0), (2000, 0.1, 1.0, 1.0), (40, 4.0, 1.0, 1.0), (300, 0.03, 2.0, 0.5)],
+)
+def test_r_rel_floor_is_attained_by_explicit_neighbours(
+    n: int, reg: float, x_max: float, y_max: float
+) -> None:
+    """Proposition NOGAIN (a): every witness is an explicit neighbouring pair whose gradient gap at θ*(D) is
+    what the floor says (so any valid R_rel must be at least the floor), and rgm.gd's R_rel is above it."""
+    floor = ridge_r_rel_floor(n, reg, x_max, y_max)
+    gaps = [_witness_gap(n, reg, x_max, y_max, a, False) for a in np.linspace(0.0, x_max, 101)]
+    gaps.append(_witness_gap(n, reg, x_max, y_max, x_max, True))
+    assert max(gaps) <= n * floor * (1 + 1e-7)  # the floor is the max over a finer grid of the same family
+    assert max(gaps) >= 0.995 * n * floor
+    assert relative_sensitivity("ridge", n, reg, x_max, y_max).r_rel >= floor
+    assert ridge_relative_sensitivity(n, reg, x_max, y_max).r_rel >= floor
+
+
+def test_r_rel_floor_at_the_benchmark_scale() -> None:
+    """At N = 141 691, λ = 0.03, X = Y = 1: n·R_floor = 4.378 > 2c = 2.97 (the best clipping threshold of the
+    benchmark), so no valid relative sensitivity brings RGM-GD's noise floor down to DP-GD's with C = c."""
+    n = 141_691
+    floor = ridge_r_rel_floor(n, 0.03, 1.0, 1.0)
+    assert n * floor == pytest.approx(4.3779, abs=1e-3)
+    assert _witness_gap(n, 0.03, 1.0, 1.0, 0.626, False) == pytest.approx(n * floor, rel=1e-6)
+    with pytest.raises(ValueError, match="n_rows"):
+        ridge_r_rel_floor(1, 0.03, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("bound", ["theorem1", "exact"])
+@pytest.mark.parametrize("model", ["ridge", "logistic"])
+def test_rgm_step_costs_at_least_a_gaussian_with_sensitivity_r_rel(model: str, bound: str) -> None:
+    """Proposition NOGAIN (b): with σ² ≥ γR_rel²/η² the RGM step curve is ≥ αR_rel²/(2σ²) at every order,
+    the curve of a Gaussian mechanism with sensitivity R_rel and standard deviation σ."""
+    for n, reg, x_max, d in [(141_691, 0.03, 1.0, 22), (500, 1.0, 1.0, 3), (10_000, 0.1, 2.0, 8)]:
+        sens = relative_sensitivity(model, n, reg, x_max)  # type: ignore[arg-type]
+        for epsilon, alpha in [(0.1, 2.0), (1.0, 8.0), (0.01, 1.5)]:
+            try:
+                gamma = gamma_for_step(epsilon, alpha, sens.eta, d, bound)  # type: ignore[arg-type]
+            except ValueError:
+                continue  # below the norm-leak floor: no RGM reaches this target at all
+            sigma = baseline_sigma(gamma, sens)
+            curve = step_curve(DEFAULT_ORDERS, sens, gamma, sigma, d, bound)  # type: ignore[arg-type]
+            gaussian = RdpCurve.gaussian(sens.r_rel, sigma, DEFAULT_ORDERS)
+            assert all(r >= g for r, g in zip(curve.values, gaussian.values, strict=True))
+
+
+@pytest.mark.parametrize("model", ["ridge", "logistic"])
+def test_never_clipping_threshold(model: str) -> None:
+    """Proposition NOGAIN (c): on the ball of radius ``theta_bound`` no per-record gradient exceeds C_pub
+    (attained for ridge by x = −X·θ/‖θ‖, y = Y at ‖θ‖ = B), clipped DP-GD with C_pub clips nothing there, and
+    its replace-one sensitivity 2C_pub/n is below rgm.gd's R_rel."""
+    rng = np.random.default_rng(21)
+    for reg, x_max in [(0.03, 1.0), (1.0, 2.0), (10.0, 0.5)]:
+        c_pub = never_clipping_threshold(model, reg, x_max)  # type: ignore[arg-type]
+        radius = theta_bound(model, reg, x_max)  # type: ignore[arg-type]
+        n, d = 200, 3
+        for n_rows in (10, 141_691):
+            assert 2 * c_pub / n_rows < relative_sensitivity(model, n_rows, reg, x_max).r_rel  # type: ignore[arg-type]
+        worst = 0.0
+        for _ in range(50):
+            u = rng.normal(size=d)
+            theta = u / np.linalg.norm(u) * radius * rng.choice([1.0, rng.uniform()])
+            x = _unit_ball(rng.normal(size=(n, d)) * 3) * x_max
+            x[0] = -x_max * theta / np.linalg.norm(theta)
+            y = rng.choice([-1.0, 1.0], n)
+            y[0] = 1.0
+            loss = "squared" if model == "ridge" else "logistic"
+            per_record = _per_record_gradients(theta, x, y, loss)
+            norms = np.linalg.norm(per_record, axis=1)
+            worst = max(worst, float(np.max(norms)) / c_pub)
+            assert np.max(norms) <= c_pub
+            clipped = clipped_gradient_sum(
+                theta, x[1:], y[1:], loss, c_pub
+            )  # the extreme row 0 sits on C_pub
+            assert np.allclose(clipped, per_record[1:].sum(axis=0), rtol=1e-12, atol=1e-12)
+        assert worst > (0.999 if model == "ridge" else 0.5)
+
+
+def _per_record_gradients(theta: np.ndarray, x: np.ndarray, y: np.ndarray, loss: str) -> np.ndarray:
+    margin = x @ theta
+    scalar = margin - y if loss == "squared" else -y / (1.0 + np.exp(y * margin))
+    result: np.ndarray = x * scalar[:, None]
+    return result
