@@ -10,10 +10,11 @@ N = 141 691 records and d = 22 features; ridge λ = 0.03; labels ±1 fitted by r
   τ is a public parameter: here it is a benchmark setting, not a private computation), θ₀ = 0, T steps;
 * excess risk f(θ_t) − f* = ½(θ_t − θ*)ᵀA(θ_t − θ*) (exact for the quadratic), mean/min/max over seeds;
 * methods: non-private GD; RGM-GD (``mechanisms.rgm_gd``, the relative sensitivity rgm.gd charges:
-  η = 2X²/(λn), R_rel = (4/√3)X(XB + Y)/n) with Theorem 1 and with the exact curve; clipped DP-GD
-  (``mechanisms.dp_gd``, replace-one Δ = 2C) with C ∈ {c/10, c, 10c}, c = max_i ‖∇ℓ_i(θ*)‖ (the paper's
-  non-private choice), with C = X·Y = 1 (the largest per-example gradient norm at θ₀ = 0, public) and with
-  C_pub = X(XB + Y) on the ball ‖θ‖ ≤ B (``never_clipping_threshold``: public, never clips there);
+  η = 2X²/(λn), R_rel = (2/√3)·D/n, D the gradient-gap bound) with Theorem 1 and with the exact curve;
+  clipped DP-GD (``mechanisms.dp_gd``, replace-one Δ = 2C) with C ∈ {c/10, c, 10c},
+  c = max_i ‖∇ℓ_i(θ*)‖ (the paper's non-private choice), with C = X·Y = 1 (the largest per-example
+  gradient norm at θ₀ = 0, public) and with C_pub = X(XB + Y) on the ball ‖θ‖ ≤ B
+  (``never_clipping_threshold``: public, never clips there);
 * Proposition NOGAIN (docs/privacy.md §8.3.8): every valid relative sensitivity has R_rel ≥ R_floor
   (``ridge_r_rel_floor``), so no RGM-GD parametrisation has a noise floor below that of a Gaussian mechanism
   with sensitivity R_floor; "rgm_at_floor" runs RGM-GD with σ from R_floor instead of R_rel (NOT private: an

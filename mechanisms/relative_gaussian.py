@@ -72,6 +72,7 @@ and v(x), ‖R(x)‖ and the noise scale are secret: never release or log them (
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -455,6 +456,47 @@ def ridge_theta_bound(reg: float, feature_bound: float, label_bound: float) -> f
     return _up(x_max * y_max / (x_max * x_max + reg))
 
 
+@functools.lru_cache(maxsize=256)
+def ridge_gradient_gap_bound(reg: float, feature_bound: float, label_bound: float, grid: int = 2048) -> float:
+    """D ≥ ‖x₀r₀ − x₀′r₀′‖, r = xᵀθ* − y, for any two records (‖x‖ ≤ X, |y| ≤ Y) and any ‖θ*‖ ≤ B
+    (B = ``ridge_theta_bound``): the diameter of the per-record gradient set S(θ) = {x(xᵀθ − y)},
+    maximised over the ball (derived; proof in docs/privacy.md §8.3.4, Lemma RIDGE-SPLIT step 4′).
+
+    * S(θ) is a body of revolution about θ: a record whose gradient g makes the angle ψ ∈ [0, π] with θ has
+      ‖g‖ ≤ R(ψ) = X·(Y + X‖θ‖cos ψ)₊ (with s = sign(xᵀθ − y), x makes the angle ψ or π − ψ with θ).
+    * For two such points, ‖g − g′‖² ≤ R₁² + R₂² − 2R₁R₂cos(ψ₁ + ψ₂) (the perpendicular parts point in
+      opposite directions at worst), and the maximum over R₁ ∈ [0, R(ψ₁)] sits at an end of the interval
+      (convex in R₁); the end 0 is dominated (take ψ₁ = π − ψ₂). So diam S(θ) ≤ max over ψ₁, ψ₂ of the
+      distance Φ between P(ψ₁) = R(ψ₁)(cos ψ₁, sin ψ₁) and the reflection of P(ψ₂).
+    * The width of S(tθ̂) in any direction is a sup of functions affine in t minus an inf of such, so
+      diam S(tθ̂) is convex in t and its maximum over t ∈ [0, B] is at t = 0 (2XY) or t = B.
+    * Φ is Lipschitz in each angle with constant L = X(Y + XB) + X²B ≥ ‖P′(ψ)‖, so its maximum is at most
+      the maximum on a grid of spacing h = π/``grid`` plus L·h.
+
+    Returns min(2X(XB + Y), max(2XY, grid maximum + L·h)), rounded up. Cached (public inputs only).
+    4.389 at λ = 0.03, X = Y = 1 (the triangle inequality gives 7.774, the explicit neighbours of
+    ``mechanisms.rgm_gd.ridge_r_rel_floor`` reach 4.378).
+    """
+    reg = _finite_nonnegative(reg, "reg")
+    x_max = _finite_nonnegative(feature_bound, "feature_bound")
+    y_max = _finite_nonnegative(label_bound, "label_bound")
+    if isinstance(grid, bool) or int(grid) != grid or grid < 16:
+        raise ValueError(f"grid must be an integer ≥ 16, got {grid!r}")
+    radius = ridge_theta_bound(reg, x_max, y_max)
+    triangle = _up(2.0 * x_max * (x_max * radius + y_max))
+    psi = np.linspace(0.0, math.pi, int(grid) + 1)
+    length = x_max * np.maximum(y_max + x_max * radius * np.cos(psi), 0.0)
+    px, py = length * np.cos(psi), length * np.sin(psi)
+    largest = 0.0
+    for start in range(0, psi.size, 256):  # blocks of rows: bounded memory
+        dx = px[start : start + 256, None] - px[None, :]
+        dy = py[start : start + 256, None] + py[None, :]
+        largest = max(largest, float(np.max(dx * dx + dy * dy)))
+    lipschitz = x_max * (y_max + x_max * radius) + x_max * x_max * radius
+    certified = _up(math.sqrt(largest), 256 * _EPS) + _up(lipschitz * math.pi / int(grid))
+    return min(triangle, max(_up(2.0 * x_max * y_max), _up(certified)))
+
+
 def ridge_relative_sensitivity_split(
     n_rows: int, reg: float, feature_bound: float, label_bound: float, split: float = 3.0
 ) -> RelativeSensitivity:
@@ -467,16 +509,17 @@ def ridge_relative_sensitivity_split(
       [−‖x₀′‖², 0], the rest 0) and ‖A⁻¹‖ ≤ 1/λ;
     * Young's inequality ‖a + c‖² ≤ (1 + κ)‖a‖² + (1 + 1/κ)‖c‖² with the public ``split`` κ > 0, instead of
       (a + b + c)² ≤ 3(a² + b² + c²);
-    * ‖θ*‖ ≤ B = ``ridge_theta_bound`` (Y/(2√λ) instead of Y/√λ), so |r₀| ≤ XB + Y and ‖c‖ ≤ 2X(XB + Y).
+    * ‖θ*‖ ≤ B = ``ridge_theta_bound`` (Y/(2√λ) instead of Y/√λ), and ‖c‖ ≤ D = ``ridge_gradient_gap_bound``
+      (the diameter of the per-record gradient set over the ball; ≤ 2X(XB + Y), the triangle inequality).
 
-    Hence η² = (1 + κ)X⁴/(λ²n²) and R_rel² = (1 + 1/κ)·4X²(XB + Y)²/n². With κ = 3: η = 2X²/(λn)
-    (vs √6X²/(λn)) and R_rel = (4/√3)·X(XB + Y)/n (vs √12·X(XB + Y)/n with a larger B).
+    Hence η² = (1 + κ)X⁴/(λ²n²) and R_rel² = (1 + 1/κ)·D²/n². With κ = 3: η = 2X²/(λn)
+    (vs √6X²/(λn)) and R_rel = (2/√3)·D/n (vs √12·X(XB′ + Y)/n with a larger B′).
     """
     n, reg, x_max, y_max = _ridge_inputs(n_rows, reg, feature_bound, label_bound)
     split = float(split)
     if not (math.isfinite(split) and split > 0.0):
         raise ValueError(f"split must be finite and > 0, got {split!r}")
     eta = _up(math.sqrt(1.0 + split) * x_max * x_max / (reg * n))
-    theta_bound = ridge_theta_bound(reg, x_max, y_max)
-    r_rel = _up(math.sqrt(1.0 + 1.0 / split) * 2.0 * x_max * (x_max * theta_bound + y_max) / n)
+    gap = ridge_gradient_gap_bound(reg, x_max, y_max)
+    r_rel = _up(math.sqrt(1.0 + 1.0 / split) * gap / n)
     return RelativeSensitivity(eta=eta, r_rel=r_rel)

@@ -29,9 +29,10 @@ Relative sensitivity, uniformly in θ (so it holds at every public iterate θ_t)
 
 * ridge: ``ridge_relative_sensitivity_split`` with κ = 3 (note §3.2 with the corrected scaling, C = I in
   Prop. 1, curvature A ⪰ λI from the public λ, no data-dependent test and no PTR; tightened in
-  docs/privacy.md §8.3.4): η = 2X²/(λn), R_rel = (4/√3)·X(XB + Y)/n with B = Y/(2√λ) ≥ ‖θ*‖
-  (for X ≥ √λ). The paper-faithful ``ridge_relative_sensitivity`` (η = √6X²/(λn), R_rel = √12·X(XB′ + Y)/n,
-  B′ = Y·min(X/λ, 1/√λ)) is looser in both.
+  docs/privacy.md §8.3.4): η = 2X²/(λn), R_rel = (2/√3)·D/n with D = ``ridge_gradient_gap_bound`` the
+  diameter of the per-record gradient set over the ball ‖θ‖ ≤ B = Y/(2√λ) ≥ ‖θ*‖ (for X ≥ √λ), at most
+  the triangle inequality's 2X(XB + Y). The paper-faithful ``ridge_relative_sensitivity``
+  (η = √6X²/(λn), R_rel = √12·X(XB′ + Y)/n, B′ = Y·min(X/λ, 1/√λ)) is looser in both.
 * logistic: ``logistic_relative_sensitivity`` (App. B.2 of the paper, instantiated in note §3.2 "[derived]
   Logistic / GLM instantiation"; proof in docs/privacy.md §8.3.3): each per-record loss is convex
   and L = X²/4 smooth, f is λ-strongly convex, so η = √(6·L·(L/λ)/λ)/n = √(3/8)·X²/(λn) and
@@ -85,7 +86,7 @@ Model = Literal["ridge", "logistic"]
 LABEL_BOUND = 1.0  # Y: the design matrix's labels are scaled to [−1, 1] or mapped to ±1 (mechanisms.learning)
 
 _UP = 1.0 + 1e-12
-RIDGE_SPLIT = 3.0  # Young's κ of ``ridge_relative_sensitivity_split``: η = 2X²/(λn), R_rel = (4/√3)X(XB+Y)/n
+RIDGE_SPLIT = 3.0  # Young's κ of ``ridge_relative_sensitivity_split``: η = 2X²/(λn), R_rel = (2/√3)·D/n
 FLOAT_CEILING = 1e300  # public bounds must stay below this: 1e8 of headroom under the float maximum 1.8e308
 Z_MAX = 64.0  # |standard normal draw| bound used by the finiteness check (numpy's sampler stays below 14)
 
