@@ -485,13 +485,17 @@ def ridge_gradient_gap_bound(reg: float, feature_bound: float, label_bound: floa
     radius = ridge_theta_bound(reg, x_max, y_max)
     triangle = _up(2.0 * x_max * (x_max * radius + y_max))
     psi = np.linspace(0.0, math.pi, int(grid) + 1)
-    length = x_max * np.maximum(y_max + x_max * radius * np.cos(psi), 0.0)
-    px, py = length * np.cos(psi), length * np.sin(psi)
     largest = 0.0
-    for start in range(0, psi.size, 256):  # blocks of rows: bounded memory
-        dx = px[start : start + 256, None] - px[None, :]
-        dy = py[start : start + 256, None] + py[None, :]
-        largest = max(largest, float(np.max(dx * dx + dy * dy)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        length = x_max * np.maximum(y_max + x_max * radius * np.cos(psi), 0.0)
+        px, py = length * np.cos(psi), length * np.sin(psi)
+        for start in range(0, psi.size, 256):  # blocks of rows: bounded memory
+            dx = px[start : start + 256, None] - px[None, :]
+            dy = py[start : start + 256, None] + py[None, :]
+            block = float(np.max(dx * dx + dy * dy))
+            if not math.isfinite(block):  # overflow (huge X·B): the triangle inequality is the bound
+                return triangle
+            largest = max(largest, block)
     lipschitz = x_max * (y_max + x_max * radius) + x_max * x_max * radius
     certified = _up(math.sqrt(largest), 256 * _EPS) + _up(lipschitz * math.pi / int(grid))
     return min(triangle, max(_up(2.0 * x_max * y_max), _up(certified)))

@@ -957,3 +957,12 @@ def test_gradient_gap_bound_covers_every_pair_of_records(reg: float, x_max: floa
         worst = max(worst, float(np.max(distances)))
     assert worst <= gap
     assert worst >= 0.99 * gap
+
+
+def test_gradient_gap_bound_falls_back_to_the_triangle_inequality_on_overflow() -> None:
+    """Squares of the grid points overflow (X²B ≈ 5e249): the bound is the (finite) triangle inequality, never
+    a NaN or a value below it."""
+    radius = ridge_theta_bound(1e-100, 1e100, 1.0)
+    triangle = 2 * 1e100 * (1e100 * radius + 1.0)
+    assert ridge_gradient_gap_bound(1e-100, 1e100, 1.0) == pytest.approx(triangle, rel=1e-12)
+    assert ridge_gradient_gap_bound(0.03, 0.0, 1.0) == 0.0
