@@ -86,6 +86,7 @@ from mechanisms.accounting.orders import validate_orders
 Bound = Literal["theorem1", "exact"]
 
 _EPS = float(np.finfo(float).eps)
+_TINY_PRODUCT = 1e-290  # X·Y below this loses digits to subnormal floats (the gap bound refuses it)
 _PAD = 64 * _EPS
 
 
@@ -462,15 +463,18 @@ def ridge_gradient_gap_bound(reg: float, feature_bound: float, label_bound: floa
     (B = ``ridge_theta_bound``): the diameter of the per-record gradient set S(θ) = {x(xᵀθ − y)},
     maximised over the ball (derived; proof in docs/privacy.md §8.3.4, Lemma RIDGE-SPLIT step 4′).
 
-    * S(θ) is a body of revolution about θ: a record whose gradient g makes the angle ψ ∈ [0, π] with θ has
-      ‖g‖ ≤ R(ψ) = X·(Y + X‖θ‖cos ψ)₊ (with s = sign(xᵀθ − y), x makes the angle ψ or π − ψ with θ).
+    * S(θ) is a body of revolution about θ: a record with ‖x‖ = s whose gradient g makes the angle
+      ψ ∈ [0, π] with θ has ‖g‖ ≤ s·(Y + s‖θ‖cos ψ)₊ (x is ±s times the direction of g), so
+      ‖g‖ ≤ R(ψ) = max_{0≤s≤X} s(Y + s‖θ‖cos ψ)₊: X(Y + X‖θ‖cos ψ)₊, or Y²/(4‖θ‖·|cos ψ|) where
+      cos ψ < −Y/(2X‖θ‖) (the maximiser s = Y/(2‖θ‖·|cos ψ|) is then inside [0, X]).
     * For two such points, ‖g − g′‖² ≤ R₁² + R₂² − 2R₁R₂cos(ψ₁ + ψ₂) (the perpendicular parts point in
       opposite directions at worst), and the maximum over R₁ ∈ [0, R(ψ₁)] sits at an end of the interval
       (convex in R₁); the end 0 is dominated (take ψ₁ = π − ψ₂). So diam S(θ) ≤ max over ψ₁, ψ₂ of the
       distance Φ between P(ψ₁) = R(ψ₁)(cos ψ₁, sin ψ₁) and the reflection of P(ψ₂).
     * The width of S(tθ̂) in any direction is a sup of functions affine in t minus an inf of such, so
       diam S(tθ̂) is convex in t and its maximum over t ∈ [0, B] is at t = 0 (2XY) or t = B.
-    * Φ is Lipschitz in each angle with constant L = X(Y + XB) + X²B ≥ ‖P′(ψ)‖, so its maximum is at most
+    * Φ is Lipschitz in each angle with constant L = X(Y + XB) + X²B ≥ R + |R′| ≥ ‖P′(ψ)‖ (R ≤ X(Y + XB),
+      and R is a max of functions of ψ with derivatives ≤ s²B ≤ X²B), so its maximum is at most
       the maximum on a grid of spacing h = π/``grid`` plus L·h.
 
     Returns min(2X(XB + Y), max(2XY, grid maximum + L·h)), rounded up. Cached (public inputs only).
@@ -480,15 +484,22 @@ def ridge_gradient_gap_bound(reg: float, feature_bound: float, label_bound: floa
     reg = _finite_nonnegative(reg, "reg")
     x_max = _finite_nonnegative(feature_bound, "feature_bound")
     y_max = _finite_nonnegative(label_bound, "label_bound")
-    if isinstance(grid, bool) or int(grid) != grid or grid < 16:
+    if isinstance(grid, bool) or not isinstance(grid, int | np.integer) or grid < 16:
         raise ValueError(f"grid must be an integer ≥ 16, got {grid!r}")
+    if x_max > 0.0 and y_max > 0.0 and not x_max * y_max >= _TINY_PRODUCT:
+        raise ValueError("feature_bound·label_bound is below the normal float range: rescale the data")
     radius = ridge_theta_bound(reg, x_max, y_max)
     triangle = _up(2.0 * x_max * (x_max * radius + y_max))
     psi = np.linspace(0.0, math.pi, int(grid) + 1)
     largest = 0.0
     with np.errstate(over="ignore", invalid="ignore"):
-        length = x_max * np.maximum(y_max + x_max * radius * np.cos(psi), 0.0)
-        px, py = length * np.cos(psi), length * np.sin(psi)
+        cos = np.cos(psi)
+        length = x_max * np.maximum(y_max + x_max * radius * cos, 0.0)  # s = X
+        pull = radius * np.maximum(-cos, 0.0)  # ‖θ‖·|cos ψ| where cos ψ < 0
+        inside = 2.0 * pull * x_max > y_max  # the maximiser s = Y/(2‖θ‖|cos ψ|) is below X
+        interior = np.divide(y_max * y_max, 4.0 * pull, out=np.zeros_like(pull), where=inside)
+        length = np.maximum(length, interior)
+        px, py = length * cos, length * np.sin(psi)
         for start in range(0, psi.size, 256):  # blocks of rows: bounded memory
             dx = px[start : start + 256, None] - px[None, :]
             dy = py[start : start + 256, None] + py[None, :]

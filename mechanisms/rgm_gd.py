@@ -180,8 +180,9 @@ def never_clipping_threshold(
 ) -> float:
     """A public C ≥ ‖∇ℓ(θ; x, y)‖ for every record (‖x‖ ≤ X, |y| ≤ Y) and every θ in the ball of radius
     ``theta_bound``: X(XB + Y) for ridge (‖x(xᵀθ − y)‖ ≤ X(X‖θ‖ + Y)), X·Y for logistic
-    (|y|σ(−y xᵀθ)‖x‖ ≤ XY, every θ). Clipped DP-GD with this threshold on that ball never clips, and its
-    replace-one sensitivity 2C/n is below ``relative_sensitivity(...).r_rel`` (Proposition NOGAIN (c)).
+    (|y|σ(−y xᵀθ)‖x‖ ≤ XY, every θ). Clipped DP-GD with this threshold on that ball never clips. For logistic
+    its replace-one sensitivity 2C/n is below ``relative_sensitivity(...).r_rel``, so it dominates
+    logistic RGM-GD (Proposition NOGAIN (c)); for ridge that holds only when R_rel ≥ 2C/n.
     """
     if model == "ridge":
         return _pad_up(

@@ -948,6 +948,11 @@ def test_gradient_gap_bound_covers_every_pair_of_records(reg: float, x_max: floa
         y = rng.uniform(-y_max, y_max, size=1500)
         y[:1000] = -y_max * np.sign(rng.normal(size=1000))
         y[500:1000] = -y_max
+        if norm > 0:  # the short records that maximise s(Y − s‖θ‖|cos ψ|) on the far side (review finding)
+            far = np.linspace(0.5 * math.pi, math.pi, 300)
+            short = np.minimum(y_max / (2 * norm * np.maximum(-np.cos(far), 1e-12)), x_max)
+            x[1000:1300] = short[:, None] * np.stack([np.cos(far), np.sin(far), np.zeros(300)], axis=1)
+            y[1000:1300] = -y_max
         grads = x * (x @ theta - y)[:, None]
         flipped = grads.copy()
         flipped[:, 1] *= -1  # the mirror images are gradients too (x with its second coordinate negated)
@@ -966,3 +971,24 @@ def test_gradient_gap_bound_falls_back_to_the_triangle_inequality_on_overflow() 
     triangle = 2 * 1e100 * (1e100 * radius + 1.0)
     assert ridge_gradient_gap_bound(1e-100, 1e100, 1.0) == pytest.approx(triangle, rel=1e-12)
     assert ridge_gradient_gap_bound(0.03, 0.0, 1.0) == 0.0
+    with pytest.raises(ValueError, match="normal float range"):
+        ridge_gradient_gap_bound(1.0, 1e-162, 1e-162)  # X·Y underflows (review finding)
+    with pytest.raises(ValueError, match="grid"):
+        ridge_gradient_gap_bound(1.0, 1.0, 1.0, grid=math.inf)  # type: ignore[arg-type]
+
+
+def test_gradient_gap_bound_covers_short_records_on_the_far_side() -> None:
+    """The reviewer's counterexample to the first radial bound X(Y + X‖θ‖cos ψ)₊: at θ = B·e₁ (λ = 0.03,
+    X = Y = 1) the record x = −(Y/(2B))·e₁, y = −Y has gradient −Y²/(4B)·e₁ ≠ 0 at ψ = π, where that bound
+    is 0. Its distance to every extreme gradient stays ≤ D."""
+    radius = ridge_theta_bound(0.03, 1.0, 1.0)
+    theta = np.array([radius, 0.0])
+    short = np.array([-1.0 / (2 * radius), 0.0])
+    g_short = short * (short @ theta + 1.0)
+    assert g_short[0] == pytest.approx(-1.0 / (4 * radius))
+    psi = np.linspace(0, math.pi, 2001)
+    full = np.stack([np.cos(psi), np.sin(psi)], axis=1)
+    extremes = full * (full @ theta + 1.0)[:, None]  # records at full norm, y = −1
+    assert float(np.max(np.linalg.norm(extremes - g_short, axis=1))) <= ridge_gradient_gap_bound(
+        0.03, 1.0, 1.0
+    )
