@@ -225,8 +225,10 @@ def ridge_r_rel_floor(
     theta1 = (a22 * c1 - a12 * c2) / det
     theta2 = (a11 * c2 - a12 * c1) / det
     r0 = a * theta1 + b * theta2 - y0
-    symmetric = 2.0 * b[:-1] * np.abs(a[:-1] * theta1[:-1] - y0)  # x₀r₀ − x₀′r₀′ = (a(r₀ − r₀′), b(r₀ + r₀′))
-    symmetric = np.hypot(a[:-1] * 2.0 * b[:-1] * theta2[:-1], symmetric)
+    # symmetric pair: x₀r₀ − x₀′r₀′ = (a(r₀ − r₀′), b(r₀ + r₀′)) with r₀ ∓ r₀′ = 2bθ₂, 2(aθ₁ − y₀)
+    along = a[:-1] * 2.0 * b[:-1] * theta2[:-1]
+    across = b[:-1] * 2.0 * (a[:-1] * theta1[:-1] - y0)
+    symmetric = np.hypot(along, across)
     orthogonal = x_max * math.hypot(float(r0[-1]), y_max)  # x₀′ = X·e₂ ⟂ θ*: r₀′ = −Y
     value = max(float(np.max(symmetric)), orthogonal) / n
     return value * (1.0 - 1e-9)
