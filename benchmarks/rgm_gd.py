@@ -139,6 +139,13 @@ def main(argv: list[str] | None = None) -> int:
         f"2c = {2 * c:.4g} (DP-GD, C = c), 2C_pub = {2 * c_pub:.4g} (DP-GD, public C that never clips)"
     )
 
+    def rgm_runs(gamma: float, sigma: float) -> dict[str, Any]:
+        """Excess-risk curves of RGM-GD with (γ, σ) over the seeds."""
+        config = RgmGdConfig("ridge", REG, steps, tau, gamma, sigma)
+        rngs = [np.random.default_rng(seed) for seed in range(args.seeds)]
+        paths = [rgm_gd_train(config, x, y, rng).iterates for rng in rngs]
+        return summarize([excess(path, a, theta_star) for path in paths], checkpoints)
+
     levels: dict[str, Any] = {}
     for level in ("per_step_alpha2_eps0.1", "total_eps1_delta1e-6"):
         methods: dict[str, dict[str, Any]] = {}
@@ -172,11 +179,14 @@ def main(argv: list[str] | None = None) -> int:
                 "rdp_alpha2_total": curve.at(2.0),
                 "epsilon_at_1e-6": epsilon_at_delta(curve, TOTAL_DELTA),
             }
-        for name, (clip, radius) in clips.items():
-            config = DpGdConfig("squared", REG, steps, tau, clip, z, radius=radius)
+        dp_configs = {
+            name: DpGdConfig("squared", REG, steps, tau, clip, z, radius=radius)
+            for name, (clip, radius) in clips.items()
+        }
+        for name, config in dp_configs.items():
             curve = dp_gd_curve(config, "replace_one", DEFAULT_ORDERS)
             methods[f"dpgd_{name}"] = {
-                "clip": clip,
+                "clip": config.clip,
                 "noise_multiplier": z,
                 "rdp_alpha2_total": curve.at(2.0),
                 "epsilon_at_1e-6": epsilon_at_delta(curve, TOTAL_DELTA),
@@ -184,37 +194,17 @@ def main(argv: list[str] | None = None) -> int:
 
         # --- runs ---
         for bound, (gamma, sigma) in rgm_params.items():
-            runs = []
-            for seed in range(args.seeds):
-                config_r = RgmGdConfig("ridge", REG, steps, tau, gamma, sigma)
-                runs.append(
-                    excess(rgm_gd_train(config_r, x, y, np.random.default_rng(seed)).iterates, a, theta_star)
-                )
-            methods[f"rgm_{bound}"].update(summarize(runs, checkpoints))
+            methods[f"rgm_{bound}"].update(rgm_runs(gamma, sigma))
         gamma_t1 = rgm_params["theorem1"][0]
         floor_sigma = baseline_sigma(gamma_t1, RelativeSensitivity(sens.eta, r_floor))
-        runs = [
-            excess(
-                rgm_gd_train(
-                    RgmGdConfig("ridge", REG, steps, tau, gamma_t1, floor_sigma),
-                    x,
-                    y,
-                    np.random.default_rng(seed),
-                ).iterates,
-                a,
-                theta_star,
-            )
-            for seed in range(args.seeds)
-        ]
         methods["rgm_at_floor (not private)"] = {
             "gamma": gamma_t1,
             "sigma": floor_sigma,
-            **summarize(runs, checkpoints),
+            **rgm_runs(gamma_t1, floor_sigma),
         }
-        for name, (clip, radius) in clips.items():
+        for name, config in dp_configs.items():
             runs = []
             for seed in range(args.seeds):
-                config = DpGdConfig("squared", REG, steps, tau, clip, z, radius=radius)
                 path = dp_gd_train(config, x, y, n, np.random.default_rng(seed), return_iterates=True)
                 runs.append(excess(path, a, theta_star))
             methods[f"dpgd_{name}"].update(summarize(runs, checkpoints))
