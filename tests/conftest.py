@@ -23,6 +23,7 @@ import psycopg
 import pytest
 import uvicorn
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
 
 from service.app import create_app
 from service.auth import Role, create_key
@@ -82,6 +83,14 @@ def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     upgrade(fresh.url)
     yield fresh.url
     fresh.drop()
+
+
+@pytest.fixture
+def sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
+    """A session factory on ``database_url`` (one engine per test, disposed afterwards)."""
+    engine = make_engine(database_url)
+    yield make_sessionmaker(engine)
+    engine.dispose()
 
 
 def free_port() -> int:

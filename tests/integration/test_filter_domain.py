@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,16 +13,8 @@ from service.auth import Principal, Role, create_key
 from service.datasets import create_dataset, grant
 from service.db.models import DATASET_SCOPE
 from service.db.repositories import FilterRepository, RequestRepository
-from service.db.session import make_engine, make_sessionmaker
 from service.ledger import verify
 from tests.integration.helpers import CSV, SCHEMA
-
-
-@pytest.fixture
-def sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(database_url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
 
 
 @pytest.fixture

@@ -77,13 +77,6 @@ def pg_sessions() -> Iterator[sessionmaker[Session]]:
     fresh.drop()
 
 
-@pytest.fixture
-def sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(database_url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
-
-
 def world_in_db(
     sessions: sessionmaker[Session],
     data_dir: Path,

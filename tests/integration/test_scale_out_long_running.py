@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,7 +32,6 @@ from service.auth import Principal, Role, create_key
 from service.datasets import TableCache, create_dataset, grant
 from service.db.models import DATASET_SCOPE, AnalysisRequest, LedgerEntry
 from service.db.repositories import FilterRepository, RequestRepository
-from service.db.session import make_engine, make_sessionmaker
 from service.ledger import verify
 from tests.conftest import running_server, server_settings
 from tests.integration.helpers import CSV, SCHEMA, make_world
@@ -76,13 +74,6 @@ class SlowCount(Laplace):
 class SecretSlowCount(SlowCount):
     name: ClassVar[str] = "test.secret_slow_count"
     progress_is_public: ClassVar[bool] = False
-
-
-@pytest.fixture
-def sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(database_url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
 
 
 @pytest.fixture

@@ -17,19 +17,11 @@ from service.auth import Principal, Role, create_key
 from service.datasets import create_dataset, grant
 from service.db.models import DATASET_SCOPE
 from service.db.repositories import FilterRepository
-from service.db.session import make_engine, make_sessionmaker
 from service.errors import BudgetExhausted
 from service.ledger import verify
 from tests.integration.helpers import CSV, SCHEMA
 
 COUNT = {"query": {"kind": "count"}, "epsilon": 0.1}
-
-
-@pytest.fixture
-def sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(database_url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
 
 
 @pytest.fixture
