@@ -28,10 +28,8 @@ import json
 import logging
 import math
 import platform
-import socket
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,16 +39,15 @@ from typing import Any
 
 import httpx
 import numpy as np
-import uvicorn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from service.app import create_app  # noqa: E402
 from service.auth import Role, create_key  # noqa: E402
 from service.config import Settings  # noqa: E402
 from service.db.migrate import upgrade  # noqa: E402
 from service.db.session import make_engine, make_sessionmaker  # noqa: E402
+from service.embedded import serve_in_thread  # noqa: E402
 
 DEFAULT_OUTPUT = ROOT / "benchmarks" / "results" / "accuracy_first_counts.json"
 SIZES = (8000, 16000, 32000, 64000, 128000)
@@ -77,12 +74,6 @@ TARGET_FACTOR = 1.4
 TARGET_PRECISION = 0.9
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def _server(workdir: Path) -> Iterator[tuple[str, str, str]]:
     """(base_url, admin key, analyst key) of a fresh server on a fresh SQLite database."""
@@ -102,22 +93,8 @@ def _server(workdir: Path) -> Iterator[tuple[str, str, str]]:
             "log_level": "WARNING",
         }
     )
-    port = _free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the server did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}", admin_key, analyst_key
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serve_in_thread(settings, start_timeout=30.0) as base_url:
+        yield base_url, admin_key, analyst_key
 
 
 def synthetic_counts(n: int, rng: np.random.Generator) -> np.ndarray:

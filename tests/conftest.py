@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,15 +18,14 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-import uvicorn
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.app import create_app
 from service.auth import Role, create_key
 from service.config import Settings
 from service.db.migrate import upgrade
 from service.db.session import make_engine, make_sessionmaker
+from service.embedded import serve_in_thread
 
 POSTGRES_URL = os.environ.get("EXPOST_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -93,12 +89,6 @@ def sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
     engine.dispose()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class LiveServer:
     base_url: str
@@ -123,22 +113,8 @@ class LiveServer:
 @contextmanager
 def running_server(settings: Settings) -> Iterator[LiveServer]:
     """uvicorn serving the real app on a real port, in a thread of the test process."""
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.05)
-    try:
-        yield LiveServer(f"http://127.0.0.1:{port}", settings)
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serve_in_thread(settings) as base_url:
+        yield LiveServer(base_url, settings)
 
 
 def server_settings(database_url: str, data_dir: Path, **overrides: object) -> Settings:

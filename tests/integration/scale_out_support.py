@@ -41,6 +41,7 @@ from sqlalchemy import select
 from mechanisms.accounting import UnitsVector
 from mechanisms.base import ProgressFn, PublicContext, Release, Table, no_progress
 from mechanisms.laplace import Laplace
+from service.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("EXPOST_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -113,14 +114,6 @@ def require_redis() -> None:
         if IN_CI:
             pytest.fail(f"{message} (CI=true: queue tests must run)", pytrace=False)
         pytest.skip(message)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

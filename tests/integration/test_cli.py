@@ -29,7 +29,8 @@ from mechanisms.laplace import Laplace
 from service.auth import Role
 from service.cli import app
 from service.client import ExpostClient
-from tests.conftest import LiveServer, free_port, running_server, server_settings
+from service.embedded import free_port
+from tests.conftest import LiveServer, running_server, server_settings
 from tests.integration.helpers import CSV, SCHEMA
 
 EXPOST = Path(sys.executable).with_name("expost")

@@ -28,7 +28,8 @@ import httpx
 import pytest
 
 from mechanisms.accounting import RdpCurve, UnitsVector, capacity_units, units_to_epsilon
-from tests.conftest import FreshDatabase, free_port, fresh_postgres_database
+from service.embedded import free_port
+from tests.conftest import FreshDatabase, fresh_postgres_database
 from tests.integration.helpers import upload
 
 pytestmark = pytest.mark.slow

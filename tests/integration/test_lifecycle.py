@@ -29,8 +29,9 @@ from mechanisms.laplace import Laplace
 from service.auth import Role
 from service.config import Settings
 from service.db.models import AnalysisRequest, LedgerEntry, PrivacyFilter
+from service.embedded import free_port
 from service.ledger import canonical_json, chain_hash, verify
-from tests.conftest import LiveServer, free_port, running_server
+from tests.conftest import LiveServer, running_server
 from tests.integration.helpers import (
     World,
     assert_problem,

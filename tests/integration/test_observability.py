@@ -35,7 +35,8 @@ from mechanisms.catalog import INTERACTIVE
 from service.auth import Role
 from service.db.models import AnalysisSession
 from service.db.repositories import SessionRepository
-from tests.conftest import LiveServer, free_port, running_server, server_settings
+from service.embedded import free_port
+from tests.conftest import LiveServer, running_server, server_settings
 from tests.integration.helpers import db_session, make_world, upload
 
 PUBLIC_STATE = {"mechanism", "asked", "released", "halted"}

@@ -26,7 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import LiveServer, free_port, fresh_postgres_database, running_server, server_settings
+from service.embedded import free_port
+from tests.conftest import LiveServer, fresh_postgres_database, running_server, server_settings
 from tests.integration.helpers import get_budget, make_world, upload
 from tests.integration.test_concurrency import (
     EXPOST,
