@@ -4,7 +4,8 @@
 * ``check(params, ctx)``: schema-dependent validation (unknown column, wrong type); raises ``ParamsError``
   before anything is reserved.
 * ``worst_case(params, ctx)``: the largest ex-post loss any outcome can have, from public information only.
-* ``run(params, ctx, table, rng)``: the DP release and its realized ex-post curve, ``realized <= worst_case``.
+* ``run(params, ctx, table, noise)``: the DP release and its realized ex-post curve,
+  ``realized <= worst_case``; all randomness from ``noise`` (``mechanisms.noise``).
 * ``cost_parameter``/``with_cost``: the main scalar cost knob (ε, σ, γ, z, …), so a refusal can say what is
   affordable.
 """
@@ -21,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from mechanisms.accounting import RdpCurve
+from mechanisms.noise import Noise
 from mechanisms.schema import DatasetSchema
 
 Table = Mapping[str, np.ndarray]
@@ -79,7 +81,7 @@ class Mechanism(Protocol):
     def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve: ...
 
     def run(
-        self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator
+        self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise
     ) -> Release: ...
 
 
@@ -112,7 +114,7 @@ class LongRunningMechanism(Mechanism, Protocol):
         params: BaseModel,
         ctx: PublicContext,
         table: Table,
-        rng: np.random.Generator,
+        noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> Release: ...
 
@@ -239,7 +241,7 @@ class InteractiveMechanism(Protocol):
 
     def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None: ...
 
-    def start(self, params: BaseModel, ctx: PublicContext, rng: np.random.Generator) -> dict[str, Any]: ...
+    def start(self, params: BaseModel, ctx: PublicContext, noise: Noise) -> dict[str, Any]: ...
 
     def step(
         self,
@@ -248,7 +250,7 @@ class InteractiveMechanism(Protocol):
         state: dict[str, Any],
         query: BaseModel,
         table: Table,
-        rng: np.random.Generator,
+        noise: Noise,
     ) -> StepResult: ...
 
     def realized(

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import secrets
 import socket
 import threading
 import time
@@ -46,6 +45,7 @@ from mechanisms.base import (
     is_long_running,
 )
 from mechanisms.catalog import MECHANISMS
+from mechanisms.noise import Noise
 from service import budget, ledger, metrics
 from service.auth import Principal
 from service.datasets import TableCache, dataset_by_id, public_context, visible_dataset
@@ -453,11 +453,11 @@ def execute(
     try:
         worst = worst or mechanism.worst_case(params, context)
         table = tables.get(dataset, context.schema)
-        rng = np.random.default_rng(np.random.SeedSequence(secrets.randbits(128)))
+        noise = Noise.system()
         if is_long_running(mechanism) and progress is not None:
-            result = mechanism.run(params, context, table, rng, progress=progress)  # type: ignore[call-arg]
+            result = mechanism.run(params, context, table, noise, progress=progress)  # type: ignore[call-arg]
         else:
-            result = mechanism.run(params, context, table, rng)
+            result = mechanism.run(params, context, table, noise)
         if not result.realized <= worst:
             raise AssertionError("realized charge exceeds the worst case")
     except LeaseLost:

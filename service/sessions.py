@@ -13,12 +13,10 @@
 from __future__ import annotations
 
 import json
-import secrets
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import structlog
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import IntegrityError
@@ -26,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.base import InteractiveMechanism, ParamsError, PublicContext
 from mechanisms.catalog import INTERACTIVE
+from mechanisms.noise import Noise
 from service import metrics
 from service.auth import Principal, Role
 from service.datasets import dataset_by_id, public_context, visible_dataset
@@ -92,8 +91,8 @@ def open_session(
                 if existing is None:
                     raise IdempotencyKeyReused("this Idempotency-Key was used for a request, not a session")
                 return existing
-            rng = np.random.default_rng(np.random.SeedSequence(secrets.randbits(128)))
-            state = v.mechanism.start(v.params, v.context, rng)
+            noise = Noise.system()
+            state = v.mechanism.start(v.params, v.context, noise)
             now = datetime.now(UTC)
             row = AnalysisSession(
                 id="ss_" + uuid.uuid4().hex[:20],
@@ -262,8 +261,8 @@ def _step(
     assert secret is not None, "an open session has its secret state"
     try:
         table = app.tables.get(ctx.dataset, ctx.public.schema)
-        rng = np.random.default_rng(np.random.SeedSequence(secrets.randbits(128)))
-        result = ctx.mechanism.step(ctx.params, ctx.public, json.loads(secret.state), query, table, rng)
+        noise = Noise.system()
+        result = ctx.mechanism.step(ctx.params, ctx.public, json.loads(secret.state), query, table, noise)
     except Exception as exc:
         log.error(
             "session step failed after reading data; charging the worst case",

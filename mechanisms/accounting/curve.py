@@ -50,6 +50,24 @@ def laplace_rdp_upper(alphas: np.ndarray, eps: np.ndarray) -> np.ndarray:
     return result
 
 
+def pure_dp_rdp_upper(alphas: np.ndarray, eps: np.ndarray) -> np.ndarray:
+    """Upper bound on the Rényi divergence of order α of **any** ε-DP mechanism (discrete Laplace included).
+
+    The largest D_α over pairs with e^{−ε} ≤ P/Q ≤ e^{ε} is randomized response's (Bun & Steinke 2016,
+    Prop. 3.3): log((e^{αε} + e^{(1−α)ε})/(1 + e^{ε}))/(α−1). The discrete Laplace at an integer shift of one
+    step attains it (docs/privacy.md §10.3), so this, not Mironov's continuous Laplace formula, bounds grid
+    releases. min with ε and αε²/2 as in ``laplace_rdp_upper``; float error covered by a margin.
+    """
+    a = alphas * eps
+    b = (1 - alphas) * eps
+    c = np.logaddexp(0.0, eps)
+    margin = 32 * np.finfo(float).eps * (1.0 + np.abs(a) + np.abs(b) + c) / (alphas - 1)
+    randomized_response = (np.logaddexp(a, b) - c) / (alphas - 1) + margin
+    bound = np.minimum(np.minimum(eps, alphas * eps * eps / 2), randomized_response)
+    result: np.ndarray = np.maximum(bound, 0.0)
+    return result
+
+
 def sum_up(values: Iterable[float]) -> float:
     """A float ≥ the exact sum of ``values`` (exact rational sum, rounded up if inexact)."""
     exact = sum((Fraction(v) for v in values), Fraction(0))
@@ -142,6 +160,22 @@ class RdpCurve:
         per_coordinate = laplace_rdp_upper(np.asarray(orders, dtype=float)[:, None], eps[None, :])
         values = _positive_if(per_coordinate.sum(axis=1), bool(np.any(shift_array > 0.0)))
         return cls(tuple(orders), tuple(_pad_up(float(v)) for v in values), float(epsilon))
+
+    @classmethod
+    def pure_product(cls, epsilons: Iterable[float], orders: Sequence[float]) -> RdpCurve:
+        """Independent coordinates, coordinate j ε_j-DP (e.g. discrete Laplace noise on a grid).
+
+        Rényi divergences of product distributions add, so Σ_j bound(ε_j) holds; the whole release is also
+        (Σε_j)-DP, so bound(Σε_j) holds too: the smaller of the two is charged, with bound =
+        ``pure_dp_rdp_upper``. The pure slot is Σε_j (rounded up).
+        """
+        eps = np.asarray([_check_loss(e, "a pure epsilon") for e in epsilons], dtype=float)
+        total = sum_up(eps.tolist())
+        alphas = np.asarray(orders, dtype=float)
+        summed = pure_dp_rdp_upper(alphas[:, None], eps[None, :]).sum(axis=1)
+        joint = pure_dp_rdp_upper(alphas, np.full(alphas.shape, total))
+        values = _positive_if(np.minimum(summed, joint), total > 0.0)
+        return cls(tuple(orders), tuple(_pad_up(float(v)) for v in values), total)
 
     # ----- algebra -------------------------------------------------------------------------------
     def _same_grid(self, other: RdpCurve) -> None:
