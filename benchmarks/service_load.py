@@ -530,12 +530,12 @@ def register_bench_mechanisms() -> None:
     CPU or wait; same worst case and realized curve as ``laplace``)."""
     from typing import ClassVar
 
-    import numpy as np
     from pydantic import BaseModel
 
     from mechanisms.base import PublicContext, Release, Table
     from mechanisms.catalog import MECHANISMS
     from mechanisms.laplace import Laplace
+    from mechanisms.noise import Noise
 
     seconds = float(os.environ.get("EXPOST_BENCH_BUSY", "0.2"))
 
@@ -543,22 +543,22 @@ def register_bench_mechanisms() -> None:
         name: ClassVar[str] = "bench.busy_count"
 
         def run(
-            self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator
+            self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise
         ) -> Release:
             end, x = time.thread_time() + seconds, 0
             while time.thread_time() < end:
                 for i in range(10_000):
                     x ^= i * i
-            return super().run(params, ctx, table, rng)
+            return super().run(params, ctx, table, noise)
 
     class SleepyCount(Laplace):
         name: ClassVar[str] = "bench.sleepy_count"
 
         def run(
-            self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator
+            self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise
         ) -> Release:
             time.sleep(seconds)
-            return super().run(params, ctx, table, rng)
+            return super().run(params, ctx, table, noise)
 
     MECHANISMS.setdefault(BusyCount.name, BusyCount())
     MECHANISMS.setdefault(SleepyCount.name, SleepyCount())

@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import ClassVar
 
 import httpx
-import numpy as np
 from pydantic import BaseModel
 from sqlalchemy import select
 
 from mechanisms.accounting import UnitsVector
 from mechanisms.base import ProgressFn, PublicContext, Release, Table, no_progress
 from mechanisms.laplace import Laplace
+from mechanisms.noise import Noise
 from service.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ class SleepyCount(Laplace):
         params: BaseModel,
         ctx: PublicContext,
         table: Table,
-        rng: np.random.Generator,
+        noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> Release:
         seconds = float(os.environ.get("EXPOST_TEST_SLEEP", "1.0"))
@@ -67,15 +67,15 @@ class SleepyCount(Laplace):
         for i in range(slices):
             time.sleep(seconds / slices)
             progress((i + 1) / slices)
-        return super().run(params, ctx, table, rng)
+        return super().run(params, ctx, table, noise)
 
 
 class BusyCount(Laplace):
     name: ClassVar[str] = "test.busy_count"
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator) -> Release:
+    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         burn(float(os.environ.get("EXPOST_TEST_BUSY", "0.2")))
-        return super().run(params, ctx, table, rng)
+        return super().run(params, ctx, table, noise)
 
 
 def burn(seconds: float) -> None:

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from pydantic import BaseModel
 from typer.testing import CliRunner, Result
@@ -26,6 +25,7 @@ from typer.testing import CliRunner, Result
 from mechanisms.base import PublicContext, Release, Table
 from mechanisms.catalog import MECHANISMS
 from mechanisms.laplace import Laplace
+from mechanisms.noise import Noise
 from service.auth import Role
 from service.cli import app
 from service.client import ExpostClient
@@ -309,9 +309,9 @@ class TestAdminCommands:
 class SlowLaplace(Laplace):
     name = "cli_slow_laplace"
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator) -> Release:
+    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         time.sleep(1.0)
-        return super().run(params, ctx, table, rng)
+        return super().run(params, ctx, table, noise)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,6 +28,7 @@ from mechanisms.accounting import RdpCurve
 from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, StepResult, Table, no_progress
 from mechanisms.catalog import INTERACTIVE, MECHANISMS
 from mechanisms.laplace import Laplace
+from mechanisms.noise import Noise
 from service.auth import Role
 from service.client import (
     AnalysisRequest,
@@ -523,7 +525,7 @@ def test_5xx_is_retried_with_the_same_key_but_4xx_and_mechanism_failures_are_not
 class ExplodingLaplace(Laplace):
     name = "client_exploding_laplace"
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator) -> Release:
+    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         raise RuntimeError("boom after reading the data")
 
 
@@ -532,9 +534,9 @@ class SlowLaplace(Laplace):
 
     name = "client_slow_laplace"
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator) -> Release:
+    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         time.sleep(1.0)
-        return super().run(params, ctx, table, rng)
+        return super().run(params, ctx, table, noise)
 
 
 @pytest.fixture
@@ -761,7 +763,7 @@ class ReleaseLevels:
         if asked >= len(params.epsilons):
             raise ParamsError("next", "every level was released")
 
-    def start(self, params: BaseModel, ctx: PublicContext, rng: np.random.Generator) -> dict[str, Any]:
+    def start(self, params: BaseModel, ctx: PublicContext, noise: Noise) -> dict[str, Any]:
         return {"level": 0}
 
     def step(
@@ -771,13 +773,13 @@ class ReleaseLevels:
         state: dict[str, Any],
         query: BaseModel,
         table: Table,
-        rng: np.random.Generator,
+        noise: Noise,
     ) -> StepResult:
         assert isinstance(params, _LevelsParams)
         level = int(state["level"])
         epsilon = params.epsilons[level]
         count = len(next(iter(table.values())))
-        value = float(count + rng.laplace(0.0, 1.0 / epsilon))
+        value = float(count + int(noise.discrete_laplace(Fraction(1) / Fraction(epsilon), 1)[0]))
         halted = level + 1 >= len(params.epsilons)
         return StepResult({"level": level, "epsilon": epsilon, "value": value}, {"level": level + 1}, halted)
 
@@ -963,13 +965,13 @@ class ProgressLaplace(Laplace):
         params: BaseModel,
         ctx: PublicContext,
         table: Table,
-        rng: np.random.Generator,
+        noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> Release:
         for step in range(1, 5):  # four steps of work, not a loop over rows
             time.sleep(0.25)
             progress(step / 5)
-        return super().run(params, ctx, table, rng)
+        return super().run(params, ctx, table, noise)
 
 
 class SecretProgressLaplace(ProgressLaplace):

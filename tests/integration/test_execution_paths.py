@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pytest
 from pydantic import BaseModel
 
 from mechanisms.base import PublicContext, Release, Table
 from mechanisms.catalog import MECHANISMS
 from mechanisms.laplace import Laplace
+from mechanisms.noise import Noise
 from service.db.session import make_engine, make_sessionmaker
 from service.ledger import verify
 from tests.conftest import LiveServer, running_server, server_settings
@@ -26,7 +26,7 @@ class ExplodingLaplace(Laplace):
 
     name = "exploding_laplace"
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator) -> Release:
+    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         rows = len(next(iter(table.values())))  # the data was read
         raise RuntimeError(f"boom after reading the data: {LEAK_MARKER}{rows * 7919}")
 
@@ -36,8 +36,8 @@ class OverclaimingLaplace(Laplace):
 
     name = "overclaiming_laplace"
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator) -> Release:
-        honest = super().run(params, ctx, table, rng)
+    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
+        honest = super().run(params, ctx, table, noise)
         return Release(honest.output, honest.realized + honest.realized)
 
 

@@ -26,6 +26,7 @@ from sqlalchemy import delete, select, update
 from mechanisms.base import PublicContext, Release, Table
 from mechanisms.catalog import MECHANISMS
 from mechanisms.laplace import Laplace
+from mechanisms.noise import Noise
 from service.auth import Role
 from service.config import Settings
 from service.db.models import AnalysisRequest, LedgerEntry, PrivacyFilter
@@ -53,7 +54,7 @@ class FailingLaplace(Laplace):
 
     name: ClassVar[str] = "failing_laplace"
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator) -> Release:
+    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         total = int(np.sum(table["income"]))
         raise RuntimeError(f"exploded after reading the data (income sum {total})")
 
@@ -67,11 +68,11 @@ class BlockingLaplace(Laplace):
         self.started = threading.Event()
         self.release = threading.Event()
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator) -> Release:
+    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         assert table["age"].size > 0
         self.started.set()
         self.release.wait(30)
-        return super().run(params, ctx, table, rng)
+        return super().run(params, ctx, table, noise)
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
 import pytest
 from pydantic import BaseModel
 from sqlalchemy import select, update
@@ -27,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from mechanisms.base import ProgressFn, PublicContext, Release, Table, no_progress
 from mechanisms.catalog import MECHANISMS
 from mechanisms.laplace import Laplace
+from mechanisms.noise import Noise
 from service import budget, requests
 from service.auth import Principal, Role, create_key
 from service.datasets import TableCache, create_dataset, grant
@@ -58,7 +58,7 @@ class SlowCount(Laplace):
         params: BaseModel,
         ctx: PublicContext,
         table: Table,
-        rng: np.random.Generator,
+        noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> Release:
         for i in range(self.steps):
@@ -68,7 +68,7 @@ class SlowCount(Laplace):
             self.done_steps = i + 1
             if self.beat:
                 progress((i + 1) / self.steps)
-        return super().run(params, ctx, table, rng)
+        return super().run(params, ctx, table, noise)
 
 
 class SecretSlowCount(SlowCount):
