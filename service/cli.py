@@ -15,6 +15,7 @@ out).
 from __future__ import annotations
 
 import json
+import secrets
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -239,15 +240,20 @@ def ledger_verify() -> None:
     raise typer.Exit(0 if report.ok else 1)
 
 
-def demo_csv(rows: int = 1000, seed: int = 7) -> bytes:
-    import numpy as np
+_DEMO_DATA = Path(__file__).parent / "demo_data"
 
-    rng = np.random.default_rng(seed)
-    age = np.clip(rng.normal(41, 13, rows), 18, 90).round(1)
-    income = np.clip(rng.lognormal(10.5, 0.6, rows), 0, 250000).round(0)
-    group = rng.choice(["north", "south", "east", "west"], rows)
-    lines = ["age,income,region", *(f"{a},{i:.0f},{g}" for a, i, g in zip(age, income, group, strict=True))]
-    return ("\n".join(lines) + "\n").encode()
+
+def _demo_rows(name: str, rows: int | None) -> bytes:
+    """The first ``rows`` records of a shipped demo file (synthetic data, generated once and kept as a file so
+    that no module of the service ever creates a random generator outside ``mechanisms.noise``)."""
+    lines = (_DEMO_DATA / name).read_text().splitlines()
+    kept = lines if rows is None else lines[: rows + 1]
+    return ("\n".join(kept) + "\n").encode()
+
+
+def demo_csv(rows: int | None = None) -> bytes:
+    """Synthetic incomes: age, income, region (1000 rows)."""
+    return _demo_rows("incomes.csv", rows)
 
 
 DEMO_SCHEMA = {
@@ -260,20 +266,9 @@ DEMO_SCHEMA = {
 }
 
 
-def demo_learning_csv(rows: int = 5000, seed: int = 11) -> bytes:
-    """Synthetic customers for the learners: churn follows a logistic model, spend a linear one."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    age = np.clip(rng.normal(45, 14, rows), 18, 90)
-    tenure = np.clip(rng.exponential(4.0, rows), 0, 30)
-    visits = np.clip(rng.poisson(6, rows), 0, 40)
-    logit = 1.5 - 0.04 * (age - 45) - 0.35 * tenure + 0.12 * visits
-    churn = np.where(rng.random(rows) < 1 / (1 + np.exp(-logit)), "yes", "no")
-    spend = np.clip(20 + 0.8 * age + 6 * tenure + 3 * visits + rng.normal(0, 15, rows), 0, 300)
-    columns = zip(age.round(1), tenure.round(2), visits, spend.round(2), churn, strict=True)
-    lines = ["age,tenure,visits,spend,churn", *(",".join(map(str, row)) for row in columns)]
-    return ("\n".join(lines) + "\n").encode()
+def demo_learning_csv(rows: int | None = None) -> bytes:
+    """Synthetic customers for the learners (5000 rows): churn is logistic in the features, spend linear."""
+    return _demo_rows("customers.csv", rows)
 
 
 DEMO_LEARNING_SCHEMA = {
@@ -295,8 +290,6 @@ def demo(
     ),
 ) -> None:
     """Create two demo datasets with budgets (ε=1, δ=1e-6) and admin/analyst/viewer keys (idempotent)."""
-    import numpy as np
-
     from service import budget
     from service.auth import Role, create_key
     from service.datasets import create_dataset, grant
@@ -307,7 +300,7 @@ def demo(
         info = json.loads(keys_file.read_text())
     else:
         with sessions() as session, session.begin():
-            suffix = np.random.default_rng().integers(1 << 30)
+            suffix = secrets.randbelow(1 << 30)
             info = {
                 role: {
                     "name": f"demo-{role}-{suffix}",

@@ -28,7 +28,7 @@ import enum
 import functools
 import inspect
 import json
-import random
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator, Mapping
@@ -436,7 +436,7 @@ class RetryPolicy:
             if retry_after.replace(".", "", 1).isdigit():
                 return min(float(retry_after), self.max_backoff)
         base = min(self.backoff * 2.0**attempt, self.max_backoff)
-        return base * (0.5 + random.random() / 2)  # jitter, not cryptography
+        return base * (0.5 + secrets.randbelow(1 << 20) / (1 << 21))  # jitter in [0.5, 1)·base
 
 
 def _should_retry_exception(retry: Retry, exc: httpx.TransportError) -> bool:
