@@ -27,6 +27,8 @@ import numpy as np
 _TWO63 = 1 << 63
 _MAX_MODULUS = 1 << 62
 _FAST_DENOMINATOR = 1 << 52
+_BLOCK = 1 << 16
+_SMALL = 64  # batches up to this size take the scalar Python-integer path (NumPy rounds cost ~2 ms fixed)
 _MAX_GEOMETRIC = 1 << 9  # V of CKS Algorithm 2 beyond this has probability < e^{-512}: refused, not wrapped
 
 IntArray = np.ndarray
@@ -52,7 +54,18 @@ class Noise:
     """The only source of randomness for a release. Build with ``Noise.system()`` (OS CSPRNG)."""
 
     def __init__(self, source: Callable[[int], bytes]) -> None:
-        self._bytes = source
+        self._source = source
+        self._buffer = b""
+        self._position = 0
+
+    def _bytes(self, count: int) -> bytes:
+        """``count`` bytes of the stream, served from a buffer refilled in blocks of at least 64 KiB."""
+        if self._position + count > len(self._buffer):
+            self._buffer = self._buffer[self._position :] + self._source(max(count, _BLOCK))
+            self._position = 0
+        chunk = self._buffer[self._position : self._position + count]
+        self._position += count
+        return chunk
 
     @classmethod
     def system(cls) -> Noise:
@@ -139,24 +152,28 @@ class Noise:
         result = self._exp_neg_fraction(rest, den)
         remaining = whole.astype(np.int64).copy()
         alive = np.flatnonzero(result & (remaining > 0))
-        while alive.size:
+        while alive.size > _SMALL:
             ones = np.ones(alive.size, dtype=np.int64)
             passed = self._exp_neg_fraction(ones, ones)
             result[alive[~passed]] = False
             remaining[alive] -= 1
             alive = alive[passed & (remaining[alive] > 0)]
+        for i in alive:
+            result[i] = all(self._exp_neg_big_fraction(1, 1) for _ in range(int(remaining[i])))
         return result
 
     def _exp_neg_fraction(self, rest: IntArray, den: IntArray) -> np.ndarray:
         """Bernoulli(exp(−γ)), γ = rest/den ∈ [0, 1]: K = 1; while Bernoulli(γ/K): K += 1; return K odd."""
         k = np.ones(rest.size, dtype=np.int64)
         pending = np.flatnonzero(rest > 0)
-        while pending.size:
+        while pending.size > _SMALL:
             if int(k[pending].max()) > 1 << 9:  # K beyond 512 has probability below 1/511!
                 raise OverflowError("Bernoulli(exp(−γ)) ran past its int64 range")
             success = self.uniform_below(den[pending] * k[pending]) < rest[pending]
             k[pending[success]] += 1
             pending = pending[success]
+        for i in pending:
+            k[i] = self._exp_neg_count(int(rest[i]), int(den[i]), int(k[i]))
         odd: np.ndarray = (k % 2) == 1
         return odd
 
@@ -175,7 +192,7 @@ class Noise:
             return np.array([self._discrete_laplace_big(s, r) for _ in range(size)], dtype=object)
         out = np.empty(size, dtype=np.int64)
         pending = np.arange(size)
-        while pending.size:
+        while pending.size > _SMALL:
             count = pending.size
             u = self.uniform_below(s, count)
             keep = self.bernoulli_exp_neg(u, s)
@@ -185,19 +202,24 @@ class Noise:
             accept = keep & ~(negative & (y == 0))
             out[pending[accept]] = np.where(negative, -y, y)[accept]
             pending = pending[~accept]
+        for i in pending:
+            out[i] = self._discrete_laplace_big(s, r)
         return out
 
     def _geometric_exp_neg_one(self, count: int) -> IntArray:
         """The number of successes of Bernoulli(e^{−1}) before the first failure, per row."""
         v = np.zeros(count, dtype=np.int64)
         alive = np.arange(count)
-        while alive.size:
+        while alive.size > _SMALL:
             ones = np.ones(alive.size, dtype=np.int64)
             passed = self._exp_neg_fraction(ones, ones)
             v[alive[passed]] += 1
             alive = alive[passed]
-            if alive.size and int(v[alive].max()) > _MAX_GEOMETRIC:
-                raise OverflowError("geometric draw beyond 2^9 (probability < e^-512)")
+        for i in alive:
+            while self._exp_neg_big_fraction(1, 1):
+                v[i] += 1
+        if count and int(v.max()) > _MAX_GEOMETRIC:
+            raise OverflowError("geometric draw beyond 2^9 (probability < e^-512)")
         return v
 
     def _exp_neg_big(self, num: int, den: int) -> bool:
@@ -209,10 +231,13 @@ class Noise:
         return self._exp_neg_big_fraction(rest, den)
 
     def _exp_neg_big_fraction(self, rest: int, den: int) -> bool:
-        k = 1
+        return self._exp_neg_count(rest, den, 1) % 2 == 1
+
+    def _exp_neg_count(self, rest: int, den: int, k: int) -> int:
+        """CKS Algorithm 1's counter K, continued from ``k``: K += 1 while Bernoulli(γ/K) succeeds."""
         while self.randbelow(den * k) < rest:
             k += 1
-        return k % 2 == 1
+        return k
 
     def _discrete_laplace_big(self, s: int, r: int) -> int:
         while True:
@@ -246,7 +271,7 @@ class Noise:
             return np.array([self._discrete_gaussian_big(n, d, t) for _ in range(size)], dtype=object)
         out = np.empty(size, dtype=np.int64)
         pending = np.arange(size)
-        while pending.size:
+        while pending.size > _SMALL:
             y = self.discrete_laplace(Fraction(t), pending.size).astype(np.int64)
             accept = np.zeros(pending.size, dtype=bool)
             fast = np.abs(y) < max(0, (1 << 31) - n) // (d * t)
@@ -257,6 +282,8 @@ class Noise:
                 accept[i] = self._exp_neg_big(w_big * w_big, den)
             out[pending[accept]] = y[accept]
             pending = pending[~accept]
+        for i in pending:
+            out[i] = self._discrete_gaussian_big(n, d, t)
         return out
 
     def _discrete_gaussian_big(self, n: int, d: int, t: int) -> int:
