@@ -26,11 +26,14 @@ Secret state (never released): the latent k (or the noisy threshold) and the ste
 geometric session, ``value`` for the dropping session, nothing more for the Laplace session); indices are
 0-based. A session also halts, without an above answer, after ``max_queries`` queries.
 
-Samplers: Geom_{e^{−ε}} on {0, 1, …} is drawn by inversion, k = ⌊E/ε⌋ with E ~ Exp(1), so
-P(k ≥ m) = P(E ≥ mε) = e^{−εm} (numpy's own ``geometric`` is 1-based: ``geometric(1 − e^{−ε}) − 1`` has the
-same law). The drop step keeps candidate i iff an independent E′ ~ Exp(1) satisfies E′ ≥ ε_i·k
-(probability e^{−ε_i·k}, no underflow; note §6.4). Limitation (as for ``mechanisms.laplace``): these are
-floating-point samplers; the accounting is for the idealised distributions (Mironov 2012).
+Samplers (docs/privacy.md §10, finite precision): every draw is exact and comes from ``Noise`` (the OS
+CSPRNG). Geom_{e^{−ε}} on {0, 1, …} is folded from one discrete Laplace draw Z of scale t = 1/ε rounded up
+(``dyadic_scale_up``): Z if Z ≥ 0, else −Z − 1 (P ∝ e^{−z/t}(1 + e^{−1/t}), a geometric law). The drop step
+is an exact Bernoulli(exp(−ε̂_i·k)) with ε̂_i the candidate's own rational pure level. Dropping candidates
+are released on their public grid (as ``mechanisms.laplace``); the classic Laplace session compares
+integers on a grid (round(f/γ) + ν ≥ round(T/γ) + ρ with discrete Laplace ρ, ν). Rounding the scales up
+makes each actual parameter ≤ the charged one, and every theorem's charge is increasing in its parameters,
+so the charges below are unchanged (the derivation is in docs/mechanisms/above_threshold.md §8).
 """
 
 from __future__ import annotations
@@ -39,23 +42,32 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Annotated, Any, ClassVar, Self, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
-from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve, laplace_scale
+from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve
 from mechanisms.accounting.curve import _pad_up, sum_up
 from mechanisms.base import ParamsError, PublicContext, Release, StepResult, Table, params_as
+from mechanisms.noise import Grid, Noise, dyadic_scale_up, laplace_grid
 from mechanisms.queries import (
+    RANGE_BITS,
     AnyQuery,
     CountQuery,
+    GridPlan,
     HistogramQuery,
     Query,
     SumQuery,
+    charged_fraction,
     evaluate,
+    evaluate_units,
+    is_integer_valued,
     l1,
+    laplace_plan,
     shifts,
+    unit_shift,
 )
 from mechanisms.queries import check_query as check_query_on_schema
 from mechanisms.schema import MAX_EXACT_INT, IntColumn
@@ -75,20 +87,103 @@ class _Frozen(BaseModel):
 
 
 # ----- samplers (shared by the sessions and the statistical audit) ----------------------------------------
-def geometric(rng: np.random.Generator, epsilon: float) -> int:
-    """One draw of Geom_{e^{−ε}} on {0, 1, 2, …}: P(k) = (1 − e^{−ε})·e^{−εk}, by inversion ⌊E/ε⌋."""
-    return math.floor(rng.standard_exponential() / epsilon)
+def geometric_scale(epsilon: float) -> Fraction:
+    """t = 1/ε rounded up to a cheap dyadic rational: Geom_{e^{−1/t}} has parameter 1/t ≤ ε (the charged
+    decimal of ε, ``charged_fraction``)."""
+    return dyadic_scale_up(1 / charged_fraction(epsilon))
 
 
-def geometric_array(rng: np.random.Generator, epsilon: float, size: int | tuple[int, ...]) -> np.ndarray:
-    """``size`` draws of Geom_{e^{−ε}} on {0, 1, …} (int64); the same stream as repeated ``geometric``."""
-    result: np.ndarray = np.floor(rng.standard_exponential(size) / epsilon).astype(np.int64)
+def geometric_array(noise: Noise, epsilon: float, size: int) -> np.ndarray:
+    """``size`` exact draws of Geom_{e^{−1/t}} on {0, 1, …} (int64), t = ``geometric_scale(ε)``.
+
+    Folding a discrete Laplace Z (P(z) ∝ e^{−|z|/t}): Y = Z for Z ≥ 0, −Z − 1 for Z < 0. Then
+    P(Y = y) ∝ e^{−y/t} + e^{−(y+1)/t} = (1 + e^{−1/t})·e^{−y/t}, i.e. P(Y = y) = (1 − e^{−1/t})·e^{−y/t}.
+    """
+    z = np.asarray(noise.discrete_laplace(geometric_scale(epsilon), size)).astype(np.int64)
+    result: np.ndarray = np.where(z >= 0, z, -z - 1)
     return result
 
 
-def kept(exp_draw: float | np.ndarray, epsilon: float, k: int | np.ndarray) -> Any:
-    """The drop step: keep with probability e^{−ε·k}, given an Exp(1) draw (underflow-free form)."""
-    return exp_draw >= epsilon * k
+def geometric(noise: Noise, epsilon: float) -> int:
+    """One exact draw of Geom_{e^{−1/t}} on {0, 1, …}, t = ``geometric_scale(ε)`` (parameter ≤ ε)."""
+    return int(geometric_array(noise, epsilon, 1)[0])
+
+
+def kept_array(noise: Noise, level: Fraction, k: np.ndarray | Sequence[int]) -> np.ndarray:
+    """The drop step per row: True with probability exactly exp(−level·k_j) (level ≥ 0 rational, k_j ≥ 0).
+
+    exp(−level·k) = exp(−w)·exp(−r/q) with w + r/q = level·k and q the denominator of level: two exact
+    Bernoulli(exp(−·)) draws per row (Canonne, Kamath, Steinke 2020, Algorithm 1), both always drawn.
+    """
+    rate = Fraction(level)
+    if rate < 0 or rate.denominator > 1 << 52:
+        raise ValueError("the drop rate must be ≥ 0 with a denominator ≤ 2^52")
+    numerators = np.asarray(k, dtype=object) * rate.numerator
+    whole = numerators // rate.denominator
+    rest = numerators - whole * rate.denominator
+    if whole.size and (int(whole.min()) < 0 or int(whole.max()) >= 1 << 62):
+        raise OverflowError("the drop exponent is outside the exact sampler's range")
+    size = whole.size
+    draws = noise.bernoulli_exp_neg(
+        np.concatenate([whole.astype(np.int64), rest.astype(np.int64)]),
+        np.concatenate([np.ones(size, dtype=np.int64), np.full(size, rate.denominator, dtype=np.int64)]),
+    )
+    result: np.ndarray = draws[:size] & draws[size:]
+    return result
+
+
+def kept(noise: Noise, level: Fraction, k: int) -> bool:
+    """One drop step: True with probability exactly exp(−level·k) (``kept_array`` of one row)."""
+    return bool(kept_array(noise, level, [k])[0])
+
+
+def candidate_level(plan: GridPlan, scale: Fraction) -> Fraction:
+    """The exact pure level M/t of a grid Laplace candidate (M its ℓ1 sensitivity in grid units): ≤ ε_i."""
+    return Fraction(plan.l1_units) / scale
+
+
+# ----- exact AboveThreshold comparisons on a grid (classic and Ligett et al.'s interactive form) ------------
+THRESHOLD_CLAMP = 1 << 62
+"""round(T/γ) is clamped to ±2^62 (a public map): answers are ≤ 2^44 units and noise far below 2^62."""
+
+
+@dataclass(frozen=True)
+class ThresholdGrid:
+    """The public grid of a Laplace AboveThreshold: γ (the largest 2^k ≤ 2^-10·Δ), M = the largest change
+    of round(f/γ) for a query of sensitivity ≤ Δ (``unit_shift``), and the discrete Laplace scales
+    t₁ ≥ 2M/ε (threshold) and t₂ ≥ 4M/ε (queries) in grid units."""
+
+    grid: Grid
+    max_units: int
+    threshold_scale: Fraction
+    query_scale: Fraction
+
+    @classmethod
+    def build(cls, max_sensitivity: float, epsilon: float) -> ThresholdGrid:
+        grid = laplace_grid(max_sensitivity, 1, integer_valued=False)
+        units = unit_shift(max_sensitivity, grid, exact=False)
+        eps = charged_fraction(epsilon)
+        return cls(grid, units, dyadic_scale_up(2 * units / eps), dyadic_scale_up(4 * units / eps))
+
+    def threshold_units(self, threshold: float) -> int:
+        """round(T/γ), exactly (rational arithmetic), clamped to ±2^62."""
+        scaled = round(Fraction(threshold) / Fraction(self.grid.granularity))
+        return min(max(scaled, -THRESHOLD_CLAMP), THRESHOLD_CLAMP)
+
+    def value_units(self, value: float) -> int:
+        """round(v/γ) of a computed real answer, clamped to ±2^44 units (as ``evaluate_units``)."""
+        limit = Fraction(1 << RANGE_BITS)
+        scaled = Fraction(value) / Fraction(self.grid.granularity)
+        return round(min(max(scaled, -limit), limit))
+
+    def scales(self) -> tuple[float, float]:
+        """(threshold scale, query scale) in value units: t₁·γ ≥ 2Δ/ε and t₂·γ ≥ 4Δ/ε (exact floats)."""
+        gamma = Fraction(self.grid.granularity)
+        return float(self.threshold_scale * gamma), float(self.query_scale * gamma)
+
+
+def _draw(noise: Noise, scale: Fraction) -> int:
+    return int(noise.discrete_laplace(scale, 1)[0])
 
 
 # ----- charges -----------------------------------------------------------------------------------------
@@ -257,7 +352,8 @@ class AboveThresholdSession(ABC):
     """What the three sessions share: the JSON secret-state layout and its validation.
 
     State: ``{"mechanism": name, <secret_key>: secret, "asked": n, "halted": bool}``; the secret is the
-    latent k (int) or the noisy threshold (float). It never appears in answers, charges or error messages.
+    latent k (int ≥ 0) or the noisy threshold in grid units (int). It never appears in answers, charges or
+    error messages.
     """
 
     name: ClassVar[str]
@@ -268,7 +364,7 @@ class AboveThresholdSession(ABC):
     cost_parameter: ClassVar[str]
     secret_key: ClassVar[str]
 
-    def _new_state(self, secret: int | float, asked: int, halted: bool) -> dict[str, Any]:
+    def _new_state(self, secret: int, asked: int, halted: bool) -> dict[str, Any]:
         return {"mechanism": self.name, self.secret_key: secret, "asked": asked, "halted": halted}
 
     @abstractmethod
@@ -281,7 +377,7 @@ class AboveThresholdSession(ABC):
     def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None: ...
 
     @abstractmethod
-    def start(self, params: BaseModel, ctx: PublicContext, rng: np.random.Generator) -> dict[str, Any]: ...
+    def start(self, params: BaseModel, ctx: PublicContext, noise: Noise) -> dict[str, Any]: ...
 
     @abstractmethod
     def step(
@@ -291,7 +387,7 @@ class AboveThresholdSession(ABC):
         state: dict[str, Any],
         query: BaseModel,
         table: Table,
-        rng: np.random.Generator,
+        noise: Noise,
     ) -> StepResult: ...
 
     @abstractmethod
@@ -303,13 +399,10 @@ class AboveThresholdSession(ABC):
         if not isinstance(state, dict) or set(state) != expected or state["mechanism"] != self.name:
             raise ValueError(f"not a {self.name} session state")
         secret, asked, halted = state[self.secret_key], state["asked"], state["halted"]
-        if isinstance(secret, bool) or not isinstance(secret, int | float):
+        if isinstance(secret, bool) or not isinstance(secret, int):
             raise ValueError(f"not a {self.name} session state")
-        if self.secret_key == "k":  # the latent k: a non-negative integer
-            valid_secret = isinstance(secret, int) and secret >= 0
-        else:  # a noisy threshold (a JSON store may hand back 5.0 as 5)
-            secret = float(secret)
-            valid_secret = math.isfinite(secret)
+        # the latent k is ≥ 0; a noisy threshold in grid units is any integer (an old float state is refused)
+        valid_secret = secret >= 0 or self.secret_key != "k"
         if not valid_secret or isinstance(asked, bool) or not isinstance(asked, int) or asked < 0:
             raise ValueError(f"not a {self.name} session state")
         if halted is not False:
@@ -359,9 +452,9 @@ class GeometricAboveThreshold(AboveThresholdSession):
             reason = "require_monotone: only counts and sums over int columns with min ≥ 0 are monotone"
             raise ParamsError("query", reason)
 
-    def start(self, params: BaseModel, ctx: PublicContext, rng: np.random.Generator) -> dict[str, Any]:
+    def start(self, params: BaseModel, ctx: PublicContext, noise: Noise) -> dict[str, Any]:
         p = params_as(params, GeometricSessionParams)
-        return self._new_state(geometric(rng, p.epsilon_threshold), 0, False)
+        return self._new_state(geometric(noise, p.epsilon_threshold), 0, False)
 
     def step(
         self,
@@ -370,7 +463,7 @@ class GeometricAboveThreshold(AboveThresholdSession):
         state: dict[str, Any],
         query: BaseModel,
         table: Table,
-        rng: np.random.Generator,
+        noise: Noise,
     ) -> StepResult:
         p, q = params_as(params, GeometricSessionParams), params_as(query, QueryParams)
         k, asked = self._read_state(state)
@@ -380,7 +473,7 @@ class GeometricAboveThreshold(AboveThresholdSession):
         if not truth.is_integer():
             raise ValueError("an integer query evaluated to a non-integer")
         value = int(truth) - p.threshold
-        noisy = value + geometric(rng, eps)
+        noisy = value + geometric(noise, eps)
         if noisy >= k:
             answer: dict[str, Any] = {"above": True, "index": asked, "gap": noisy - k}
             return StepResult(answer, self._new_state(k, asked + 1, True), True)
@@ -428,10 +521,11 @@ class DroppingAboveThreshold(AboveThresholdSession):
         _check_asked(asked, p.max_queries)
         _check_epsilon(q, p.max_query_epsilon)
         _scalar_query(q.query, ctx)
+        laplace_plan(q.query, ctx, _query_epsilon(q, p.max_query_epsilon))  # ε_i small enough for the grid
 
-    def start(self, params: BaseModel, ctx: PublicContext, rng: np.random.Generator) -> dict[str, Any]:
+    def start(self, params: BaseModel, ctx: PublicContext, noise: Noise) -> dict[str, Any]:
         p = params_as(params, DroppingSessionParams)
-        return self._new_state(geometric(rng, p.epsilon_threshold), 0, False)
+        return self._new_state(geometric(noise, p.epsilon_threshold), 0, False)
 
     def step(
         self,
@@ -440,19 +534,24 @@ class DroppingAboveThreshold(AboveThresholdSession):
         state: dict[str, Any],
         query: BaseModel,
         table: Table,
-        rng: np.random.Generator,
+        noise: Noise,
     ) -> StepResult:
         p, q = params_as(params, DroppingSessionParams), params_as(query, QueryParams)
         k, asked = self._read_state(state)
         self.check_query(p, ctx, q, asked)
         eps = _query_epsilon(q, p.max_query_epsilon)
-        scale = laplace_scale(l1(shifts(q.query, ctx)), eps)
+        plan, scale = laplace_plan(q.query, ctx, eps)
         # Always evaluate and draw both noises, so nothing (work, timing, stream use) depends on the drop bit.
-        truth = _scalar_value(q.query, ctx, table)
-        keep = bool(kept(rng.standard_exponential(), eps, k))
-        released = truth + float(rng.laplace(0.0, scale))
+        units, _ = evaluate_units(q.query, ctx, table, plan)
+        keep = kept(noise, candidate_level(plan, scale), k)
+        released = float(plan.grid.from_units(units.astype(object) + noise.discrete_laplace(scale, 1))[0])
         if keep and released >= p.threshold:
-            answer: dict[str, Any] = {"above": True, "index": asked, "value": released}
+            answer: dict[str, Any] = {
+                "above": True,
+                "index": asked,
+                "value": released,
+                "granularity": plan.grid.granularity,
+            }
             return StepResult(answer, self._new_state(k, asked + 1, True), True)
         halted = asked + 1 >= p.max_queries
         return StepResult({"above": False, "index": asked}, self._new_state(k, asked + 1, halted), halted)
@@ -482,13 +581,18 @@ class LaplaceAboveThreshold(AboveThresholdSession):
     query_model: ClassVar[type[BaseModel]] = LaplaceQueryParams
     batch_params_model: ClassVar[type[BaseModel]] = LaplaceBatchParams
     cost_parameter: ClassVar[str] = "epsilon"
-    secret_key: ClassVar[str] = "noisy_threshold"
+    secret_key: ClassVar[str] = "noisy_threshold_units"
 
     @staticmethod
-    def scales(params: LaplaceSessionParams) -> tuple[float, float]:
-        """(threshold scale ≥ 2Δ/ε, query scale ≥ 4Δ/ε): ε/2 for the threshold, ε/2 for the queries."""
-        delta = params.max_sensitivity
-        return laplace_scale(2.0 * delta, params.epsilon), laplace_scale(4.0 * delta, params.epsilon)
+    def grid(params: LaplaceSessionParams) -> ThresholdGrid:
+        """The session's public grid and discrete Laplace scales (t₁ ≥ 2M/ε, t₂ ≥ 4M/ε grid units)."""
+        return ThresholdGrid.build(params.max_sensitivity, params.epsilon)
+
+    @classmethod
+    def scales(cls, params: LaplaceSessionParams) -> tuple[float, float]:
+        """(threshold scale ≥ 2Δ/ε, query scale ≥ 4Δ/ε) in value units: ε/2 for the threshold, ε/2 for the
+        queries (the grid's M·γ ≥ Δ, so these are at least the continuous mechanism's scales)."""
+        return cls.grid(params).scales()
 
     def check(self, params: BaseModel, ctx: PublicContext) -> None:
         params_as(params, LaplaceSessionParams)
@@ -504,10 +608,11 @@ class LaplaceAboveThreshold(AboveThresholdSession):
             reason = f"ℓ1 sensitivity {sensitivity:g} exceeds max_sensitivity {p.max_sensitivity:g}"
             raise ParamsError("query", reason)
 
-    def start(self, params: BaseModel, ctx: PublicContext, rng: np.random.Generator) -> dict[str, Any]:
+    def start(self, params: BaseModel, ctx: PublicContext, noise: Noise) -> dict[str, Any]:
         p = params_as(params, LaplaceSessionParams)
-        threshold_scale, _ = self.scales(p)
-        return self._new_state(p.threshold + float(rng.laplace(0.0, threshold_scale)), 0, False)
+        grid = self.grid(p)
+        noisy_threshold = grid.threshold_units(p.threshold) + _draw(noise, grid.threshold_scale)
+        return self._new_state(noisy_threshold, 0, False)
 
     def step(
         self,
@@ -516,14 +621,18 @@ class LaplaceAboveThreshold(AboveThresholdSession):
         state: dict[str, Any],
         query: BaseModel,
         table: Table,
-        rng: np.random.Generator,
+        noise: Noise,
     ) -> StepResult:
         p, q = params_as(params, LaplaceSessionParams), params_as(query, LaplaceQueryParams)
         noisy_threshold, asked = self._read_state(state)
         self.check_query(p, ctx, q, asked)
-        _, query_scale = self.scales(p)
-        noisy = _scalar_value(q.query, ctx, table) + float(rng.laplace(0.0, query_scale))
-        if noisy >= noisy_threshold:
+        grid = self.grid(p)
+        exact = is_integer_valued(q.query, ctx) and grid.grid.exponent <= 0
+        moves = tuple(unit_shift(x, grid.grid, exact) for x in shifts(q.query, ctx))
+        plan = GridPlan(grid.grid, exact, moves)
+        units, _ = evaluate_units(q.query, ctx, table, plan)
+        noisy = int(units[0]) + _draw(noise, grid.query_scale)
+        if noisy >= noisy_threshold:  # integers: exact
             answer: dict[str, Any] = {"above": True, "index": asked}
             return StepResult(answer, self._new_state(noisy_threshold, asked + 1, True), True)
         halted = asked + 1 >= p.max_queries
@@ -587,15 +696,15 @@ class BatchAboveThreshold:
         session_params, _ = self.split(params)
         return self.session.worst_case(session_params, ctx)
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator) -> Release:
+    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         self.check(params, ctx)
         session_params, queries = self.split(params)
         worst = self.session.worst_case(session_params, ctx)
-        state = self.session.start(session_params, ctx, rng)
+        state = self.session.start(session_params, ctx, noise)
         steps: Steps = []
         halted = False
         for query in queries:
-            result = self.session.step(session_params, ctx, state, query, table, rng)
+            result = self.session.step(session_params, ctx, state, query, table, noise)
             steps.append((query.model_dump(mode="json"), result.answer))
             state, halted = result.state, result.halted
             if halted:
@@ -627,10 +736,10 @@ class LaplaceAboveThresholdBatch(BatchAboveThreshold, session=LAPLACE):
 #
 #   iat_paper_calibration(query_sensitivity, width, failure, levels, target=0.0) -> IatCalibration
 #   iat_reference_calibration(query_sensitivity, width, failure, levels, target=0.0) -> IatCalibration
-#   InteractiveAboveThreshold(threshold, epsilon_a, query_sensitivity, rng)   # draws Ŵ once
-#       .test(value: float, rng) -> bool                                      # fresh Lap(4Δ/ε_A) per call
+#   InteractiveAboveThreshold(threshold, epsilon_a, query_sensitivity, noise)  # draws Ŵ once
+#       .test(value: float, noise) -> bool                                     # fresh noise per call
 #       .to_state() -> dict / InteractiveAboveThreshold.from_state(dict)     # secret JSON state
-#   interactive_above_threshold(query, level_epsilons, threshold, epsilon_a, query_sensitivity, rng,
+#   interactive_above_threshold(query, level_epsilons, threshold, epsilon_a, query_sensitivity, noise,
 #                               orders=DEFAULT_ORDERS) -> IatOutcome(level | None, epsilon, charge)
 #       query(t) -> f_t(D) is called for t = 0, 1, … in order until the first pass (lazily, so a learner
 #       computes hypothesis t only when needed).
@@ -642,7 +751,11 @@ class LaplaceAboveThresholdBatch(BatchAboveThreshold, session=LAPLACE):
 # prefix) is compared as f_t(D) + Lap(4Δ/ε_A) ≥ Ŵ; the first pass halts. When the levels come from an
 # (ε_0, …, ε_{T−1})-prefix-private generator (Laplace noise reduction), the outcome (t, prefix up to t) is
 # ex-post (ε_A + ε_t)-DP (Lemma 2.8); "no pass" after the last level costs ε_A + ε_{T−1} (note §3 item 8).
-# The noise scales are rounded up (``laplace_scale``), so the charge ε_A holds exactly as given.
+# Finite precision (docs/privacy.md §10): the comparison is exact on the public grid of ``ThresholdGrid``
+# (γ = the largest 2^k ≤ 2^-10·Δ, M = ⌊Δ/γ + 1/64⌋ + 1): round(W/γ) + ρ and round(f_t/γ) + ν_t with ρ, ν_t
+# discrete Laplace of scales t₁ ≥ 2M/ε_A, t₂ ≥ 4M/ε_A (grid units). The coupling of Lemma 2.8 shifts ρ by M
+# and ν_t by 2M (integers), costing M/t₁ + 2M/t₂ ≤ ε_A, so the charge ε_A holds exactly as given. The
+# caller's f_t must have sensitivity ≤ Δ as computed (float error ≤ 2^-7·γ per value, see FLOAT_SLACK).
 #
 # Calibrations (both give the same privacy, ε_A; they differ in ε_A and W, i.e. in accuracy):
 # * paper-theorem (Theorem A.1 / Theorem 3.2): accepted only if f_t(D) ≥ W − 8Δ·ln(2T/γ)/ε_A, except with
@@ -705,16 +818,17 @@ def iat_reference_calibration(
 
 
 def iat_scales(epsilon_a: float, query_sensitivity: float) -> tuple[float, float]:
-    """(threshold scale ≥ 2Δ/ε_A, query scale ≥ 4Δ/ε_A) of Ligett et al. Algorithm 2."""
-    delta = query_sensitivity
-    return laplace_scale(2.0 * delta, epsilon_a), laplace_scale(4.0 * delta, epsilon_a)
+    """(threshold scale ≥ 2Δ/ε_A, query scale ≥ 4Δ/ε_A) of Ligett et al. Algorithm 2, in value units: the
+    discrete Laplace scales of ``ThresholdGrid`` times γ (exact floats)."""
+    return ThresholdGrid.build(query_sensitivity, epsilon_a).scales()
 
 
 class InteractiveAboveThreshold:
     """One IAT instance: the noisy threshold Ŵ is drawn once at construction (secret), never re-drawn.
 
-    ``test(value, rng)`` draws fresh query noise and returns whether f_t + ν_t ≥ Ŵ. After the first pass the
-    instance is closed (note P3): further tests raise. ``to_state``/``from_state`` persist it as JSON.
+    Ŵ is round(W/γ) + ρ in grid units (an int, ``ThresholdGrid``). ``test(value, noise)`` draws fresh query
+    noise and returns whether round(f_t/γ) + ν_t ≥ Ŵ. After the first pass the instance is closed (note P3):
+    further tests raise. ``to_state``/``from_state`` persist it as JSON.
     """
 
     def __init__(
@@ -722,39 +836,58 @@ class InteractiveAboveThreshold:
         threshold: float,
         epsilon_a: float,
         query_sensitivity: float,
-        rng: np.random.Generator | None = None,
+        noise: Noise | None = None,
         *,
-        noisy_threshold: float | None = None,
+        noisy_threshold: int | None = None,
         halted: bool = False,
     ) -> None:
         if not math.isfinite(threshold):
             raise ValueError("the threshold must be finite")
-        threshold_scale, query_scale = iat_scales(epsilon_a, query_sensitivity)
+        if not (query_sensitivity > 0.0 and math.isfinite(query_sensitivity)):
+            raise ValueError("the query sensitivity must be finite and > 0")
+        if not (epsilon_a > 0.0 and math.isfinite(epsilon_a)):
+            raise ValueError("epsilon_a must be finite and > 0")
+        self._grid = ThresholdGrid.build(query_sensitivity, epsilon_a)
         self.threshold = float(threshold)
         self.epsilon_a = float(epsilon_a)
         self.query_sensitivity = float(query_sensitivity)
-        self.query_scale = query_scale
+        self._query_units = self._grid.query_scale
         if noisy_threshold is None:
-            if rng is None:
-                raise ValueError("a new instance needs an rng to draw its noisy threshold")
-            noisy_threshold = self.threshold + float(rng.laplace(0.0, threshold_scale))
-        if not math.isfinite(noisy_threshold):
-            raise ValueError("the noisy threshold must be finite")
-        self._noisy_threshold = float(noisy_threshold)
+            if noise is None:
+                raise ValueError("a new instance needs a Noise (the rng) to draw its noisy threshold")
+            noisy_threshold = self._grid.threshold_units(threshold) + _draw(noise, self._grid.threshold_scale)
+        if isinstance(noisy_threshold, bool) or not isinstance(noisy_threshold, int):
+            raise ValueError("the noisy threshold must be an integer number of grid units")
+        self._noisy_threshold = noisy_threshold
         self.halted = bool(halted)
 
-    def test(self, value: float, rng: np.random.Generator) -> bool:
-        """One query: True (and the instance halts) iff value + Lap(4Δ/ε_A) ≥ Ŵ."""
+    @property
+    def granularity(self) -> float:
+        """γ: the public grid on which values and the threshold are compared."""
+        return self._grid.grid.granularity
+
+    @property
+    def query_scale(self) -> float:
+        """The query noise scale in value units (t₂·γ ≥ 4Δ/ε_A)."""
+        return float(self._query_units * Fraction(self._grid.grid.granularity))
+
+    @query_scale.setter
+    def query_scale(self, value: float) -> None:
+        """For audits of broken variants only: the query noise becomes ⌈value/γ⌉ (dyadic) grid units."""
+        self._query_units = dyadic_scale_up(Fraction(value) / Fraction(self._grid.grid.granularity))
+
+    def test(self, value: float, noise: Noise) -> bool:
+        """One query: True (and the instance halts) iff round(f/γ) + ν ≥ round(W/γ) + ρ, exactly."""
         if self.halted:
             raise ValueError("this InteractiveAboveThreshold instance has halted; start a new one")
         if not math.isfinite(value):
             raise ValueError("a query value must be finite")
-        passed = value + float(rng.laplace(0.0, self.query_scale)) >= self._noisy_threshold
+        passed = self._grid.value_units(value) + _draw(noise, self._query_units) >= self._noisy_threshold
         self.halted = passed
         return passed
 
     def to_state(self) -> dict[str, Any]:
-        """Secret JSON state (contains Ŵ): store it only in the secret-state table."""
+        """Secret JSON state (contains Ŵ in grid units): store it only in the secret-state table."""
         return {
             "threshold": self.threshold,
             "epsilon_a": self.epsilon_a,
@@ -768,11 +901,14 @@ class InteractiveAboveThreshold:
         expected = {"threshold", "epsilon_a", "query_sensitivity", "noisy_threshold", "halted"}
         if not isinstance(state, dict) or set(state) != expected or not isinstance(state["halted"], bool):
             raise ValueError("not an InteractiveAboveThreshold state")
+        secret = state["noisy_threshold"]
+        if isinstance(secret, bool) or not isinstance(secret, int):  # an old float state is refused
+            raise ValueError("not an InteractiveAboveThreshold state")
         return cls(
             float(state["threshold"]),
             float(state["epsilon_a"]),
             float(state["query_sensitivity"]),
-            noisy_threshold=float(state["noisy_threshold"]),
+            noisy_threshold=secret,
             halted=state["halted"],
         )
 
@@ -807,7 +943,7 @@ def interactive_above_threshold(
     threshold: float,
     epsilon_a: float,
     query_sensitivity: float,
-    rng: np.random.Generator,
+    noise: Noise,
     orders: Sequence[float] = DEFAULT_ORDERS,
 ) -> IatOutcome:
     """Run Ligett et al. Algorithm 2 over the levels of a prefix-private generator (Lemma 2.8).
@@ -816,9 +952,9 @@ def interactive_above_threshold(
     sensitivity ≤ ``query_sensitivity`` for every fixed prefix); it is called in order t = 0, 1, … and not
     beyond the first pass. ``level_epsilons[t]`` is the prefix-privacy level ε_t of the generator.
     """
-    iat = InteractiveAboveThreshold(threshold, epsilon_a, query_sensitivity, rng)
+    iat = InteractiveAboveThreshold(threshold, epsilon_a, query_sensitivity, noise)
     for t in range(len(level_epsilons)):
-        if iat.test(float(query(t)), rng):
+        if iat.test(float(query(t)), noise):
             charge = iat_charge(epsilon_a, level_epsilons, t, orders)
             return IatOutcome(t, charge.pure, charge)
     charge = iat_charge(epsilon_a, level_epsilons, None, orders)

@@ -1,31 +1,43 @@
-"""The Laplace mechanism on a query (count, sum, mean, histogram).
+"""The Laplace mechanism on a query (count, sum, mean, histogram), released on a public grid.
 
-Noise Lap(b) with b = ``laplace_scale(Δ₁, ε)`` ≥ Δ₁/ε is added to each coordinate of the query's output,
-where Δ₁ is the ℓ1 sensitivity derived from the public schema (``mechanisms.queries.shifts``). This is
-ε-DP (Dwork, McSherry, Nissim, Smith 2006, "Calibrating noise to sensitivity", Prop. 1 / Thm. 1); its
-Rényi curve is Mironov 2017 ("Rényi differential privacy", Prop. 6), summed over the coordinates that can
-move (``RdpCurve.laplace``, with the αε²/2 zCDP bound of Bun & Steinke where it is smaller); the pure slot
-is charged ε itself.
+Construction (docs/mechanisms/laplace.md, docs/privacy.md §10): the answer f(D) is rounded to a public
+grid γ = 2^k (``mechanisms.queries.plan_grid``: γ = 1 and no rounding for integer answers, i.e. counts,
+histograms and sums over int columns; otherwise the largest 2^k ≤ 2^-10·Δ₁/d), and the release is
+γ·(round(f/γ) + Z) with Z discrete Laplace, P(z) ∝ exp(−|z|/t), drawn exactly from the OS CSPRNG
+(``Noise.discrete_laplace``; Canonne, Kamath, Steinke 2020, Algorithm 2). Every released number is an exact
+multiple of γ, so its low-order bits carry no information (the attack of Mironov 2012 has nothing to read).
 
-Ex-post: the Laplace privacy loss of an outcome is bounded by ε for **every** outcome, and the ex-ante RDP
-bound is what is charged, so realized = worst case (nothing about the output lowers the charge).
+Privacy: coordinate j of round(f/γ) moves by an integer m_j ≤ ⌊shift_j/γ + 1/64⌋ + 1 between neighbours
+(exactly shift_j on γ = 1 for integer answers); the discrete Laplace at an integer shift m has privacy loss
+≤ m/t for every outcome, so the release is (Σ m_j/t)-DP with t = ``dyadic_scale_up``(Σ m_j/ε) ≥ Σ m_j/ε:
+pure ε, charged as requested. Rényi curve: ``RdpCurve.pure_product`` over the per-coordinate pure epsilons
+m_j/t (randomized-response bound, Bun & Steinke 2016 Prop. 3.3), **not** Mironov's continuous-Laplace
+formula, which the discrete Laplace exceeds at large orders (tests/unit/test_noise.py pins this).
 
-Limitation (documented, not fixed): noise is drawn with numpy's floating-point sampler, which is exposed
-to the floating-point attack on textbook Laplace implementations (Mironov 2012, "On significance of the
-least significant bits for differential privacy"). A snapping or discrete sampler would be needed to close
-it; the accounting here is for the idealised real-valued mechanism.
+Ex-post: the loss of every outcome is bounded by the same numbers, so realized = worst case.
 """
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+from functools import lru_cache
 from typing import ClassVar
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
-from mechanisms.accounting import RdpCurve, laplace_scale
+from mechanisms.accounting import RdpCurve
 from mechanisms.base import PublicContext, Release, Table, params_as
-from mechanisms.queries import Query, check_query, evaluate, l1, release_output, shifts
+from mechanisms.noise import Noise
+from mechanisms.queries import (
+    AnyQuery,
+    GridPlan,
+    Query,
+    check_query,
+    evaluate_units,
+    laplace_plan,
+    release_output,
+)
 
 
 class LaplaceParams(BaseModel):
@@ -35,9 +47,31 @@ class LaplaceParams(BaseModel):
     epsilon: StrictFloat = Field(gt=0, le=100, allow_inf_nan=False, description="pure-DP ε of this release")
 
 
+def _up(value: Fraction) -> float:
+    """The smallest float ≥ ``value``."""
+    result = float(value)
+    return result if Fraction(result) >= value else math.nextafter(result, math.inf)
+
+
+def laplace_curve(plan: GridPlan, scale: Fraction, epsilon: float, orders: tuple[float, ...]) -> RdpCurve:
+    """The charge of one grid release: ``pure_product`` of the per-coordinate pure epsilons m_j/t (each
+    rounded up), with the pure slot the requested ε (the exact loss Σ m_j/t ≤ ε by the choice of t, where
+    ε is compared as ``charged_fraction``: the smaller of the float and its shortest decimal)."""
+    per_coordinate = [_up(Fraction(m) / scale) for m in plan.unit_shifts]
+    curve = RdpCurve.pure_product(per_coordinate, orders)
+    # D_α ≤ D_∞ ≤ Σ m_j/t ≤ ε: capping at ε (read by the ledger as its decimal, ≥ the exact loss) is valid
+    return RdpCurve(curve.orders, tuple(min(v, epsilon) for v in curve.values), epsilon)
+
+
+@lru_cache(maxsize=1024)
+def _release_plan(query: AnyQuery, ctx: PublicContext, epsilon: float) -> tuple[GridPlan, Fraction, RdpCurve]:
+    """The grid, the scale and the charge of a release: a function of public parameters only (cached)."""
+    plan, scale = laplace_plan(query, ctx, epsilon)
+    return plan, scale, laplace_curve(plan, scale, epsilon, ctx.orders)
+
 
 class Laplace:
-    """Laplace noise calibrated to the ℓ1 sensitivity of the query; pure ε-DP."""
+    """Discrete Laplace noise on a public grid, calibrated to the ℓ1 sensitivity in grid units; pure ε-DP."""
 
     name: ClassVar[str] = "laplace"
     summary: ClassVar[str] = "Count, sum, mean or histogram with Laplace noise (pure ε-DP)."
@@ -46,21 +80,25 @@ class Laplace:
     cost_increases_with_parameter: ClassVar[bool] = True
 
     def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        query = params_as(params, LaplaceParams).query
-        check_query(query, ctx)
+        p = params_as(params, LaplaceParams)
+        check_query(p.query, ctx)
+        _release_plan(p.query, ctx, p.epsilon)  # refuses an ε whose noise would not fit the grid
 
     def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
         p = params_as(params, LaplaceParams)
-        return RdpCurve.laplace(shifts(p.query, ctx), p.epsilon, ctx.orders)
+        return _release_plan(p.query, ctx, p.epsilon)[2]
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator) -> Release:
+    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         p = params_as(params, LaplaceParams)
-        self.check(p, ctx)
-        worst = self.worst_case(p, ctx)
-        scale = laplace_scale(l1(shifts(p.query, ctx)), p.epsilon)
-        values, labels = evaluate(p.query, ctx, table)
-        noisy = values + rng.laplace(0.0, scale, size=values.shape)
-        realized = worst
-        assert realized <= worst
-        output = release_output(noisy, labels, {"distribution": "laplace", "scale": scale})
-        return Release(output=output, realized=realized)
+        check_query(p.query, ctx)
+        plan, scale, worst = _release_plan(p.query, ctx, p.epsilon)  # the plan of check and worst_case
+        units, labels = evaluate_units(p.query, ctx, table, plan)
+        noisy = plan.grid.from_units(units.astype(object) + noise.discrete_laplace(scale, units.size))
+        realized = worst  # the loss bound holds for every outcome: nothing about the output lowers it
+        spec = {
+            "distribution": "discrete_laplace",
+            "scale": float(scale * Fraction(plan.grid.granularity)),
+            "scale_units": float(scale),
+            **plan.grid.describe(),
+        }
+        return Release(output=release_output(noisy, labels, spec), realized=realized)

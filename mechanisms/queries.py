@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 from typing import Annotated, Any, Literal, Self
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
 from mechanisms.base import ParamsError, PublicContext
+from mechanisms.noise import Grid, dyadic_scale_up, laplace_grid
 from mechanisms.schema import CategoricalColumn, FloatColumn, IntColumn
 
 MAX_CONDITIONS = 20
@@ -299,3 +302,194 @@ def release_output(noisy: np.ndarray, labels: list[str] | None, noise: dict[str,
     if labels is None:
         return {"value": float(noisy[0]), "noise": noise}
     return {"values": dict(zip(labels, map(float, noisy), strict=True)), "noise": noise}
+
+
+# ----- releases on a public grid (docs/privacy.md §10, finite precision) ---------------------------------
+RANGE_BITS = 44
+"""A release's true answer is clamped to ±2^44 grid units before noise (a public, 1-Lipschitz map): with
+noise scales ≤ 2^40 units the release stays below 2^53 units, so it is an exact float multiple of γ."""
+MAX_SCALE_BITS = 40
+"""Noise scales (Laplace t, Gaussian σ) are kept ≤ 2^40 grid units by coarsening the grid if needed."""
+MIN_GRID_EXPONENT = -1000
+"""γ ≥ 2^-1000 keeps every multiple u·γ (|u| < 2^53) a normal, exactly representable float."""
+FLOAT_SLACK = Fraction(1, 64)
+"""Bound on the float error of a computed real answer, in grid units, summed over two neighbours.
+
+A real answer (a sum over a float column, a mean) is computed with at most two correctly rounded steps
+(``math.fsum``, one division), so |computed − exact| ≤ 2^-51·|exact|; after the clamp to ±2^44 units the
+error is ≤ 2^-51·2^44 = 2^-7 units per dataset, 2^-6 for a pair (docs/privacy.md §10)."""
+
+
+def is_integer_valued(query: AnyQuery, ctx: PublicContext) -> bool:
+    """True iff the answer is an integer on every dataset, from the public schema alone: counts,
+    histograms, and sums over int columns. Means (a quotient) and sums over float columns are real."""
+    if isinstance(query, CountQuery | HistogramQuery):
+        return True
+    if isinstance(query, SumQuery):
+        return isinstance(ctx.schema.column(query.column), IntColumn)
+    return False
+
+
+def magnitude_bound(query: AnyQuery, ctx: PublicContext) -> float | None:
+    """A public bound on every coordinate |f(D)| (None when it depends on the private row count)."""
+    if isinstance(query, MeanQuery):
+        column = _numeric(query, ctx)
+        return max(abs(float(column.min)), abs(float(column.max)))
+    if ctx.n_rows is None:
+        return None
+    if isinstance(query, SumQuery):
+        column = _numeric(query, ctx)
+        return _ceil_float(ctx.n_rows * max(abs(Fraction(column.min)), abs(Fraction(column.max))))
+    return float(ctx.n_rows)
+
+
+def _grid_at_least(size: float) -> Grid:
+    """The smallest power-of-two grid ≥ ``size`` (> 0)."""
+    mantissa, exponent = math.frexp(size)  # size = mantissa·2^exponent, mantissa ∈ [0.5, 1)
+    return Grid(exponent - 1 if mantissa == 0.5 else exponent)
+
+
+@dataclass(frozen=True)
+class GridPlan:
+    """How a query is released on a public grid: the grid, whether the answer is used unrounded (integer
+    answers on γ = 1), and per moving coordinate an integer bound on |round(f/γ) − round(f′/γ)|."""
+
+    grid: Grid
+    exact: bool
+    unit_shifts: tuple[int, ...]
+
+    @property
+    def l1_units(self) -> int:
+        return sum(self.unit_shifts)
+
+    @property
+    def l2_units(self) -> float:
+        return l2(float(m) for m in self.unit_shifts)
+
+
+def unit_shift(shift: float, grid: Grid, exact: bool) -> int:
+    """An integer bound on a coordinate's change in grid units, for a coordinate moving by ≤ ``shift``.
+
+    exact (integer answer, γ dividing 1): the change is an integer multiple of 1/γ, at most shift/γ.
+    Otherwise: |round(a) − round(b)| ≤ |a − b| + 1 (rounding errors in [−½, ½]) with |a − b| ≤ shift/γ +
+    FLOAT_SLACK, and it is an integer: ⌊shift/γ + slack⌋ + 1. A coordinate that cannot move (shift 0, so
+    every neighbour has the same rows in it) has the same computed value on both: 0.
+    """
+    if shift == 0.0:
+        return 0
+    ratio = Fraction(shift) / Fraction(grid.granularity)
+    if exact:
+        return math.ceil(ratio)
+    return math.floor(ratio + FLOAT_SLACK) + 1
+
+
+def plan_grid(query: AnyQuery, ctx: PublicContext, coarsest_unit: float) -> GridPlan:
+    """The public grid of one release of ``query``.
+
+    Start from ``laplace_grid``/``gaussian_grid``'s rule (γ = 1 for integer answers, else the largest
+    2^k ≤ 2^-10·Δ/d), then coarsen so that (a) |f| ≤ 2^44·γ when a public bound on |f| exists and (b) the
+    noise scale is ≤ 2^40 units (``coarsest_unit`` = the noise scale in value units / 2^40). Integer answers
+    stay unrounded while γ = 1 (every 2^k ≤ 1 divides them too: then the change is exact as well).
+    """
+    query_shifts = shifts(query, ctx)
+    integer = is_integer_valued(query, ctx)
+    delta = l1(query_shifts)
+    dim = len(query_shifts)
+    if delta == 0.0:
+        grid = Grid(0)
+    elif integer and float(delta).is_integer():
+        grid = laplace_grid(delta, dim, integer_valued=True)
+    else:
+        grid = laplace_grid(delta, dim, integer_valued=False)
+    floors = [coarsest_unit]
+    bound = magnitude_bound(query, ctx)
+    if bound is not None and bound > 0.0:
+        floors.append(math.ldexp(bound, -RANGE_BITS))
+    for floor in floors:
+        if floor > grid.granularity and math.isfinite(floor):
+            grid = _grid_at_least(floor)
+    if grid.exponent < MIN_GRID_EXPONENT:
+        raise ParamsError("query", "the sensitivity is too small for an exact release grid (γ < 2^-1000)")
+    exact = integer and grid.exponent <= 0
+    return GridPlan(grid, exact, tuple(unit_shift(s, grid, exact) for s in query_shifts))
+
+
+def _exact_int_sum(values: np.ndarray) -> int:
+    """The exact sum of an int64 array (int64 when it cannot overflow, else Python integers)."""
+    if values.size == 0:
+        return 0
+    largest = int(np.max(np.abs(values)))
+    if largest * values.size < 1 << 62:
+        return int(np.sum(values, dtype=np.int64))
+    return sum(int(v) for v in values)
+
+
+def evaluate_units(
+    query: AnyQuery, ctx: PublicContext, table: Mapping[str, np.ndarray], plan: GridPlan
+) -> tuple[np.ndarray, list[str] | None]:
+    """round(f(D)/γ) per coordinate (int64), clamped to ±2^44 units, and the histogram labels.
+
+    Integer answers are computed exactly (integer arithmetic); a real answer with at most two correctly
+    rounded float steps (``math.fsum`` for the sum), so FLOAT_SLACK covers its error.
+    """
+    limit = 1 << RANGE_BITS
+    grid = plan.grid
+    if isinstance(query, SumQuery | MeanQuery):
+        mask = selection(query, ctx, table)
+        column = _numeric(query, ctx)
+        data = table[column.name][mask]
+        if isinstance(column, IntColumn):
+            total_int = _exact_int_sum(np.asarray(data, dtype=np.int64))
+            if isinstance(query, SumQuery):
+                return _clamped_units(Fraction(total_int), grid, limit), None
+            if ctx.n_rows is None or ctx.n_rows != mask.size:
+                raise ValueError("the table does not have the public row count")
+            value = total_int / ctx.n_rows  # one correctly rounded division
+        else:
+            value = math.fsum(np.asarray(data, dtype=np.float64).tolist())
+            if isinstance(query, MeanQuery):
+                if ctx.n_rows is None or ctx.n_rows != mask.size:
+                    raise ValueError("the table does not have the public row count")
+                value = value / ctx.n_rows
+        return _clamped_units(Fraction(value), grid, limit), None
+    values, labels = evaluate(query, ctx, table)  # counts: exact integers in float64 (< 2^53)
+    if plan.exact and grid.exponent == 0:  # integers on γ = 1: clamp only (exact in float64)
+        return np.clip(values, -limit, limit).astype(np.int64), labels
+    units = np.array([_clamped_units(Fraction(float(v)), grid, limit)[0] for v in values], dtype=np.int64)
+    return units, labels
+
+
+def _clamped_units(value: Fraction, grid: Grid, limit: int) -> np.ndarray:
+    """[round(clamp(value/γ, ±limit))] as int64: exact rational arithmetic, round half to even."""
+    scaled = value / Fraction(grid.granularity)
+    clamped = min(max(scaled, Fraction(-limit)), Fraction(limit))
+    return np.array([round(clamped)], dtype=np.int64)
+
+
+def charged_fraction(epsilon: float) -> Fraction:
+    """The exact ε a pure charge of ``epsilon`` stands for: the ledger reads a float as its shortest
+    decimal (``mechanisms.accounting.fixed_point``), which may be below the float's binary value (0.1)."""
+    return min(Fraction(epsilon), Fraction(repr(float(epsilon))))
+
+
+@lru_cache(maxsize=4096)
+def laplace_plan(query: AnyQuery, ctx: PublicContext, epsilon: float) -> tuple[GridPlan, Fraction]:
+    """The grid and the discrete Laplace scale t (grid units) of a pure-ε release of ``query``.
+
+    t = ``dyadic_scale_up``(M/ε) with M = Σ_j m_j the ℓ1 sensitivity in grid units, so the release is
+    (M/t ≤ ε)-DP. The grid is coarsened (rarely) so that t ≤ 2^40. A function of public parameters only
+    (cached).
+    """
+    eps = charged_fraction(epsilon)
+    too_small = ParamsError("epsilon", "too small: the Laplace noise would not fit the release grid")
+    if eps < Fraction(1, 1 << (MAX_SCALE_BITS - 1)):
+        raise too_small  # even one grid unit of sensitivity would need a scale beyond 2^40 units
+    try:  # the continuous scale Δ₁/ε in value units, over 2^38: the finest grid keeping t ≤ 2^40
+        coarsest = math.ldexp(float(Fraction(l1(shifts(query, ctx))) / eps), 2 - MAX_SCALE_BITS)
+    except OverflowError:
+        raise too_small from None
+    plan = plan_grid(query, ctx, coarsest)
+    scale = dyadic_scale_up(Fraction(max(plan.l1_units, 1)) / eps)
+    if scale > 1 << MAX_SCALE_BITS:
+        raise too_small
+    return plan, scale

@@ -9,8 +9,10 @@ outcome (``realized`` on the outcome's transcript). Three known-broken variants 
 caught (some lower bound above the variant's claimed charge) on an instance chosen to make the violation
 large; the correct algorithm passes on the same instance (power check: same test, same size, same seed).
 
-The samplers reuse the module's own noise primitives (``geometric_array``, ``kept``, ``LAPLACE.scales``)
-and the code's charges; unit tests tie the session ``step`` code to the exact distributions.
+The samplers reuse the module's own exact noise primitives (``geometric_array``, ``kept_array``, the
+dropping candidates' ``laplace_plan`` grid and ``LAPLACE.grid``'s integer comparison, all drawing from
+``Noise.seeded``) and the code's charges; unit tests tie the session ``step`` code to the exact
+distributions.
 """
 
 from __future__ import annotations
@@ -24,9 +26,18 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mechanisms.above_threshold import DROPPING, GEOMETRIC, LAPLACE, geometric_array, kept
-from mechanisms.accounting import DEFAULT_ORDERS, laplace_scale
+from mechanisms.above_threshold import (
+    DROPPING,
+    GEOMETRIC,
+    LAPLACE,
+    candidate_level,
+    geometric_array,
+    kept_array,
+)
+from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.base import PublicContext
+from mechanisms.noise import Noise
+from mechanisms.queries import CountQuery, laplace_plan
 from mechanisms.schema import DatasetSchema
 
 pytestmark = pytest.mark.statistical
@@ -44,8 +55,8 @@ CTX = PublicContext(
     DEFAULT_ORDERS,
 )
 
-Sampler = Callable[[Sequence[float], np.random.Generator, int], np.ndarray]
-"""(query values on one dataset, rng, runs) -> outcome class per run (int array; 0 = ⊥)."""
+Sampler = Callable[[Sequence[float], Noise, int], np.ndarray]
+"""(query values on one dataset, noise, runs) -> outcome class per run (int array; 0 = ⊥)."""
 
 
 # ----- the audit ------------------------------------------------------------------------------------------
@@ -96,9 +107,9 @@ def audit(
     no lower bound exceeds the true loss (Bonferroni).
     """
     classes = charges.size
-    rng = np.random.default_rng(seed)
+    noise = Noise.seeded(seed)
     counts = np.array(
-        [np.bincount(sample(values, rng, runs), minlength=classes) for values in (first, second)]
+        [np.bincount(sample(values, noise, runs), minlength=classes) for values in (first, second)]
     )
     assert counts.shape == (2, classes), "the sampler produced an outcome class without a charge"
     level = false_alarm / (4 * classes)
@@ -123,14 +134,14 @@ def geometric_sampler(
     Broken variants: ``fresh_threshold`` redraws k for every query (a); ``query_noise=False`` drops y_i (b).
     """
 
-    def sample(values: Sequence[float], rng: np.random.Generator, runs: int) -> np.ndarray:
+    def sample(values: Sequence[float], noise: Noise, runs: int) -> np.ndarray:
         cells = np.zeros(runs, dtype=np.int64)
         done = np.zeros(runs, dtype=bool)
-        k = geometric_array(rng, eps_threshold, runs)
+        k = geometric_array(noise, eps_threshold, runs)
         for i, (f, eps) in enumerate(zip(values, epsilons, strict=True)):
             if fresh_threshold and i > 0:
-                k = geometric_array(rng, eps_threshold, runs)
-            y = geometric_array(rng, eps, runs) if query_noise else np.zeros(runs, dtype=np.int64)
+                k = geometric_array(noise, eps_threshold, runs)
+            y = geometric_array(noise, eps, runs) if query_noise else np.zeros(runs, dtype=np.int64)
             noisy = int(f) + y
             hit = ~done & (noisy >= k)
             cells[hit] = 1 + i * BUCKETS + np.minimum(noisy - k, BUCKETS - 1)[hit]
@@ -143,15 +154,18 @@ def geometric_sampler(
 def dropping_sampler(
     epsilons: Sequence[float], eps_threshold: float, threshold: float, width: float
 ) -> Sampler:
-    """Algorithm 2 with Laplace candidates (Δ = 1); classes 1 + i·BUCKETS + value bucket, 0 for ⊥."""
+    """Algorithm 2 with grid Laplace candidates of a count (Δ = 1, γ = 1, as ``DROPPING.step``); classes
+    1 + i·BUCKETS + value bucket, 0 for ⊥."""
 
-    def sample(values: Sequence[float], rng: np.random.Generator, runs: int) -> np.ndarray:
+    def sample(values: Sequence[float], noise: Noise, runs: int) -> np.ndarray:
         cells = np.zeros(runs, dtype=np.int64)
         done = np.zeros(runs, dtype=bool)
-        k = geometric_array(rng, eps_threshold, runs)
+        k = geometric_array(noise, eps_threshold, runs)
         for i, (f, eps) in enumerate(zip(values, epsilons, strict=True)):
-            keep = kept(rng.standard_exponential(runs), eps, k)
-            released = f + rng.laplace(0.0, laplace_scale(1.0, eps), runs)
+            plan, scale = laplace_plan(CountQuery(kind="count"), CTX, eps)
+            keep = kept_array(noise, candidate_level(plan, scale), k)
+            units = round(f / plan.grid.granularity)
+            released = plan.grid.from_units(units + noise.discrete_laplace(scale, runs))
             hit = ~done & keep & (released >= threshold)
             bucket = np.minimum(np.floor((released - threshold) / width), BUCKETS - 1).astype(np.int64)
             cells[hit] = 1 + i * BUCKETS + bucket[hit]
@@ -162,15 +176,19 @@ def dropping_sampler(
 
 
 def laplace_sampler(params: Any) -> Sampler:
-    """Laplace AboveThreshold with the session's scales; classes 1 + i (halt at i), 0 for ⊥."""
-    threshold_scale, query_scale = LAPLACE.scales(params)
+    """Laplace AboveThreshold on the session's grid (integer comparison, discrete Laplace of the session's
+    scales); classes 1 + i (halt at i), 0 for ⊥."""
+    grid = LAPLACE.grid(params)
 
-    def sample(values: Sequence[float], rng: np.random.Generator, runs: int) -> np.ndarray:
+    def sample(values: Sequence[float], noise: Noise, runs: int) -> np.ndarray:
         cells = np.zeros(runs, dtype=np.int64)
         done = np.zeros(runs, dtype=bool)
-        noisy_threshold = params.threshold + rng.laplace(0.0, threshold_scale, runs)
+        noisy_threshold = grid.threshold_units(params.threshold) + noise.discrete_laplace(
+            grid.threshold_scale, runs
+        )
         for i, f in enumerate(values):
-            hit = ~done & (f + rng.laplace(0.0, query_scale, runs) >= noisy_threshold)
+            noisy = grid.value_units(f) + noise.discrete_laplace(grid.query_scale, runs)
+            hit = ~done & (noisy >= noisy_threshold)
             cells[hit] = 1 + i
             done |= hit
         return cells
