@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 
 from mechanisms.accounting import DEFAULT_ORDERS  # noqa: E402
 from mechanisms.base import PublicContext  # noqa: E402
+from mechanisms.noise import Noise  # noqa: E402
 from mechanisms.schema import DatasetSchema  # noqa: E402
 from mechanisms.tuning import TuningParams, TuningSelect, noise_sd, pure_charges, sample_kept  # noqa: E402
 from mechanisms.tuning_candidates import LEARNERS, CandidateConfig, split_rows  # noqa: E402
@@ -84,7 +85,7 @@ def passes(estimate: np.ndarray, eps: np.ndarray) -> np.ndarray:
 
 
 def alg3_thread(
-    count: int, remaining: float, rng: np.random.Generator, window: float
+    count: int, remaining: float, rng: np.random.Generator, window: float, noise: Noise
 ) -> tuple[float | None, float, float]:
     """One thread under Algorithm 3 with the retry policy: (accepted estimate or None, ε spent, ε used).
 
@@ -99,7 +100,7 @@ def alg3_thread(
         if not usable.any():
             return None, spent, low
         grid, charges = GRID[usable], charges_all[usable]
-        kept = np.flatnonzero(sample_kept(grid, "geometric", EPS_PRIME, rng))
+        kept = np.flatnonzero(sample_kept(grid, "geometric", EPS_PRIME, noise))
         if kept.size == 0:
             continue  # ⊥: free (Theorem 11), retried
         eps = grid[kept]
@@ -125,14 +126,14 @@ def doubling_thread(count: int, remaining: float, rng: np.random.Generator) -> t
     return None, spent
 
 
-def run_analytics(n: int, method: str, rng: np.random.Generator) -> tuple[int, float]:
+def run_analytics(n: int, method: str, rng: np.random.Generator, noise: Noise) -> tuple[int, float]:
     counts = synthetic_counts(n, rng)
     remaining, answers, correct = BUDGET, 0, 0
     previous = 0.0
     for count in counts:
         if method == "alg3":
             window = previous / math.sqrt(2.0) * 0.999999 if previous else float(GRID[0])
-            estimate, spent, previous = alg3_thread(int(count), remaining, rng, window)
+            estimate, spent, previous = alg3_thread(int(count), remaining, rng, window, noise)
         else:
             estimate, spent = doubling_thread(int(count), remaining, rng)
         remaining -= spent
@@ -169,11 +170,12 @@ def analytics(repetitions: int, sizes: list[int], seed: int) -> list[dict[str, A
     rows = []
     for n in sizes:
         rng = np.random.default_rng([seed, n])
+        noise = Noise.seeded(seed * 1_000_003 + n)  # the latent draws (benchmark only; never in production)
         stats: dict[str, list[tuple[int, float]]] = {"alg3": [], "doubling": []}
         models = []
         for _ in range(repetitions):
             for method in stats:
-                stats[method].append(run_analytics(n, method, rng))
+                stats[method].append(run_analytics(n, method, rng, noise))
             models.append(calibration_model(n, rng))
         row: dict[str, Any] = {"N": n}
         for method, values in stats.items():
@@ -229,6 +231,7 @@ def choose_epsilon(
     trials: int, n: int, bar: float, seed: int, repeats: int, eps_prime: float
 ) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
+    noise = Noise.seeded(seed)  # mechanism randomness (benchmark only; the service uses Noise.system())
     table, ctx = logistic_data(n, rng)
     grid = [round(START * 1.2**j, 6) for j in range(31)]  # 0.005 … ≈ 1.19
     params = TuningParams.model_validate(
@@ -256,11 +259,11 @@ def choose_epsilon(
     def level_passes(eps: float, lambdas: tuple[float, ...]) -> bool:
         """One baseline request at ε: a fresh split (as the service draws one per request), every λ on it
         (θ* per λ cached on the split, fresh noise per candidate); passes if any λ passes."""
-        split = split_rows(x, y, holdout, rng)
+        split = split_rows(x, y, holdout, noise)
         results = []
         for lam in lambdas:
-            _, score, noise = learner.fit_and_score(CandidateConfig(eps, lam), split, None, rng)
-            results.append(score - PASS_MARGIN * noise_sd(noise) >= bar)
+            _, score, score_noise = learner.fit_and_score(CandidateConfig(eps, lam), split, None, noise)
+            results.append(score - PASS_MARGIN * noise_sd(score_noise) >= bar)
         return any(results)
 
     alg3, invocations, doubling_all, doubling_best, oracle, selected = [], [], [], [], [], []
@@ -268,7 +271,7 @@ def choose_epsilon(
         spent, calls = 0.0, 0
         while True:
             calls += 1
-            release = mechanism.run(params, ctx, table, rng)
+            release = mechanism.run(params, ctx, table, noise)
             spent += release.realized.pure
             out = release.output
             if out["outcome"] == "selected" and out["score"]["passes"]:

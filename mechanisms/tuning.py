@@ -42,11 +42,16 @@ candidate runs whatever k is (dropped ones are discarded), and noise-free shared
 per λ) is done before k is drawn, so the amount of work does not depend on k; ``pad_to_worst_case_time``
 must be true (docs/privacy.md §8.5.4: the run count voids Theorem 11, and what remains of the timing channel).
 
-Numerics (note §6.4): k is drawn by inversion (⌊E/ε′⌋ for the geometric latent, E/ε′ for the exponential
-one, E ~ Exp(1)); candidate i is kept iff an independent E_i ~ Exp(1) satisfies E_i ≥ c_i·k, which has
-probability exactly e^{−c_i k} and never underflows. The Theorem 13 charge is computed per distinct drop
-value (thousands of candidates with a few distinct ε cost nothing extra), in blocks to bound memory, and
-padded upwards. Floating-point samplers: the accounting is for the idealised distributions (Mironov 2012).
+Numerics (note §6.4). The latent and the keep bits are exact (``mechanisms/noise/tuning.py``,
+docs/privacy.md §10): k ~ Geom_{e^{−ε′}} by exact inversion of one uniform real revealed 64 bits at a time
+(k = max{m : U < e^{−ε′m}}, each comparison decided by a rigorous integer enclosure of e^{−ε′m}); given k,
+candidate i is kept iff a fresh uniform V_i < e^{−c_i k} (same exact comparison). The exponential latent of
+Theorem 13 is never materialised: its keep mask is the set of clocks still running when X ~ Exp(ε′) rings in
+an exact race against T_i ~ Exp(c_i) (rational rates, one ``randbelow`` per event), which has exactly the
+law of keeping i with probability e^{−c_i x} given x. ε′ and the c_i are read as the exact binary values of
+their floats, the very numbers the charges use. The Theorem 13 charge is computed per distinct drop value
+(thousands of candidates with a few distinct ε cost nothing extra), in blocks to bound memory, and padded
+upwards.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from itertools import product
 from typing import Annotated, Any, ClassVar, Literal, Self
 
@@ -63,6 +69,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, mode
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
 from mechanisms.learning import FeatureSpec, check_features, column_names, design_matrix, dimension
+from mechanisms.noise import Noise
+from mechanisms.noise.tuning import exponential_race, geometric_latent, keep_given_latent
 from mechanisms.tuning_candidates import (
     LEARNERS,
     CandidateConfig,
@@ -109,16 +117,20 @@ def _check_orders(orders: Sequence[float] | np.ndarray) -> np.ndarray:
     return array
 
 
-# ----- samplers ----------------------------------------------------------------------------------------
-def draw_latent(rng: np.random.Generator, latent: Latent, eps_prime: float, size: int | None = None) -> Any:
-    """k ~ Geom_{e^{−ε′}} on {0,1,…} (P(k ≥ m) = e^{−ε′m}) or x ~ Exp(rate ε′), by inversion of Exp(1)."""
+# ----- samplers (exact: mechanisms/noise/tuning.py) ----------------------------------------------------
+def draw_latent(noise: Noise, latent: Latent, eps_prime: float, size: int | None = None) -> Any:
+    """k ~ Geom_{e^{−ε′}} on {0,1,…} (P(k ≥ m) = e^{−ε′m} exactly, for the float ε′ read exactly).
+
+    Exact inversion of one uniform real per draw (``geometric_latent``). The exponential latent of
+    Theorem 13 is never materialised: ``sample_kept`` draws its keep mask from the exact law by an
+    exponential race, so asking for x itself is an error.
+    """
     eps_prime = _check_eps_prime(eps_prime)
-    e = rng.standard_exponential(size)
-    scaled = e / eps_prime
     if latent == "geometric":
-        return np.floor(scaled) if size is not None else float(math.floor(scaled))
+        k = geometric_latent(noise, eps_prime, 1 if size is None else size)
+        return int(k[0]) if size is None else k
     if latent == "exponential":
-        return scaled
+        raise ValueError("the exponential latent is not materialised; use sample_kept (exact race)")
     raise ValueError(f"unknown latent {latent!r}")
 
 
@@ -126,22 +138,30 @@ def sample_kept(
     drop: Sequence[float] | np.ndarray,
     latent: Latent,
     eps_prime: float,
-    rng: np.random.Generator,
+    noise: Noise,
     size: int | None = None,
 ) -> np.ndarray:
     """The drop step with **one** shared latent: a boolean keep mask, shape (n,) or (size, n).
 
-    Entry i is kept iff E_i ≥ c_i·k with E_i ~ Exp(1) independent: probability e^{−c_i k} given k.
+    Geometric latent: k by exact inversion, then entry i kept iff V_i < e^{−c_i k} (exact lazy comparison
+    of a uniform with an enclosure of e^{−c_i k}). Exponential latent: the kept set {i : T_i > X} of an
+    exact race of T_i ~ Exp(c_i) against X ~ Exp(ε′) (same law as keeping i w.p. e^{−c_i x} given x).
     The result is SECRET (it reveals k); only simulations and ``algorithm3``/``algorithm2`` use it.
     """
     c = _check_drop(drop)
-    k = draw_latent(rng, latent, eps_prime, size)
-    if size is None:
-        mask: np.ndarray = rng.standard_exponential(c.size) >= c * k
-        return mask
-    draws = rng.standard_exponential((size, c.size))
-    batch: np.ndarray = draws >= c[None, :] * np.asarray(k)[:, None]
-    return batch
+    eps_prime = _check_eps_prime(eps_prime)
+    distinct, index = np.unique(c, return_inverse=True)
+    values = [Fraction(float(v)) for v in distinct]  # the exact binary values of the floats
+    runs = 1 if size is None else size
+    if latent == "geometric":
+        k = geometric_latent(noise, eps_prime, runs)
+        batch = keep_given_latent(noise, values, index, k)
+    elif latent == "exponential":
+        batch = exponential_race(noise, values, index, Fraction(eps_prime), runs)
+    else:
+        raise ValueError(f"unknown latent {latent!r}")
+    result: np.ndarray = batch[0] if size is None else batch
+    return result
 
 
 # ----- closed forms (public; tests, docs and benchmarks) -----------------------------------------------
@@ -418,7 +438,7 @@ def algorithm3(
     eps_prime: float,
     latent: Latent,
     run_candidate: Callable[[int], tuple[Sequence[float], Any]],
-    rng: np.random.Generator,
+    noise: Noise,
     *,
     pad: bool = False,
     progress: ProgressFn = no_progress,
@@ -432,7 +452,7 @@ def algorithm3(
     is called after every candidate (a heartbeat; the fraction is secret and must not be shown).
     """
     c = _check_drop(drop)
-    mask = sample_kept(c, latent, eps_prime, rng)
+    mask = sample_kept(c, latent, eps_prime, noise)
     best: tuple[ScoreKey, int] | None = None
     best_output: Any = None
     for i in range(c.size):
@@ -452,7 +472,7 @@ def algorithm2(
     drop: Sequence[float] | np.ndarray,
     eps_prime: float,
     run_candidate: Callable[[int], tuple[bool, Any]],
-    rng: np.random.Generator,
+    noise: Noise,
     *,
     progress: ProgressFn = no_progress,
 ) -> Selection:
@@ -462,7 +482,7 @@ def algorithm2(
     (e.g. o_i ≥ thr). Charges: ``pure_charges`` for (o, i), ε′ for ⊥ (Theorem 10).
     """
     c = _check_drop(drop)
-    mask = sample_kept(c, "geometric", eps_prime, rng)
+    mask = sample_kept(c, "geometric", eps_prime, noise)
     for i in range(c.size):
         if mask[i]:
             passes, output = run_candidate(i)
@@ -589,8 +609,6 @@ def noise_sd(noise: dict[str, Any]) -> float:
     return float(noise["sigma"])
 
 
-
-
 @dataclass(frozen=True)
 class TuningPlan:
     """Everything public about one request: the list, the drop parameters and the charges per outcome."""
@@ -711,14 +729,14 @@ class TuningSelect:
         params: BaseModel,
         ctx: PublicContext,
         table: Table,
-        rng: np.random.Generator,
+        noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> Release:
         p = params_as(params, TuningParams)
         plan = self.plan(p, ctx)  # before the data is touched
         learner = LEARNERS[p.learner]
         x, y = design_matrix(p.features, ctx, table, learner.task)
-        split = split_rows(x, y, plan.holdout, rng)
+        split = split_rows(x, y, plan.holdout, noise)
         if (
             split.x_train.shape != (plan.shape.n_train, plan.shape.d)
             or split.x_hold.shape[0] != plan.shape.n_hold
@@ -726,6 +744,7 @@ class TuningSelect:
             raise RuntimeError("the data does not have the public shape the charge was computed for")
         # noise-free shared work (ERM minimisers) before the latent is drawn: its time does not depend on k
         learner.prepare(p.grid(), split, lambda _fraction: progress(0.0))
+        learner.predraw(plan.candidates, split, noise)  # every entry's noise, one batch (law unchanged)
         n = len(plan.candidates)
         done = [0]
 
@@ -735,18 +754,18 @@ class TuningSelect:
             def inner(fraction: float) -> None:
                 progress(min(1.0, (done[0] + fraction) / n))
 
-            theta, score, noise = learner.fit_and_score(config, split, p.order, rng, inner)
+            theta, score, score_noise = learner.fit_and_score(config, split, p.order, noise, inner)
             done[0] += 1
-            passes = bool(score - p.pass_margin * noise_sd(noise) >= p.utility_bar)  # NaN fails
+            passes = bool(score - p.pass_margin * noise_sd(score_noise) >= p.utility_bar)  # NaN fails
             key = (1.0 if passes else 0.0, -config.epsilon, score)
-            return key, (theta, score, passes, noise)
+            return key, (theta, score, passes, score_noise)
 
         selection = algorithm3(
             plan.drop,
             p.epsilon_prime,
             "geometric" if p.mode == "pure" else "exponential",
             run_candidate,
-            rng,
+            noise,
             pad=True,  # always: the work must not depend on k (check refuses pad_to_worst_case_time=false)
             progress=progress,
         )
@@ -755,7 +774,7 @@ class TuningSelect:
         charge = realized.as_dict()
         if selection.index is None:
             return Release({"outcome": "none", "charge": charge}, realized)
-        theta, score, passes, noise = selection.output
+        theta, score, passes, score_noise = selection.output
         config = plan.candidates[selection.index]
         output = {
             "outcome": "selected",
@@ -768,7 +787,7 @@ class TuningSelect:
                 "metric": "accuracy" if learner.task == "classification" else "negative_mse",
                 "value": float(score) if math.isfinite(score) else None,
                 "passes": passes,
-                "noise": noise,
+                "noise": score_noise,
             },
             "charge": charge,
         }

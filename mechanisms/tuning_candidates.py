@@ -28,14 +28,23 @@ Learners
     the exact minimiser is 2L/(n_t λ) (Chaudhuri, Monteleoni, Sarwate 2011, Corollary 8, replace-one). The
     solver (ridge: a linear solve; logistic: damped Newton) must end with ‖∇F(θ̂)‖ ≤ g = 0.01·L/n_t, so
     ‖θ̂ − θ*‖ ≤ g/λ by λ-strong convexity, and Δ₂(θ̂) ≤ 2(L/n_t + g)/λ; if it does not, the candidate raises
-    (the service then charges the worst case). Release θ̂ + Lap(b)^d with b = √d·Δ₂/ε (Δ₁ ≤ √d·Δ₂): ε-DP
-    (Dwork, McSherry, Nissim, Smith 2006). The score uses Laplace noise of scale Δ_score/ε. The minimiser
-    is noise-free and depends on λ only, so ``prepare`` solves it once per λ **before** the latent is
-    drawn; each candidate then only adds its noise and scores (padding costs almost nothing).
+    (the service then charges the worst case). θ̂ is released on a public grid γ = 2^k ≤ 2^{−10}·Δ₁/d
+    (Δ₁ = √d·Δ₂ rounded up) with discrete Laplace noise of scale t ≥ (Δ₁/γ + d)/ε grid units (Lemma GRID
+    and Theorem DLAP of docs/privacy.md §10): ε-DP. The minimiser is noise-free and depends on λ only, so
+    ``prepare`` solves it once per λ **before** the latent is drawn; each candidate then only adds its
+    noise and scores (padding costs almost nothing).
+
+Held-out scores (every learner) are integer statistics with integer noise: the number of correct signs
+(classification; sensitivity 1, no rounding), or the correctly rounded sum S of clipped squared errors on a
+grid γ ≤ 2^{−10}·Δ_S (regression; Δ_S = 4 + m·2^{−50} covers fsum's rounding, grid sensitivity Δ_S/γ + 1).
+Pure learners add discrete Laplace noise of scale ≥ sensitivity/ε; RDP learners a discrete Gaussian whose
+α*·Δ²/(2σ²) ≤ ε (Canonne, Kamath, Steinke 2020), and the candidate's curve uses that very (Δ, σ). The
+released score (count/m, or −γ·units/m) is a deterministic post-processing of the noisy integer.
+
 ``dp_gd.logistic`` / ``dp_gd.ridge`` (RDP only; refused in pure mode)
     Clipped full-batch Gaussian gradient descent (``mechanisms.dp_gd``): T steps at noise multiplier z are
     (α, Tα/(2z²))-RDP. The drop parameter c = ε is matched at the **calibration order** α*: z is the
-    smallest value with ``dp_gd_curve(...)(α*) ≤ ε``, and the score's Gaussian noise σ = Δ_score·√(α*/(2ε))
+    smallest value with ``dp_gd_curve(...)(α*) ≤ ε``, and the score's discrete Gaussian σ = Δ·√(α*/(2ε))
     (slightly raised). Both curves are linear in α, so the candidate is (α, ≤ ε)-RDP exactly for α ≤ α*;
     at higher orders its RDP exceeds its drop parameter and the tuning charge is +∞ there.
 
@@ -58,15 +67,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import lru_cache
 from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
-from mechanisms.accounting import RdpCurve, laplace_scale
+from mechanisms.accounting import RdpCurve
 from mechanisms.base import ProgressFn, no_progress
 from mechanisms.dp_gd import DpGdConfig, dp_gd_curve, dp_gd_train
 from mechanisms.learning import Task
+from mechanisms.noise import (
+    Grid,
+    Noise,
+    dyadic_scale_up,
+    gaussian_grid,
+    grid_l1_sensitivity,
+    grid_l2_sensitivity,
+    laplace_grid,
+    laplace_on_grid,
+)
+from mechanisms.noise.tuning import discrete_laplace_rows
 from mechanisms.objective_perturbation import ObjPertConfig, fit_objpert, minimum_tolerance, objpert_curve
 
 LearnerName = Literal[
@@ -123,6 +144,102 @@ def utility(theta: np.ndarray, x: np.ndarray, y: np.ndarray, task: Task) -> floa
     return -float(np.mean(residual * residual))
 
 
+# ----- the held-out score on a public grid -----------------------------------------------------------------
+def _sum_sensitivity(m: int) -> float:
+    """ℓ1 = ℓ2 sensitivity of the float sum of squared errors S = fsum(r_i²), r_i = clip(xᵀθ, ±1) − y.
+
+    Each r_i² ∈ [0, 4] is a function of one row (and the released θ), so the exact sums differ by ≤ 4;
+    ``math.fsum`` is correctly rounded (|fl(S) − S| ≤ 2^{−53}·4m), so |fl(S) − fl(S′)| ≤ 4 + m·2^{−50}.
+    """
+    return math.nextafter(4.0 + m * 2.0**-50, math.inf)
+
+
+def score_units(theta: np.ndarray, x: np.ndarray, y: np.ndarray, task: Task, grid: Grid) -> int:
+    """The held-out utility's integer statistic: the number of correct signs (classification, γ = 1), or
+    round(S/γ) for the sum S of clipped squared errors (regression). Sensitivity: 1, or ⌈Δ_S/γ⌉."""
+    margin = x @ theta
+    if task == "classification":
+        return int(np.count_nonzero(np.where(margin >= 0.0, 1.0, -1.0) == y))
+    residual = np.clip(margin, -1.0, 1.0) - y
+    total = math.fsum((residual * residual).tolist())
+    return int(grid.to_units(np.array([total]))[0])
+
+
+def score_from_units(units: int, task: Task, grid: Grid, m: int) -> float:
+    """Accuracy (count/m) or −MSE (−γ·units/m): a deterministic post-processing of the noisy integer."""
+    if task == "classification":
+        return units / m
+    return -float(grid.from_units(np.array([units]))[0]) / m
+
+
+@dataclass(frozen=True)
+class ScoreNoise:
+    """The public noise plan of a held-out score: its grid, its sensitivity in grid units, and the noise
+    (discrete Laplace scale or discrete Gaussian σ, in grid units)."""
+
+    grid: Grid
+    sensitivity: float
+    laplace_scale: Fraction | None = None
+    sigma: float | None = None
+
+    def describe(self, m: int) -> dict[str, Any]:
+        """Public description in the score's own units (÷ m, × γ): what ``noise_sd`` reads."""
+        unit = self.grid.granularity / m
+        if self.laplace_scale is not None:
+            return {
+                "distribution": "laplace",
+                "scale": float(self.laplace_scale) * unit,
+                "discrete": True,
+                "granularity": unit,
+            }
+        assert self.sigma is not None
+        return {"distribution": "gaussian", "sigma": self.sigma * unit, "discrete": True, "granularity": unit}
+
+
+def _score_grid(task: Task, m: int, gaussian: bool) -> tuple[Grid, float]:
+    """(grid, sensitivity in grid units): γ = 1 and 1 for the correct count; for the squared-error sum a
+    grid γ ≤ 2^{−10}·Δ_S and Δ_S/γ + 1 (Lemma GRID, docs/privacy.md §10)."""
+    if task == "classification":
+        return Grid(0), 1.0
+    delta = _sum_sensitivity(m)
+    if gaussian:
+        grid = gaussian_grid(delta, 1, False)
+        return grid, grid_l2_sensitivity(delta, 1, grid, False)
+    grid = laplace_grid(delta, 1, False)
+    return grid, grid_l1_sensitivity(delta, 1, grid, False)
+
+
+@lru_cache(maxsize=4096)
+def laplace_score_noise(task: Task, m: int, epsilon: float) -> ScoreNoise:
+    """Discrete Laplace of scale t ≥ Δ/ε (grid units, a dyadic rational rounded up): ε-DP (pure)."""
+    grid, sens = _score_grid(task, m, gaussian=False)
+    return ScoreNoise(grid, sens, laplace_scale=dyadic_scale_up(Fraction(sens) / Fraction(epsilon)))
+
+
+@lru_cache(maxsize=4096)
+def gaussian_score_noise(task: Task, m: int, epsilon: float, order: float) -> ScoreNoise:
+    """Discrete Gaussian with σ such that α*·Δ²/(2σ²) ≤ ε at the calibration order (grid units)."""
+    grid, sens = _score_grid(task, m, gaussian=True)
+    return ScoreNoise(grid, sens, sigma=_gaussian_sigma(sens, epsilon, order, (order,)))
+
+
+def noisy_score(
+    theta: np.ndarray, split: Split, task: Task, plan: ScoreNoise, noise: Noise, drawn: int | None = None
+) -> float:
+    """The held-out utility released through integer noise on its grid (then divided by m); ``drawn`` is
+    that noise when it was pre-drawn (``predraw``)."""
+    m = split.x_hold.shape[0]
+    units = score_units(theta, split.x_hold, split.y_hold, task, plan.grid)
+    if drawn is not None:
+        z = drawn
+    elif plan.laplace_scale is not None:
+        z = int(noise.discrete_laplace(plan.laplace_scale, 1)[0])
+    else:
+        assert plan.sigma is not None
+        z = int(noise.discrete_gaussian(Fraction(plan.sigma) ** 2, 1)[0])
+    return score_from_units(units + z, task, plan.grid, m)
+
+
 class BaseLearner(Protocol):
     """A candidate's training algorithm and its privacy guarantee (for the whole candidate)."""
 
@@ -142,12 +259,16 @@ class BaseLearner(Protocol):
         """Noise-free work shared by candidates (e.g. ERM minimisers), done before the latent is drawn."""
         ...
 
+    def predraw(self, candidates: list[CandidateConfig], split: Split, noise: Noise) -> None:
+        """Optionally draw every entry's noise in one batch (data-independent; ``Split.noise_pool``)."""
+        ...
+
     def fit_and_score(
         self,
         config: CandidateConfig,
         split: Split,
         order: float | None,
-        rng: np.random.Generator,
+        noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> tuple[np.ndarray, float, dict[str, Any]]:
         """(noisy model θ, noisy held-out utility, public description of the score noise)."""
@@ -167,11 +288,18 @@ class Split:
     x_hold: np.ndarray
     y_hold: np.ndarray
     solutions: dict[tuple[str, float], np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+    noise_pool: dict[CandidateConfig, list[np.ndarray]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    """Integer noise drawn in one batch for every entry of the list (``predraw``), one row per entry of a
+    configuration, consumed once each: i.i.d. and independent of everything else, so the same law as
+    drawing it inside each candidate."""
 
 
-def split_rows(x: np.ndarray, y: np.ndarray, holdout: int, rng: np.random.Generator) -> Split:
-    """A data-independent random split: the first ``holdout`` positions of a uniform permutation."""
-    perm = rng.permutation(x.shape[0])
+def split_rows(x: np.ndarray, y: np.ndarray, holdout: int, noise: Noise) -> Split:
+    """A data-independent random split: the first ``holdout`` positions of a uniform permutation
+    (``Noise.permutation``; the proof needs only that π is independent of the data, privacy.md §8.5.3)."""
+    perm = noise.permutation(x.shape[0])
     hold, train = perm[:holdout], perm[holdout:]
     return Split(x[train], y[train], x[hold], y[hold])
 
@@ -251,8 +379,21 @@ def output_perturbation_l2(task: Task, reg: float, n_train: int) -> float:
     return math.nextafter(value * (1.0 + 1e-12), math.inf)
 
 
+@lru_cache(maxsize=4096)
+def output_perturbation_noise(
+    task: Task, reg: float, n_train: int, d: int, epsilon: float
+) -> tuple[Grid, Fraction]:
+    """(grid γ, discrete Laplace scale t in grid units) for θ̂: Δ₁ ≤ √d·Δ₂ (rounded up), γ ≤ 2^{−10}·Δ₁/d,
+    grid sensitivity Δ₁/γ + d (Lemma GRID), t ≥ that/ε (dyadic, rounded up): ε-DP (pure)."""
+    delta2 = output_perturbation_l2(task, reg, n_train)
+    delta1 = math.nextafter(math.sqrt(d) * delta2 * (1.0 + 2.0**-50), math.inf)
+    grid = laplace_grid(delta1, d, False)
+    sens = grid_l1_sensitivity(delta1, d, grid, False)
+    return grid, dyadic_scale_up(Fraction(sens) / Fraction(epsilon))
+
+
 class OutputPerturbation:
-    """Regularised ERM + Laplace output perturbation; Laplace-noised held-out score. Pure ε-DP."""
+    """Regularised ERM + discrete Laplace output perturbation on a grid; discrete-Laplace score. Pure ε-DP."""
 
     has_pure_guarantee: ClassVar[bool] = True
 
@@ -287,17 +428,38 @@ class OutputPerturbation:
         config: CandidateConfig,
         split: Split,
         order: float | None,
-        rng: np.random.Generator,
+        noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> tuple[np.ndarray, float, dict[str, Any]]:
         n_train, d = split.x_train.shape
         theta = self._solution(config.reg, split, progress)
-        delta2 = output_perturbation_l2(self.task, config.reg, n_train)
-        scale = laplace_scale(math.sqrt(d) * delta2, config.epsilon)
-        noisy_theta = theta + rng.laplace(0.0, scale, size=d)
-        s_scale = laplace_scale(score_sensitivity(self.task, split.x_hold.shape[0]), config.epsilon)
-        score = utility(noisy_theta, split.x_hold, split.y_hold, self.task) + float(rng.laplace(0.0, s_scale))
-        return noisy_theta, score, {"distribution": "laplace", "scale": s_scale}
+        grid, scale = output_perturbation_noise(self.task, config.reg, n_train, d, config.epsilon)
+        plan = laplace_score_noise(self.task, split.x_hold.shape[0], config.epsilon)
+        pool = split.noise_pool.get(config)
+        if pool:  # this entry's pre-drawn row: d coordinates of θ's noise, then the score's
+            row = pool.pop()
+            noisy_theta = grid.from_units(grid.to_units(theta) + row[:d])
+            score = noisy_score(noisy_theta, split, self.task, plan, noise, int(row[d]))
+        else:
+            noisy_theta = laplace_on_grid(noise, theta, grid, scale)
+            score = noisy_score(noisy_theta, split, self.task, plan, noise)
+        return noisy_theta, score, plan.describe(split.x_hold.shape[0])
+
+    def predraw(self, candidates: list[CandidateConfig], split: Split, noise: Noise) -> None:
+        """Every entry's discrete Laplace noise (θ's d coordinates and the score) in one vectorised batch
+        (``discrete_laplace_rows``), before the latent is drawn: one row per list entry, used once."""
+        n_train, d = split.x_train.shape
+        m = split.x_hold.shape[0]
+        scales: list[Fraction] = []
+        for config in candidates:
+            _grid, scale = output_perturbation_noise(self.task, config.reg, n_train, d, config.epsilon)
+            score_scale = laplace_score_noise(self.task, m, config.epsilon).laplace_scale
+            assert score_scale is not None
+            scales.extend([scale] * d + [score_scale])
+        draws = discrete_laplace_rows(noise, scales).reshape(len(candidates), d + 1)
+        split.noise_pool.clear()
+        for config, row in zip(candidates, draws, strict=True):
+            split.noise_pool.setdefault(config, []).append(row)
 
 
 # ----- DP gradient descent (RDP) -------------------------------------------------------------------------
@@ -321,7 +483,7 @@ def dp_gd_config(task: Task, config: CandidateConfig, order: float, orders: tupl
 
 
 class _GaussianScored:
-    """An RDP-only candidate calibrated at the order α*: a training run plus a Gaussian-noised held-out
+    """An RDP-only candidate calibrated at the order α*: a training run plus a discrete-Gaussian held-out
     score, each with RDP ≤ ε at α*; the candidate's curve is the maximum of the two (they touch disjoint
     rows of the replace-one split). Subclasses give the training run's curve and the run itself."""
 
@@ -342,7 +504,7 @@ class _GaussianScored:
         config: CandidateConfig,
         split: Split,
         order: float,
-        rng: np.random.Generator,
+        noise: Noise,
         progress: ProgressFn,
     ) -> np.ndarray:
         raise NotImplementedError
@@ -353,9 +515,9 @@ class _GaussianScored:
         if order is None:
             raise ValueError(f"{self.kind} candidates need a calibration order")
         train = self._train_curve(config, orders, order, shape)
-        # The score curve's ratio to ε is the same for every m: use m = 1 (sensitivity scales with σ).
-        unit = score_sensitivity(self.task, 1)
-        score = RdpCurve.gaussian(unit, _gaussian_sigma(unit, config.epsilon, order, (order,)), orders)
+        plan = gaussian_score_noise(self.task, shape.n_hold, config.epsilon, order)
+        assert plan.sigma is not None
+        score = RdpCurve.gaussian(plan.sensitivity, plan.sigma, orders)  # CKS 2020: integer shifts ≤ Δ
         return train.maximum(score)
 
     def prepare(
@@ -363,24 +525,27 @@ class _GaussianScored:
     ) -> None:
         """Nothing to share: every training run draws its own noise."""
 
+    def predraw(self, candidates: list[CandidateConfig], split: Split, noise: Noise) -> None:
+        """Nothing pre-drawn: training dominates, and its noise belongs to the training modules."""
+
     def fit_and_score(
         self,
         config: CandidateConfig,
         split: Split,
         order: float | None,
-        rng: np.random.Generator,
+        noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> tuple[np.ndarray, float, dict[str, Any]]:
         assert order is not None
-        theta = self._train(config, split, order, rng, progress)
-        sens = score_sensitivity(self.task, split.x_hold.shape[0])
-        sigma = _gaussian_sigma(sens, config.epsilon, order, (order,))
-        score = utility(theta, split.x_hold, split.y_hold, self.task) + float(rng.normal(0.0, sigma))
-        return np.asarray(theta, dtype=float), score, {"distribution": "gaussian", "sigma": sigma}
+        theta = np.asarray(self._train(config, split, order, noise, progress), dtype=float)
+        m = split.x_hold.shape[0]
+        plan = gaussian_score_noise(self.task, m, config.epsilon, order)
+        score = noisy_score(theta, split, self.task, plan, noise)
+        return theta, score, plan.describe(m)
 
 
 class DpGd(_GaussianScored):
-    """Clipped Gaussian DP-GD on the training part; Gaussian-noised held-out score. RDP only."""
+    """Clipped Gaussian DP-GD on the training part; discrete-Gaussian held-out score. RDP only."""
 
     kind: ClassVar[str] = "DP-GD"
 
@@ -394,32 +559,41 @@ class DpGd(_GaussianScored):
         config: CandidateConfig,
         split: Split,
         order: float,
-        rng: np.random.Generator,
+        noise: Noise,
         progress: ProgressFn,
     ) -> np.ndarray:
         gd = dp_gd_config(self.task, config, order, (order,))
         n_train = split.x_train.shape[0]
-        return dp_gd_train(gd, split.x_train, split.y_train, float(n_train), rng, progress)
+        return dp_gd_train(gd, split.x_train, split.y_train, float(n_train), noise, progress)
 
 
 # ----- objective perturbation (RDP) -------------------------------------------------------------------------
 @lru_cache(maxsize=4096)
 def objpert_sigma(epsilon: float, reg: float, order: float) -> float:
-    """The smallest σ (bisection, 200 halvings in log space) with ``objpert_curve``(α*) ≤ ε, or ValueError.
+    """A small σ with ``objpert_curve``(α*) ≤ ε (public values only), or ValueError.
 
     The curve is −log(1−β/λ) + αL²/(2σ²) + log(2Φ((α−1)L/σ))/(α−1) + the AMP term (note of seed 000), with
-    L → 2L under replace_one; as σ → ∞ it tends to −log(1−β/λ) + AMP, so ε must exceed that.
+    L → 2L under replace_one. It need not be monotone in σ (the grid-safe output noise adds terms that grow
+    with σ), so σ is the first point of a 301-point log grid on [1e-6, 1e9] where the curve is ≤ ε, refined
+    by 200 bisection steps (in log space) between it and the grid point before; the result always satisfies
+    the inequality (the upper end of the bracket does). Any σ that does is valid: the charge is the curve
+    evaluated at the configuration that runs (``objpert_candidate_config``).
     """
 
     def at(sigma: float) -> float:
         config = ObjPertConfig(lam=reg, sigma=sigma, neighboring="replace_one")
         return objpert_curve(config, (order,)).at(order)
 
-    lo, hi = math.log(1e-6), math.log(1e9)
-    if at(math.exp(hi)) > epsilon:
+    grid = np.geomspace(1e-6, 1e9, 301)
+    feasible = [i for i, sigma in enumerate(grid) if at(float(sigma)) <= epsilon]
+    if not feasible:
         raise ValueError(
             f"objective perturbation cannot reach RDP ε = {epsilon!r} at order {order!r} with λ = {reg!r}"
         )
+    first = feasible[0]
+    if first == 0:
+        return float(grid[0])
+    lo, hi = math.log(float(grid[first - 1])), math.log(float(grid[first]))
     for _ in range(200):
         mid = 0.5 * (lo + hi)
         if at(math.exp(mid)) <= epsilon:
@@ -465,7 +639,7 @@ def objpert_candidate_config(epsilon: float, reg: float, order: float, d: int, n
 
 class ObjPert(_GaussianScored):
     """Objective perturbation (``mechanisms.objective_perturbation``, AMP variant) for logistic regression,
-    calibrated so its RDP at α* is ≤ ε; Gaussian-noised held-out score. RDP only.
+    calibrated so its RDP at α* is ≤ ε; discrete-Gaussian held-out score. RDP only.
 
     ``regularization`` is λ of the **sum-scale** objective Σ f + (λ/2)‖θ‖², and must exceed β = 1/4.
     """
@@ -484,12 +658,12 @@ class ObjPert(_GaussianScored):
         config: CandidateConfig,
         split: Split,
         order: float,
-        rng: np.random.Generator,
+        noise: Noise,
         progress: ProgressFn,
     ) -> np.ndarray:
         n_train, d = split.x_train.shape  # the public shape: equal to the plan's (asserted in the service)
         op = objpert_candidate_config(config.epsilon, config.reg, order, d, n_train)
-        theta: np.ndarray = fit_objpert(split.x_train, split.y_train, op, rng, progress).released
+        theta: np.ndarray = fit_objpert(split.x_train, split.y_train, op, noise, progress).released
         return theta
 
 

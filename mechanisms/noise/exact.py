@@ -28,6 +28,7 @@ _TWO63 = 1 << 63
 _MAX_MODULUS = 1 << 62
 _FAST_DENOMINATOR = 1 << 52
 _BLOCK = 1 << 16
+_POOL = 4096
 _SMALL = 64  # batches up to this size take the scalar Python-integer path (NumPy rounds cost ~2 ms fixed)
 _MAX_GEOMETRIC = 1 << 9  # V of CKS Algorithm 2 beyond this has probability < e^{-512}: refused, not wrapped
 
@@ -57,6 +58,7 @@ class Noise:
         self._source = source
         self._buffer = b""
         self._position = 0
+        self._pool: list[int] = []
 
     def _bytes(self, count: int) -> bytes:
         """``count`` bytes of the stream, served from a buffer refilled in blocks of at least 64 KiB."""
@@ -87,18 +89,33 @@ class Noise:
             return np.zeros(0, dtype=np.uint64)
         return np.frombuffer(self._bytes(8 * count), dtype="<u8").astype(np.uint64)
 
+    def _word(self) -> int:
+        """One uniform 64-bit Python int, from a pool refilled 4096 words at a time (scalar paths)."""
+        if not self._pool:
+            self._pool = self.words(_POOL).tolist()
+        return self._pool.pop()
+
     def random_bits(self, bits: int) -> int:
         """A uniform integer in [0, 2^bits)."""
         if bits <= 0:
             return 0
-        raw = int.from_bytes(self._bytes((bits + 7) // 8), "big")
-        return raw >> (8 * ((bits + 7) // 8) - bits)
+        value = 0
+        while bits >= 64:
+            value = (value << 64) | self._word()
+            bits -= 64
+        return (value << bits) | (self._word() >> (64 - bits)) if bits else value
 
     def randbelow(self, modulus: int) -> int:
         """A uniform integer in [0, modulus) for any positive Python int (rejection on bit length)."""
         if modulus <= 0:
             raise ValueError("modulus must be positive")
         bits = modulus.bit_length()
+        if bits <= 64:
+            shift = 64 - bits
+            while True:
+                candidate = self._word() >> shift
+                if candidate < modulus:
+                    return candidate
         while True:
             candidate = self.random_bits(bits)
             if candidate < modulus:

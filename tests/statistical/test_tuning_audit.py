@@ -1,9 +1,12 @@
 """Sampler checks and a Monte Carlo privacy audit of ex-post tuning (mechanisms/tuning.py; note §7.1–7.9).
 
-Samplers: the geometric latent (P(k = 0), P(k ≥ m), mean), the exponential latent (KS), the keep frequency
-τ_i of every entry, P(⊥) and the expected number of runs against their closed forms; each test has a
-false-alarm probability ≤ 1e-3 (stated per test) and a power check (a 30%-wrong ε′ is rejected by the
-same test).
+Samplers (exact, ``mechanisms/noise/tuning.py``): the geometric latent's pmf (χ² at three ε′, including
+ε′ = 1e-3 where k ~ 10³, and the mean), the law of the whole keep mask for both latents against its exact
+inclusion–exclusion form (the exponential latent is never materialised: its mask comes from an exact race),
+the keep frequency τ_i of every entry, P(⊥) and the expected number of runs against their closed forms; each
+test has a false-alarm probability ≤ 1e-3 (stated per test) and a power check (a wrong ε′ or drop rate is
+rejected by the same test). The enclosures of e^{−x} that decide every Bernoulli are checked against
+mpmath at 400 bits.
 
 Audit: Algorithm 3 (pure, geometric latent) on T copies of randomized response RR(ε), run on the
 neighbouring pair Q_D(1) = e^ε/(1+e^ε) vs Q_D′(1) = 1/(1+e^ε). Outcomes: (1, i), (0, i), ⊥. For every
@@ -16,13 +19,24 @@ does not cover) must be caught on the same instance.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
+from fractions import Fraction
 
+import mpmath
 import numpy as np
 import pytest
 from scipy import stats
 
+from mechanisms.noise import Noise
+from mechanisms.noise.tuning import (
+    LazyUniform,
+    _geometric_slow,
+    discrete_laplace_rows,
+    exp_neg_bounds,
+    keep_given_latent,
+)
 from mechanisms.tuning import (
     algorithm3,
     draw_latent,
@@ -37,20 +51,21 @@ pytestmark = pytest.mark.statistical
 FALSE_ALARM = 1e-3
 CHUNK = 100_000
 
-KeepSampler = Callable[[np.ndarray, float, np.random.Generator, int], np.ndarray]
+KeepSampler = Callable[[np.ndarray, float, Noise, int], np.ndarray]
 
 
-def shared_latent(drop: np.ndarray, eps_prime: float, rng: np.random.Generator, size: int) -> np.ndarray:
+def shared_latent(drop: np.ndarray, eps_prime: float, noise: Noise, size: int) -> np.ndarray:
     """The module's sampler: one latent k per run, shared by all candidates."""
-    return sample_kept(drop, "geometric", eps_prime, rng, size=size)
+    return sample_kept(drop, "geometric", eps_prime, noise, size=size)
 
 
-def latent_per_candidate(
-    drop: np.ndarray, eps_prime: float, rng: np.random.Generator, size: int
-) -> np.ndarray:
-    """BROKEN: a fresh latent for every candidate (independent dropping)."""
-    k = draw_latent(rng, "geometric", eps_prime, size * drop.size).reshape(size, drop.size)
-    kept: np.ndarray = rng.standard_exponential((size, drop.size)) >= drop[None, :] * k
+def latent_per_candidate(drop: np.ndarray, eps_prime: float, noise: Noise, size: int) -> np.ndarray:
+    """BROKEN: a fresh latent for every candidate (independent dropping), with the same exact samplers."""
+    columns = []
+    for c in drop:
+        k = draw_latent(noise, "geometric", eps_prime, size)
+        columns.append(keep_given_latent(noise, [Fraction(float(c))], np.zeros(1, dtype=np.int64), k)[:, 0])
+    kept: np.ndarray = np.stack(columns, axis=1)
     return kept
 
 
@@ -60,16 +75,20 @@ def simulate_rr(
     eps_prime: float,
     q1: float,
     runs: int,
-    rng: np.random.Generator,
+    seed: int,
     sampler: KeepSampler = shared_latent,
 ) -> np.ndarray:
-    """Outcome counts of Algorithm 3 on ``copies`` × RR: cells (1, i) = i, (0, i) = T + i, ⊥ = 2T."""
+    """Outcome counts of Algorithm 3 on ``copies`` × RR: cells (1, i) = i, (0, i) = T + i, ⊥ = 2T.
+
+    The keep mask comes from ``Noise.seeded(seed)``; the simulated candidates' RR bits are test data from a
+    numpy generator seeded alongside."""
+    noise, rng = Noise.seeded(seed), np.random.default_rng(seed)
     drop = np.full(copies, eps)
     counts = np.zeros(2 * copies + 1, dtype=np.int64)
     index = np.arange(copies)
     for start in range(0, runs, CHUNK):
         size = min(CHUNK, runs - start)
-        kept = sampler(drop, eps_prime, rng, size)
+        kept = sampler(drop, eps_prime, noise, size)
         ones = kept & (rng.uniform(size=(size, copies)) < q1)
         last_one = np.where(ones, index, -1).max(axis=1)
         last_kept = np.where(kept, index, -1).max(axis=1)
@@ -101,8 +120,8 @@ def audit(
     copies: int, eps: float, eps_prime: float, runs: int, seed: int, sampler: KeepSampler = shared_latent
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     q1 = math.exp(eps) / (1 + math.exp(eps))
-    on_d = simulate_rr(copies, eps, eps_prime, q1, runs, np.random.default_rng(seed), sampler)
-    on_d2 = simulate_rr(copies, eps, eps_prime, 1 - q1, runs, np.random.default_rng(seed + 1), sampler)
+    on_d = simulate_rr(copies, eps, eps_prime, q1, runs, seed, sampler)
+    on_d2 = simulate_rr(copies, eps, eps_prime, 1 - q1, runs, seed + 1, sampler)
     charge = pure_charges(np.full(copies, eps), eps_prime)
     claimed = np.concatenate([charge, charge, [0.0]])
     return loss_lower_bounds(on_d, on_d2, runs), claimed, on_d, on_d2
@@ -112,8 +131,8 @@ def audit(
 def test_geometric_latent_distribution() -> None:
     """Chi-square of k against Geom_{e^{−ε′}} on bins {0..19, ≥20}; FA 1e-3; a 30%-wrong ε′ is rejected."""
     eps_prime, draws = 0.1, 1_000_000
-    k = draw_latent(np.random.default_rng(101), "geometric", eps_prime, draws)
-    assert np.all(k == np.floor(k))
+    k = draw_latent(Noise.seeded(101), "geometric", eps_prime, draws)
+    assert k.dtype == np.int64
     assert k.min() == 0
 
     def p_value(rate: float) -> float:
@@ -127,18 +146,151 @@ def test_geometric_latent_distribution() -> None:
     assert k.mean() == pytest.approx(1 / math.expm1(eps_prime), rel=0.01)  # 9.508; sd of the mean 0.01
 
 
-def test_exponential_latent_distribution() -> None:
-    x = draw_latent(np.random.default_rng(102), "exponential", 0.05, 200_000)
-    assert stats.kstest(x, "expon", args=(0, 1 / 0.05)).pvalue > FALSE_ALARM
-    assert stats.kstest(x, "expon", args=(0, 1 / (0.05 * 1.3))).pvalue < FALSE_ALARM
+@pytest.mark.parametrize(("eps_prime", "draws", "wrong"), [(1e-3, 400_000, 1.02), (2.5, 1_000_000, 1.01)])
+def test_geometric_latent_pmf_is_exact(eps_prime: float, draws: int, wrong: float) -> None:
+    """The exact sampler's k against its pmf (1 − e^{−ε′})e^{−ε′k}, on 40 equal-probability bins of k
+    (ε′ = 1e-3: k ~ 10³) or on {0..7, ≥8} (ε′ = 2.5: mostly 0); FA 1e-3. Power: an ε′ off by 2 % (1 %) is
+    rejected by the same test. (Exactness is by construction; the test guards the construction.)"""
+    k = draw_latent(Noise.seeded(111), "geometric", eps_prime, draws)
+    assert k.dtype == np.int64
+    assert k.min() == 0
+
+    def p_value(rate: float) -> float:
+        if eps_prime < 1:
+            edges = np.unique(np.floor(-np.log1p(-np.arange(1, 40) / 40) / eps_prime).astype(np.int64))
+        else:
+            edges = np.arange(1, 9)
+        tail = np.exp(-rate * edges.astype(float))  # P(k ≥ edge)
+        probs = -np.diff(np.concatenate([[1.0], tail, [0.0]]))
+        observed = np.bincount(np.searchsorted(edges, k, side="right"), minlength=edges.size + 1)
+        return float(stats.chisquare(observed, probs * draws).pvalue)
+
+    assert p_value(eps_prime) > FALSE_ALARM
+    assert p_value(eps_prime * wrong) < FALSE_ALARM
 
 
-@pytest.mark.parametrize("latent", ["geometric", "exponential"])
-def test_keep_frequencies_bottom_and_runs_match_closed_forms(latent: str) -> None:
+def test_geometric_latent_scalar_path_pmf() -> None:
+    """The path a request uses (one k per call, plain integers): 20 000 single draws at ε′ = 0.3 against
+    the pmf on {0..11, ≥12} (χ², FA 1e-3); power: a 30 %-wrong ε′ is rejected. Wrong starting proposals
+    give the same k (the exact comparisons, not the float estimate, decide)."""
+    noise, draws, eps_prime = Noise.seeded(116), 20_000, 0.3
+    k = np.array([draw_latent(noise, "geometric", eps_prime) for _ in range(draws)])
+
+    def p_value(rate: float) -> float:
+        m = np.arange(12)
+        probs = np.append(-np.expm1(-rate) * np.exp(-rate * m), math.exp(-rate * 12))
+        observed = np.bincount(np.minimum(k, 12), minlength=13)
+        return float(stats.chisquare(observed, probs * draws).pvalue)
+
+    assert p_value(eps_prime) > FALSE_ALARM
+    assert p_value(eps_prime * 1.3) < FALSE_ALARM
+    for seed in range(200):
+        prefix = Noise.seeded(seed).random_bits(64)
+        exact = _geometric_slow(LazyUniform(Noise.seeded(seed), prefix), Fraction(0.01), 0)
+        for start in (exact + 50, max(0, exact - 37), 10**6):
+            assert _geometric_slow(LazyUniform(Noise.seeded(seed), prefix), Fraction(0.01), start) == exact
+
+
+def test_geometric_latent_at_the_smallest_epsilon_prime() -> None:
+    """ε′ = 1e-6 (the parameter's minimum; k ~ 10⁶): mean and P(k ≥ 10⁶) within 4 sd (FA ≈ 1e-4 each)."""
+    eps_prime, draws = 1e-6, 20_000
+    k = draw_latent(Noise.seeded(112), "geometric", eps_prime, draws).astype(float)
+    mean = 1 / math.expm1(eps_prime)
+    assert abs(k.mean() - mean) < 4 * mean / math.sqrt(draws)
+    tail = math.exp(-1.0)
+    assert abs((k >= 1e6).mean() - tail) < 4 * math.sqrt(tail * (1 - tail) / draws)
+
+
+def test_exp_neg_enclosures_are_rigorous() -> None:
+    """lo ≤ e^{−x}·2^b ≤ hi, hi − lo ≤ 3, against mpmath at 400 bits on random and edge x."""
+    mpmath.mp.prec = 400
+    rng = np.random.default_rng(113)  # test data
+    xs = [Fraction(0), Fraction(1), Fraction(63), Fraction(64), Fraction(1, 3), Fraction(2.5e-7)]
+    xs += [Fraction(float(v)) for v in rng.uniform(0, 1, 300) * 10.0 ** rng.integers(-9, 3, 300)]
+    for x in xs:
+        for bits in (64, 128, 256):
+            lo, hi = exp_neg_bounds(x.numerator, x.denominator, bits)
+            exact = mpmath.exp(-mpmath.mpf(x.numerator) / x.denominator) * mpmath.mpf(2) ** bits
+            assert lo <= exact <= hi
+            assert hi - lo <= 3
+
+
+def _mask_law(drop: list[float], eps_prime: float, latent: str) -> dict[tuple[bool, ...], float]:
+    """P(mask = S) exactly, by inclusion–exclusion over the dropped set: E[Π_S q_i Π_{S^c}(1 − q_j)] with
+    E[e^{−Cx}] = ε′/(ε′ + C) (exponential) or (1 − p)/(1 − p·e^{−C}), p = e^{−ε′} (geometric)."""
+    law = {}
+    for pattern in itertools.product([False, True], repeat=len(drop)):
+        kept = sum(c for c, keep in zip(drop, pattern, strict=True) if keep)
+        dropped = [c for c, keep in zip(drop, pattern, strict=True) if not keep]
+        total = 0.0
+        for size in range(len(dropped) + 1):
+            for subset in itertools.combinations(dropped, size):
+                rate = kept + sum(subset)
+                if latent == "exponential":
+                    moment = eps_prime / (eps_prime + rate)
+                else:
+                    moment = -math.expm1(-eps_prime) / -math.expm1(-eps_prime - rate)
+                total += (-1) ** size * moment
+        law[pattern] = total
+    return law
+
+
+@pytest.mark.parametrize(("latent", "runs"), [("geometric", 400_000), ("exponential", 60_000)])
+def test_keep_mask_law_is_exact(latent: str, runs: int) -> None:
+    """The joint law of the mask of a 4-entry list (16 patterns) against its exact form; χ², FA 1e-3.
+    Power: the same counts are rejected against the law at a 30%-wrong ε′."""
+    drop, eps_prime = [0.05, 0.3, 0.3, 1.5], 0.2
+    kept = sample_kept(drop, latent, eps_prime, Noise.seeded(114), size=runs)  # type: ignore[arg-type]
+    codes = kept.astype(np.int64) @ (1 << np.arange(len(drop)))
+    observed = np.bincount(codes, minlength=16)
+
+    def p_value(rate: float) -> float:
+        law = _mask_law(drop, rate, latent)
+        expected = np.array([law[tuple(bool(code >> i & 1) for i in range(len(drop)))] for code in range(16)])
+        assert expected.sum() == pytest.approx(1.0, abs=1e-12)
+        return float(stats.chisquare(observed, expected * runs).pvalue)
+
+    assert p_value(eps_prime) > FALSE_ALARM
+    assert p_value(eps_prime * 1.3) < FALSE_ALARM
+
+
+def test_discrete_laplace_rows_pmf_per_scale() -> None:
+    """The batched sampler (one call, rows of different scales, as ``predraw`` uses it) against
+    P(z) ∝ e^{−|z|/t} for each scale: χ² on |z| ≤ 40 (cells with ≥ 5 expected), FA 1e-3 per scale.
+    Power: the rows of scale 7/3 are rejected against the pmf at a 10 %-wrong scale."""
+    scales = [Fraction(7, 3), Fraction(0.37), Fraction(1234567, 1 << 17)]
+    per, rng = 60_000, np.random.default_rng(115)  # rng only shuffles the row order (test data)
+    order = rng.permutation(per * len(scales))
+    rows = [scales[int(i) // per] for i in order]
+    draws = discrete_laplace_rows(Noise.seeded(115), rows)
+    for scale in scales:
+        part = draws[np.array([r == scale for r in rows])]
+
+        def p_value(t: float, part: np.ndarray = part) -> float:
+            q = math.exp(-1 / t)
+            z = np.arange(-40, 41)
+            probs = (1 - q) / (1 + q) * q ** np.abs(z)
+            keep = probs * part.size >= 5
+            observed = np.array([np.count_nonzero(part == v) for v in z[keep]])
+            expected = probs[keep] * part.size
+            return float(stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
+
+        assert p_value(float(scale)) > FALSE_ALARM
+        if scale == Fraction(7, 3):
+            assert p_value(float(scale) * 1.1) < FALSE_ALARM
+
+
+def test_exponential_latent_is_not_materialised() -> None:
+    with pytest.raises(ValueError, match="race"):
+        draw_latent(Noise.seeded(1), "exponential", 0.05, 10)
+
+
+@pytest.mark.parametrize(("latent", "runs"), [("geometric", 400_000), ("exponential", 100_000)])
+def test_keep_frequencies_bottom_and_runs_match_closed_forms(latent: str, runs: int) -> None:
     """Per-entry keep rates vs τ_i, P(⊥) vs E_k[Π(1 − e^{−c_j k})], mean runs vs Σ τ_i (z-tests, FA 1e-3)."""
     drop = np.array([0.05, 0.1, 0.3, 1.0, 1.0, 3.0])
-    eps_prime, runs = 0.1, 400_000
-    kept = sample_kept(drop, latent, eps_prime, np.random.default_rng(103), size=runs)  # type: ignore[arg-type]
+    eps_prime = 0.1
+    kept = sample_kept(drop, latent, eps_prime, Noise.seeded(103), size=runs)  # type: ignore[arg-type]
     z_crit = stats.norm.isf(FALSE_ALARM / (2 * (drop.size + 2)))
 
     def z_scores(rate: float) -> list[float]:
@@ -158,14 +310,15 @@ def test_keep_frequencies_bottom_and_runs_match_closed_forms(latent: str) -> Non
 
 def test_drop_given_k_is_exactly_exp_minus_c_k() -> None:
     """Given the latent, the number kept of T copies is Binomial(T, e^{−ck}) (chi-square, FA 1e-3)."""
-    rng = np.random.default_rng(104)
+    noise = Noise.seeded(104)
     eps_prime, c, copies, runs = 0.2, 0.25, 8, 300_000
-    k = draw_latent(rng, "geometric", eps_prime, runs)
-    exponentials = rng.standard_exponential((runs, copies))
+    k = draw_latent(noise, "geometric", eps_prime, runs)
 
     def p_value(drop_rate: float) -> float:
         """Chi-square p-value of the kept counts under drop rate ``drop_rate`` against the exact law at c."""
-        kept = (exponentials >= drop_rate * k[:, None]).sum(axis=1)
+        kept = keep_given_latent(noise, [Fraction(drop_rate)], np.zeros(copies, dtype=np.int64), k).sum(
+            axis=1
+        )
         ks = np.arange(0, 400)  # exact mixture pmf of the count under the claimed c
         weights = -np.expm1(-eps_prime) * np.exp(-eps_prime * ks)
         binom = stats.binom.pmf(np.arange(copies + 1)[None, :], copies, np.exp(-c * ks)[:, None])
@@ -181,8 +334,8 @@ def test_bottom_is_data_independent() -> None:
     """Two-sample test of ⊥ frequencies on D and D′ (binomial z, FA 1e-3), and both match the closed form."""
     copies, eps, eps_prime, runs = 10, 1.0, 0.1, 400_000
     q1 = math.exp(eps) / (1 + math.exp(eps))
-    on_d = simulate_rr(copies, eps, eps_prime, q1, runs, np.random.default_rng(105))
-    on_d2 = simulate_rr(copies, eps, eps_prime, 1 - q1, runs, np.random.default_rng(106))
+    on_d = simulate_rr(copies, eps, eps_prime, q1, runs, 105)
+    on_d2 = simulate_rr(copies, eps, eps_prime, 1 - q1, runs, 106)
     p = probability_bottom([eps] * copies, eps_prime, "geometric")
     pooled = (on_d[-1] + on_d2[-1]) / (2 * runs)
     z = (on_d[-1] - on_d2[-1]) / runs / math.sqrt(2 * pooled * (1 - pooled) / runs)
@@ -190,7 +343,7 @@ def test_bottom_is_data_independent() -> None:
     z_d = (on_d[-1] / runs - p) / math.sqrt(p * (1 - p) / runs)
     assert abs(z_d) < stats.norm.isf(FALSE_ALARM / 2)
     # power: the same z test tells apart a latent 30% off (ε′ = 0.13), whose P(⊥) differs
-    wrong = simulate_rr(copies, eps, 1.3 * eps_prime, q1, runs, np.random.default_rng(107))
+    wrong = simulate_rr(copies, eps, 1.3 * eps_prime, q1, runs, 107)
     z_wrong = (wrong[-1] / runs - p) / math.sqrt(p * (1 - p) / runs)
     assert abs(z_wrong) > stats.norm.isf(FALSE_ALARM / 2)
 
@@ -200,7 +353,8 @@ def test_simulator_matches_algorithm3() -> None:
     """``algorithm3`` with RR candidates and the vectorised simulator have one outcome law (chi-square)."""
     copies, eps, eps_prime, runs = 4, 1.0, 0.3, 20_000
     q1 = math.exp(eps) / (1 + math.exp(eps))
-    rng = np.random.default_rng(107)
+    rng = np.random.default_rng(107)  # the candidates' RR bits (test data)
+    noise = Noise.seeded(107)
     drop = np.full(copies, eps)
 
     def rr(i: int) -> tuple[tuple[float, ...], int]:
@@ -209,18 +363,16 @@ def test_simulator_matches_algorithm3() -> None:
 
     counts = np.zeros(2 * copies + 1, dtype=np.int64)
     for _ in range(runs):
-        selection = algorithm3(drop, eps_prime, "geometric", rr, rng)
+        selection = algorithm3(drop, eps_prime, "geometric", rr, noise)
         if selection.index is None:
             counts[-1] += 1
         else:
             counts[selection.index + (0 if selection.output == 1 else copies)] += 1
-    reference = simulate_rr(copies, eps, eps_prime, q1, 2_000_000, np.random.default_rng(108))
+    reference = simulate_rr(copies, eps, eps_prime, q1, 2_000_000, 108)
     expected = reference / reference.sum() * runs
     assert stats.chisquare(counts, expected).pvalue > FALSE_ALARM
     # power: the simulator of the broken sampler has a visibly different law on the same instance
-    broken = simulate_rr(
-        copies, eps, eps_prime, q1, 2_000_000, np.random.default_rng(109), latent_per_candidate
-    )
+    broken = simulate_rr(copies, eps, eps_prime, q1, 2_000_000, 109, latent_per_candidate)
     assert stats.chisquare(counts, broken / broken.sum() * runs).pvalue < FALSE_ALARM
 
 

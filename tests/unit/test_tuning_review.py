@@ -35,6 +35,7 @@ from scipy.integrate import quad
 
 from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.base import ParamsError, PublicContext
+from mechanisms.noise import Noise
 from mechanisms.objective_perturbation import ObjPertConfig, minimum_tolerance
 from mechanisms.schema import DatasetSchema
 from mechanisms.tuning import TuningParams, TuningSelect, algorithm3, pure_charges, rdp_charges, sample_kept
@@ -181,8 +182,8 @@ def test_unpadded_work_equals_the_number_of_kept_candidates() -> None:
             ran.append(i)
             return (0.0,), i
 
-        mask = sample_kept(drops, "geometric", 0.1, np.random.default_rng(seed))
-        algorithm3(drops, 0.1, "geometric", candidate, np.random.default_rng(seed))
+        mask = sample_kept(drops, "geometric", 0.1, Noise.seeded(seed))
+        algorithm3(drops, 0.1, "geometric", candidate, Noise.seeded(seed))
         assert len(ran) == int(mask.sum())
         counts.add(len(ran))
     assert len(counts) >= 5  # it varies with the latent
@@ -264,6 +265,7 @@ def test_service_default_hides_the_run_count() -> None:
         return original(*args, **kwargs)
 
     rng = np.random.default_rng(5)
+    noise = Noise.seeded(5)
     table = {
         "a": rng.uniform(-1, 1, 1000),
         "b": rng.uniform(-1, 1, 1000),
@@ -275,7 +277,7 @@ def test_service_default_hides_the_run_count() -> None:
         counts = set()
         for _ in range(20):
             runs.clear()
-            TuningSelect().run(_params(), _ctx(1000), table, rng)
+            TuningSelect().run(_params(), _ctx(1000), table, noise)
             counts.add(len(runs))
     finally:
         learner.fit_and_score = original  # type: ignore[method-assign]
