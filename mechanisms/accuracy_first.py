@@ -7,40 +7,47 @@ docs/mechanisms/noise_reduction.md; proofs: docs/privacy.md §8.1.
 One-shot mechanisms (``Mechanism``):
 
 ``accuracy_first.laplace``
-    Laplace noise reduction (Ligett et al. Algorithm 1, per-coordinate coins) over an increasing ε-grid for a
+    Discrete Laplace noise reduction on a public grid (Ligett et al. Algorithm 1 with the exact discrete
+    decomposition of ``mechanisms.noise.reduction``, per-coordinate coins) over an increasing ε-grid for a
     count/sum/mean/histogram query. The service walks the grid from the most private level and returns the
     first release that meets the target, or ``reached: false`` ("target not reachable within the grid") with
     the last level's release.
 ``accuracy_first.gaussian``
-    Brownian noise reduction over a decreasing variance grid, same walk.
+    Brownian noise reduction on a public grid (discrete Gaussian bridge steps around rounded means) over a
+    decreasing variance grid, same walk.
+
+Every release is an exact multiple of the published γ (``noise.granularity``); docs/privacy.md §8.1, §10.
 
 Targets (``target``):
 
 * ``{"relative": r, "scale_multiplier": k}``: the check of Ghazi et al. §6.1 (notes/seed_003 §5.1) with the
   ``ŷ > 0`` fix: accept ŷ iff ŷ > 0 and (ŷ + σ)/(ŷ − σ) ≤ 1 + r, i.e. σ·(2 + r) ≤ r·ŷ, where σ = k × the
-  noise scale (Laplace scale b, or Gaussian std √t); every coordinate of a histogram must pass. For r = 0.1,
-  k = 1 this is b ≤ ŷ/21 (Table 1's rule).
-* ``{"absolute": a, "confidence": 1 − β}``: accept the first level whose noise satisfies
-  P(max_j |noise_j| ≤ a) ≥ 1 − β exactly (Laplace: (1 − e^{−a/b})^d; Gaussian: (1 − 2Φ(−a/√t))^d).
+  noise scale (the discrete Laplace scale γ/x_t, or Gaussian std √t); every coordinate of a histogram must
+  pass. For r = 0.1, k = 1 this is b ≤ ŷ/21 (Table 1's rule).
+* ``{"absolute": a, "confidence": 1 − β}``: accept the first level whose error satisfies
+  P(max_j |error_j| ≤ a) ≥ 1 − β (discrete Laplace exactly: (1 − 2q^{m+1}/(1 + q))^d, m = ⌊(a − rounding)/γ⌋;
+  Gaussian: (1 − 2Φ(−a/√t))^d, the continuous law the grid chain approximates).
 
 ``check = "released"`` (default): the check reads only the released value and public noise parameters, so
 it is post-processing of the released prefix: the stopped release at level t is charged exactly the level
-(pure ε_t for Laplace, Theorem 2.7; α·Δ₂²/(2t) for Brownian, optional stopping), ``reached: false`` the last
+(pure ε_t for Laplace, Theorem 2.7; α·C_t for Brownian, per-step composition), ``reached: false`` the last
 level. An absolute target with the released check reads no value at all: its level is fixed by public
 parameters, the worst case is that level, and an unreachable absolute target is refused before any data is
 read.
 
 ``check = "private"``: the check reads the data, through InteractiveAboveThreshold (Ligett et al. Lemma 2.8)
-on the query f_t(D) = min_j(r·|y_j| − |ŷ_{t,j} − y_j|) (relative; sensitivity (1 + r)·max shift) or
-a − max_j |ŷ_{t,j} − y_j| (absolute; sensitivity max shift), passing when f_t + Lap(4Δ_q/ε_A) ≥ W +
-Lap(2Δ_q/ε_A). Charge ε_A + (level charge) at the pass, ε_A + (last level charge) without a pass. ε_A and W
-are given explicitly or by a labelled calibration (paper-theorem or reference-code) with width α and
+on the query f_t(D) = min_j(r·|y_j| − |ŷ_{t,j} − y_j|) (relative; sensitivity (1 + r)·max_j γ·m_j) or
+a − max_j |ŷ_{t,j} − y_j| (absolute; sensitivity max_j γ·m_j), y the grid answer γ·round(v/γ), passing
+when f_t + Lap(4Δ_q/ε_A) ≥ W + Lap(2Δ_q/ε_A) (on the IAT's own grid, ``mechanisms.above_threshold``).
+Charge ε_A + (level charge) at the pass, ε_A + (last level charge) without a pass. ε_A and W are given
+explicitly or by a labelled calibration (paper-theorem or reference-code) with width α and
 failure γ. For the Brownian family the pure ε_A is added to the RDP curve at every order (proof in
 docs/privacy.md §8.1.4).
 
 Interactive sessions (``InteractiveMechanism``): ``noise_reduction.laplace`` and ``noise_reduction.gaussian``.
-``start`` draws the level-0 noise of the lazy sampler without reading data; each ``step`` (query ``{}``)
-releases the next, less noisy level; ``realized`` is the charge of the last released level (a function of
+Laplace: ``start`` draws the level-0 integer noise of the lazy sampler without reading data; Gaussian: each
+step draws a fresh bridge step around the previous release. Each ``step`` (query ``{}``) releases the next,
+less noisy level; ``realized`` is the charge of the last released level (a function of
 the transcript's length only); the worst case is the last level of the grid. The secret state (the current
 noise) never appears in an answer.
 """
@@ -50,7 +57,9 @@ from __future__ import annotations
 import itertools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
 from typing import Annotated, Any, ClassVar, Literal, Self
 
 import numpy as np
@@ -66,26 +75,35 @@ from mechanisms.above_threshold import (
 from mechanisms.accounting import RdpCurve
 from mechanisms.accounting.curve import _pad_up
 from mechanisms.base import ParamsError, PublicContext, Release, StepResult, Table, params_as
+from mechanisms.noise import Grid, Noise
 from mechanisms.noise_reduction import (
     MAX_LEVELS,
     LazyBrownianNR,
     LazyLaplaceNR,
+    brownian_grid,
     brownian_nr_charge,
-    brownian_nr_path,
+    brownian_step,
     laplace_nr_charge,
     laplace_nr_path,
     laplace_nr_scales,
+    units_to_values,
 )
 from mechanisms.queries import (
+    MAX_SCALE_BITS,
     AnyQuery,
+    GridPlan,
     HistogramQuery,
     Query,
+    charged_fraction,
     check_query,
-    evaluate,
+    evaluate_units,
+    is_integer_valued,
     l1,
     l2,
+    plan_grid,
     release_output,
     shifts,
+    unit_shift,
 )
 from mechanisms.schema import CategoricalColumn, IntColumn
 
@@ -265,6 +283,20 @@ def output_dim(query: AnyQuery, ctx: PublicContext) -> int:
     raise ParamsError("query.column", "a histogram needs a categorical or int column")
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """The public release plan of one request: grid, per-level noise, sensitivity (no data read)."""
+
+    grid_values: tuple[float, ...]
+    grid: Grid
+    grid_plan: GridPlan
+    dim: int
+    sensitivity: float
+    """In grid units: Laplace the ℓ1 bound Σ m_j (integer); Gaussian the ℓ2 bound ‖m‖₂."""
+    scales: np.ndarray
+    """The σ of each level that the relative check uses, in value units (Laplace γ·scale, Gaussian √t)."""
+
+
 class _Family(ABC):
     """What differs between Laplace and Brownian noise reduction: grid, sampler, scales and charges."""
 
@@ -275,153 +307,211 @@ class _Family(ABC):
         """The request's grid: its ``grid_field`` (ε increasing, or variances decreasing)."""
         return tuple(getattr(params, self.grid_field))
 
-    @staticmethod
     @abstractmethod
-    def sensitivity(query: AnyQuery, ctx: PublicContext) -> float: ...
+    def plan(self, query: AnyQuery, ctx: PublicContext, grid_values: Sequence[float]) -> _Plan:
+        """The public plan (ParamsError when the grid cannot be released on a grid)."""
 
-    @staticmethod
     @abstractmethod
-    def scales(sensitivity: float, grid: Sequence[float]) -> np.ndarray:
-        """The σ of each level that the relative check uses (Laplace scale b_t, or Gaussian std √t)."""
+    def charge(self, plan: _Plan, level: int, orders: Sequence[float]) -> RdpCurve: ...
 
-    @staticmethod
     @abstractmethod
-    def path(sensitivity: float, grid: Sequence[float], dim: int, rng: np.random.Generator) -> np.ndarray: ...
+    def walk(self, plan: _Plan, units: np.ndarray, noise: Noise) -> Iterator[np.ndarray]:
+        """The released values (value units) of levels 0, 1, … in order (one chain, drawn once)."""
 
-    @staticmethod
     @abstractmethod
-    def charge(
-        sensitivity: float, grid: Sequence[float], level: int, orders: Sequence[float]
-    ) -> RdpCurve: ...
+    def release_at(self, plan: _Plan, level: int, units: np.ndarray, noise: Noise) -> np.ndarray:
+        """The release at one level fixed by public parameters (its marginal in the chain)."""
 
-    @staticmethod
     @abstractmethod
-    def start(
-        sensitivity: float, grid: Sequence[float], dim: int, rng: np.random.Generator
-    ) -> dict[str, Any]: ...
+    def start(self, plan: _Plan, noise: Noise) -> dict[str, Any]: ...
 
-    @staticmethod
     @abstractmethod
-    def advance(state: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]: ...
+    def step(
+        self, plan: _Plan, sampler: dict[str, Any], released: int, units: np.ndarray, noise: Noise
+    ) -> tuple[np.ndarray, int, dict[str, Any]]:
+        """Release level ``released`` of a session: (values, level, new sampler state)."""
 
-    @staticmethod
     @abstractmethod
-    def noise(state: dict[str, Any]) -> tuple[np.ndarray, int]: ...
+    def matches(self, plan: _Plan, sampler: dict[str, Any]) -> bool:
+        """Whether a stored sampler state is the chain this plan describes."""
 
-    @staticmethod
     @abstractmethod
-    def absolute_ok(scales: np.ndarray, absolute: float, confidence: float, dim: int) -> np.ndarray:
-        """Per level: P(max_j |noise_j| ≤ a) ≥ confidence (exact, a function of public parameters)."""
+    def absolute_ok(self, plan: _Plan, absolute: float, confidence: float) -> np.ndarray:
+        """Per level: P(max_j |error_j| ≤ a) ≥ confidence (a function of public parameters)."""
 
-    @staticmethod
     @abstractmethod
-    def level_info(grid: Sequence[float], scales: np.ndarray, level: int) -> dict[str, Any]:
-        """Public description of one level (its grid value and noise parameter)."""
+    def level_info(self, plan: _Plan, level: int) -> dict[str, Any]:
+        """Public description of one level (its grid value, noise parameter and release grid)."""
+
+
+def _values(plan: _Plan, units: np.ndarray) -> np.ndarray:
+    return units_to_values([int(u) for u in units], plan.grid)
 
 
 class _LaplaceFamily(_Family):
     distribution = "laplace"
     grid_field = "epsilons"
 
-    @staticmethod
-    def sensitivity(query: AnyQuery, ctx: PublicContext) -> float:
-        return l1(shifts(query, ctx))
+    def plan(self, query: AnyQuery, ctx: PublicContext, grid_values: Sequence[float]) -> _Plan:
+        eps = [float(e) for e in grid_values]
+        delta = l1(shifts(query, ctx))
+        too_small = ParamsError("epsilons", "the smallest ε is too small: its noise would not fit the grid")
+        try:  # the continuous scale of the noisiest level over 2^38 (as ``laplace_plan``): t_0 ≤ 2^40 units
+            coarsest = math.ldexp(float(Fraction(delta) / charged_fraction(eps[0])), 2 - MAX_SCALE_BITS)
+        except OverflowError:
+            raise too_small from None
+        grid_plan = plan_grid(query, ctx, coarsest)
+        units = max(grid_plan.l1_units, 1)
+        try:
+            scales = laplace_nr_scales(float(units), eps)
+        except ValueError as exc:
+            raise ParamsError("epsilons", str(exc)) from None
+        dim = output_dim(query, ctx)
+        return _Plan(
+            tuple(eps), grid_plan.grid, grid_plan, dim, float(units), scales * grid_plan.grid.granularity
+        )
 
-    @staticmethod
-    def scales(sensitivity: float, grid: Sequence[float]) -> np.ndarray:
-        return laplace_nr_scales(sensitivity, grid)
+    def charge(self, plan: _Plan, level: int, orders: Sequence[float]) -> RdpCurve:
+        return laplace_nr_charge(plan.grid_values, level, orders)
 
-    @staticmethod
-    def path(sensitivity: float, grid: Sequence[float], dim: int, rng: np.random.Generator) -> np.ndarray:
-        return laplace_nr_path(sensitivity, grid, dim, rng)
+    def walk(self, plan: _Plan, units: np.ndarray, noise: Noise) -> Iterator[np.ndarray]:
+        path = laplace_nr_path(plan.sensitivity, plan.grid_values, plan.dim, noise)
+        for row in path:
+            yield _values(plan, units.astype(object) + row.astype(object))
 
-    @staticmethod
-    def charge(sensitivity: float, grid: Sequence[float], level: int, orders: Sequence[float]) -> RdpCurve:
-        return laplace_nr_charge(grid, level, orders)
+    def release_at(self, plan: _Plan, level: int, units: np.ndarray, noise: Noise) -> np.ndarray:
+        # The chain's marginal at a level is that level's discrete Laplace: draw only it.
+        path = laplace_nr_path(plan.sensitivity, plan.grid_values[level : level + 1], plan.dim, noise)
+        return _values(plan, units.astype(object) + path[0].astype(object))
 
-    @staticmethod
-    def start(
-        sensitivity: float, grid: Sequence[float], dim: int, rng: np.random.Generator
-    ) -> dict[str, Any]:
-        return LazyLaplaceNR.start(sensitivity, grid, dim, rng)
+    def start(self, plan: _Plan, noise: Noise) -> dict[str, Any]:
+        return LazyLaplaceNR.start(plan.sensitivity, plan.grid_values, plan.dim, noise)
 
-    @staticmethod
-    def advance(state: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-        return LazyLaplaceNR.advance(state, rng)
+    def step(
+        self, plan: _Plan, sampler: dict[str, Any], released: int, units: np.ndarray, noise: Noise
+    ) -> tuple[np.ndarray, int, dict[str, Any]]:
+        if released > 0:
+            sampler = LazyLaplaceNR.advance(sampler, noise)
+        chain = LazyLaplaceNR.noise(sampler)
+        if chain.size != units.size:
+            raise ValueError("not a noise_reduction.laplace session state")
+        return (
+            _values(plan, units.astype(object) + chain.astype(object)),
+            LazyLaplaceNR.level(sampler),
+            sampler,
+        )
 
-    @staticmethod
-    def noise(state: dict[str, Any]) -> tuple[np.ndarray, int]:
-        return LazyLaplaceNR.noise(state), LazyLaplaceNR.level(state)
+    def matches(self, plan: _Plan, sampler: dict[str, Any]) -> bool:
+        return bool(
+            sampler.get("epsilons") == [float(e) for e in plan.grid_values]
+            and sampler.get("grid_sensitivity") == plan.sensitivity
+        )
 
-    @staticmethod
-    def absolute_ok(scales: np.ndarray, absolute: float, confidence: float, dim: int) -> np.ndarray:
-        # (1 − e^{−a/b})^d ≥ c  ⟺  e^{−a/b} ≤ 1 − c^{1/d} = −expm1(log(c)/d); compared in log space.
-        per_coordinate_miss = -math.expm1(math.log(confidence) / dim)
-        result: np.ndarray = -absolute / scales <= math.log(per_coordinate_miss) - 1e-12
+    def absolute_ok(self, plan: _Plan, absolute: float, confidence: float) -> np.ndarray:
+        # |error| ≤ γ/2 (rounding, unless exact) + γ|Z|: enough that |Z| ≤ m = ⌊(a − rounding)/γ⌋.
+        # P(|Z| > m) = 2q^{m+1}/(1+q), q = e^{−1/scale}; need (1 − that)^d ≥ c; compared in log space.
+        gamma = plan.grid.granularity
+        rounding = 0.0 if plan.grid_plan.exact else gamma / 2
+        m = math.floor((absolute - rounding) / gamma)
+        if m < 0:
+            return np.zeros(len(plan.grid_values), dtype=bool)
+        per_coordinate_miss = -math.expm1(math.log(confidence) / plan.dim)
+        x = gamma / plan.scales  # the rate of each level (value-unit scales back to grid units)
+        log_miss = math.log(2.0) - x * (m + 1) - np.log1p(np.exp(-x))
+        result: np.ndarray = log_miss <= math.log(per_coordinate_miss) - 1e-12
         return result
 
-    @staticmethod
-    def level_info(grid: Sequence[float], scales: np.ndarray, level: int) -> dict[str, Any]:
-        noise = {"distribution": "laplace", "scale": float(scales[level])}
-        return {"epsilon": float(grid[level]), "noise": noise}
+    def level_info(self, plan: _Plan, level: int) -> dict[str, Any]:
+        noise = {
+            "distribution": "discrete_laplace",
+            "scale": float(plan.scales[level]),
+            **plan.grid.describe(),
+        }
+        return {"epsilon": float(plan.grid_values[level]), "noise": noise}
 
 
 class _GaussianFamily(_Family):
     distribution = "gaussian"
     grid_field = "variances"
 
-    @staticmethod
-    def sensitivity(query: AnyQuery, ctx: PublicContext) -> float:
-        return l2(shifts(query, ctx))
+    def plan(self, query: AnyQuery, ctx: PublicContext, grid_values: Sequence[float]) -> _Plan:
+        variances = tuple(float(v) for v in grid_values)
+        delta = l2(shifts(query, ctx))
+        dim = output_dim(query, ctx)
+        try:
+            grid = brownian_grid(delta, variances, dim)
+        except (ValueError, OverflowError) as exc:
+            raise ParamsError("variances", str(exc)) from None
+        # The answer is rounded to γ once (``evaluate_units``); its per-coordinate integer shifts m_i enter
+        # every step's sensitivity as (1 − r_j)·‖m‖₂ + √d (``brownian_step_costs`` with Δ = ‖m‖₂·γ).
+        exact = is_integer_valued(query, ctx) and grid.exponent <= 0
+        units = tuple(unit_shift(s, grid, exact) for s in shifts(query, ctx))
+        grid_plan = GridPlan(grid, exact, units)
+        sensitivity = grid_plan.l2_units  # ‖m‖₂ in grid units
+        scales: np.ndarray = np.sqrt(np.asarray(variances, dtype=float))
+        return _Plan(variances, grid, grid_plan, dim, sensitivity, scales)
 
-    @staticmethod
-    def scales(sensitivity: float, grid: Sequence[float]) -> np.ndarray:
-        result: np.ndarray = np.sqrt(np.asarray(grid, dtype=float))
-        return result
+    def charge(self, plan: _Plan, level: int, orders: Sequence[float]) -> RdpCurve:
+        return brownian_nr_charge(plan.sensitivity, plan.grid_values, plan.dim, plan.grid, level, orders)
 
-    @staticmethod
-    def path(sensitivity: float, grid: Sequence[float], dim: int, rng: np.random.Generator) -> np.ndarray:
-        return brownian_nr_path(grid, dim, rng)
+    def walk(self, plan: _Plan, units: np.ndarray, noise: Noise) -> Iterator[np.ndarray]:
+        previous: list[int] | None = None
+        for level in range(len(plan.grid_values)):
+            previous = brownian_step(noise, units, previous, level, plan.grid_values, plan.grid)
+            yield _values(plan, np.asarray(previous, dtype=object))
 
-    @staticmethod
-    def charge(sensitivity: float, grid: Sequence[float], level: int, orders: Sequence[float]) -> RdpCurve:
-        return brownian_nr_charge(sensitivity, grid, level, orders)
+    def release_at(self, plan: _Plan, level: int, units: np.ndarray, noise: Noise) -> np.ndarray:
+        # The chain is defined forward: walk it to the level (charged as the whole prefix, which it covers).
+        for index, values in enumerate(self.walk(plan, units, noise)):
+            if index == level:
+                return values
+        raise ValueError("level outside the grid")
 
-    @staticmethod
-    def start(
-        sensitivity: float, grid: Sequence[float], dim: int, rng: np.random.Generator
-    ) -> dict[str, Any]:
-        return LazyBrownianNR.start(grid, dim, rng)
+    def start(self, plan: _Plan, noise: Noise) -> dict[str, Any]:
+        return LazyBrownianNR.start(plan.sensitivity, plan.grid_values, plan.dim, plan.grid)
 
-    @staticmethod
-    def advance(state: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-        return LazyBrownianNR.advance(state, rng)
+    def step(
+        self, plan: _Plan, sampler: dict[str, Any], released: int, units: np.ndarray, noise: Noise
+    ) -> tuple[np.ndarray, int, dict[str, Any]]:
+        if sampler.get("level") != released:
+            raise ValueError("not a noise_reduction.gaussian session state")
+        released_units, sampler = LazyBrownianNR.step(sampler, units, noise)
+        return _values(plan, np.asarray(released_units, dtype=object)), released, sampler
 
-    @staticmethod
-    def noise(state: dict[str, Any]) -> tuple[np.ndarray, int]:
-        return LazyBrownianNR.noise(state), LazyBrownianNR.level(state)
+    def matches(self, plan: _Plan, sampler: dict[str, Any]) -> bool:
+        return bool(
+            sampler.get("variances") == [float(v) for v in plan.grid_values]
+            and sampler.get("unit_l2") == plan.sensitivity
+            and sampler.get("dim") == plan.dim
+            and sampler.get("grid_exponent") == plan.grid.exponent
+        )
 
-    @staticmethod
-    def absolute_ok(scales: np.ndarray, absolute: float, confidence: float, dim: int) -> np.ndarray:
-        # (1 − 2Φ(−a/σ))^d ≥ c  ⟺  2Φ(−a/σ) ≤ −expm1(log(c)/d); log Φ via scipy's log_ndtr.
-        per_coordinate_miss = -math.expm1(math.log(confidence) / dim)
-        log_miss: np.ndarray = math.log(2.0) + special.log_ndtr(-absolute / scales)
+    def absolute_ok(self, plan: _Plan, absolute: float, confidence: float) -> np.ndarray:
+        # (1 − 2Φ(−a/σ))^d ≥ c with σ = √t: the continuous chain's law; the grid chain's error differs by
+        # discrete noise and roundings of order γ ≤ 2^-10·Δ₂ (accuracy only, never privacy).
+        per_coordinate_miss = -math.expm1(math.log(confidence) / plan.dim)
+        log_miss: np.ndarray = math.log(2.0) + special.log_ndtr(-absolute / plan.scales)
         result: np.ndarray = log_miss <= math.log(per_coordinate_miss) - 1e-12
         return result
 
-    @staticmethod
-    def level_info(grid: Sequence[float], scales: np.ndarray, level: int) -> dict[str, Any]:
-        noise = {"distribution": "gaussian", "sigma": float(scales[level])}
-        return {"variance": float(grid[level]), "noise": noise}
+    def level_info(self, plan: _Plan, level: int) -> dict[str, Any]:
+        noise = {
+            "distribution": "discrete_gaussian_bridge",
+            "sigma": float(plan.scales[level]),
+            **plan.grid.describe(),
+        }
+        return {"variance": float(plan.grid_values[level]), "noise": noise}
 
 
-def _checked_query(family: _Family, query: AnyQuery, ctx: PublicContext) -> tuple[float, int]:
-    """Schema checks; the sensitivity (> 0) and the output dimension, from public information."""
+def _checked_plan(
+    family: _Family, query: AnyQuery, ctx: PublicContext, grid_values: Sequence[float]
+) -> _Plan:
+    """Schema checks, then the public plan; the sensitivity must be > 0 (public information only)."""
     check_query(query, ctx)
-    sensitivity = family.sensitivity(query, ctx)
+    sensitivity = l1(shifts(query, ctx)) if family.distribution == "laplace" else l2(shifts(query, ctx))
     if not (sensitivity > 0.0 and math.isfinite(sensitivity)):
         raise ParamsError("query", "the query has zero sensitivity under the declared bounds")
-    return sensitivity, output_dim(query, ctx)
+    return family.plan(query, ctx, grid_values)
 
 
 def _relative_pass(noisy: np.ndarray, sigma: np.ndarray, target: RelativeTarget) -> np.ndarray:
@@ -432,21 +522,20 @@ def _relative_pass(noisy: np.ndarray, sigma: np.ndarray, target: RelativeTarget)
     return result
 
 
-def _private_query_sensitivity(query: AnyQuery, ctx: PublicContext, target: Target) -> float:
-    """Sensitivity of f_t(D) for a fixed released ŷ_t (max coordinate shift, × (1 + r) when relative)."""
-    largest = max(shifts(query, ctx))
+def _private_query_sensitivity(plan: _Plan, target: Target) -> float:
+    """Sensitivity of f_t(D) for a fixed released ŷ_t: f_t is computed from the grid answer γ·round(v/γ),
+    whose coordinates move by ≤ γ·m_j, so Δ_q = (max_j γ·m_j) × (1 + r) when relative (rounded up)."""
+    largest = max(plan.grid_plan.unit_shifts) * plan.grid.granularity
     factor = 1.0 + target.relative if isinstance(target, RelativeTarget) else 1.0
     return _pad_up(largest * factor)
 
 
-def _private_values(noisy: np.ndarray, truth: np.ndarray, target: Target) -> np.ndarray:
-    """f_t(D) per level: min_j(r|y_j| − |ŷ_j − y_j|) (relative) or a − max_j |ŷ_j − y_j| (absolute)."""
-    error = np.abs(noisy - truth[None, :])
+def _private_values(noisy: np.ndarray, truth: np.ndarray, target: Target) -> float:
+    """f_t(D) of one level: min_j(r|y_j| − |ŷ_j − y_j|) (relative) or a − max_j |ŷ_j − y_j| (absolute)."""
+    error = np.abs(noisy - truth)
     if isinstance(target, RelativeTarget):
-        result: np.ndarray = np.min(target.relative * np.abs(truth)[None, :] - error, axis=1)
-    else:
-        result = target.absolute - np.max(error, axis=1)
-    return result
+        return float(np.min(target.relative * np.abs(truth) - error))
+    return float(target.absolute - np.max(error))
 
 
 def _plus_pure(curve: RdpCurve, epsilon: float) -> RdpCurve:
@@ -468,84 +557,91 @@ class AccuracyFirst:
     def _params(self, params: BaseModel) -> _OneShotParams:
         return params_as(params_as(params, self.params_model), _OneShotParams)
 
-    def _fixed_level(self, p: _OneShotParams, sensitivity: float, dim: int) -> int | None:
+    def _plan(self, p: _OneShotParams, ctx: PublicContext) -> _Plan:
+        return _checked_plan(self.family, p.query, ctx, self.family.grid(p))
+
+    def _fixed_level(self, p: _OneShotParams, plan: _Plan) -> int | None:
         """The level of an absolute target with the released check (public), None when unreachable."""
         assert isinstance(p.target, AbsoluteTarget)
         assert p.target.confidence is not None
-        scales = self.family.scales(sensitivity, self.family.grid(p))
-        ok = self.family.absolute_ok(scales, p.target.absolute, p.target.confidence, dim)
+        ok = self.family.absolute_ok(plan, p.target.absolute, p.target.confidence)
         return int(np.argmax(ok)) if bool(np.any(ok)) else None
 
     def check(self, params: BaseModel, ctx: PublicContext) -> None:
         p = self._params(params)
-        sensitivity, dim = _checked_query(self.family, p.query, ctx)
+        check_query(p.query, ctx)
         levels = len(self.family.grid(p))
-        if levels * dim > MAX_PATH_ENTRIES:
+        if levels * output_dim(p.query, ctx) > MAX_PATH_ENTRIES:
             reason = f"levels × output size must be ≤ {MAX_PATH_ENTRIES} (use a noise_reduction session)"
             raise ParamsError(self.family.grid_field, reason)
+        plan = self._plan(p, ctx)
         if isinstance(p.target, AbsoluteTarget) and p.check == "released":
-            if self._fixed_level(p, sensitivity, dim) is None:
+            if self._fixed_level(p, plan) is None:
                 raise ParamsError("target", f"{NOT_REACHABLE}: no level's noise meets the absolute target")
         if p.private is not None:
-            p.private.resolve(_private_query_sensitivity(p.query, ctx, p.target), levels)
+            p.private.resolve(_private_query_sensitivity(plan, p.target), levels)
 
     def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
         p = self._params(params)
-        sensitivity, dim = _checked_query(self.family, p.query, ctx)
-        grid = self.family.grid(p)
+        plan = self._plan(p, ctx)
+        levels = len(plan.grid_values)
         if isinstance(p.target, AbsoluteTarget) and p.check == "released":
-            level = self._fixed_level(p, sensitivity, dim)
+            level = self._fixed_level(p, plan)
             if level is None:
                 raise ParamsError("target", NOT_REACHABLE)
-            return self.family.charge(sensitivity, grid, level, ctx.orders)
-        last = self.family.charge(sensitivity, grid, len(grid) - 1, ctx.orders)
+            return self.family.charge(plan, level, ctx.orders)
+        last = self.family.charge(plan, levels - 1, ctx.orders)
         if p.private is None:
             return last
-        calibration = p.private.resolve(_private_query_sensitivity(p.query, ctx, p.target), len(grid))
+        calibration = p.private.resolve(_private_query_sensitivity(plan, p.target), levels)
         return _plus_pure(last, calibration.epsilon_a)
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, rng: np.random.Generator) -> Release:
+    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         p = self._params(params)
         self.check(p, ctx)
         worst = self.worst_case(p, ctx)
-        sensitivity, dim = _checked_query(self.family, p.query, ctx)
-        grid = self.family.grid(p)
-        scales = self.family.scales(sensitivity, grid)
-        truth, labels = evaluate(p.query, ctx, table)
+        plan = self._plan(p, ctx)
+        units, labels = evaluate_units(p.query, ctx, table, plan.grid_plan)
         if isinstance(p.target, AbsoluteTarget) and p.check == "released":
-            # The level is fixed by public parameters: a single release at that level (the chain's
-            # marginal there is exactly the level's noise, so only that level is drawn).
-            level = self._fixed_level(p, sensitivity, dim)
+            # The level is fixed by public parameters: a single release at that level.
+            level = self._fixed_level(p, plan)
             assert level is not None
-            noisy = truth + self.family.path(sensitivity, grid[level : level + 1], dim, rng)[0]
-            realized = self.family.charge(sensitivity, grid, level, ctx.orders)
-            return self._release(grid, scales, level, noisy, labels, True, p.check, realized, worst)
-        path = self.family.path(sensitivity, grid, dim, rng)
-        noisy_path = truth[None, :] + path
-        last = len(grid) - 1
+            noisy = self.family.release_at(plan, level, units, noise)
+            realized = self.family.charge(plan, level, ctx.orders)
+            return self._release(plan, level, noisy, labels, True, p.check, realized, worst)
+        last = len(plan.grid_values) - 1
+        walk = self.family.walk(plan, units, noise)
         if p.private is None:
             assert isinstance(p.target, RelativeTarget)
-            passed = _relative_pass(noisy_path, scales, p.target)
-            reached = bool(np.any(passed))
-            level = int(np.argmax(passed)) if reached else last
-            realized = self.family.charge(sensitivity, grid, level, ctx.orders)
+            # The walk stops at the first level whose released value passes (a rule on released values and
+            # public scales only); levels beyond are never drawn (Brownian) or never released (Laplace).
+            level, noisy, reached = last, np.zeros(0), False
+            for index, values in enumerate(walk):
+                level, noisy = index, values
+                if bool(_relative_pass(values[None, :], plan.scales[index : index + 1], p.target)[0]):
+                    reached = True
+                    break
+            realized = self.family.charge(plan, level, ctx.orders)
         else:
-            q_sensitivity = _private_query_sensitivity(p.query, ctx, p.target)
-            calibration = p.private.resolve(q_sensitivity, len(grid))
-            # f_t(D) for every level (vectorised); the IAT reads them in order and stops at the first pass.
-            values = _private_values(noisy_path, truth, p.target)
-            iat = InteractiveAboveThreshold(calibration.threshold, calibration.epsilon_a, q_sensitivity, rng)
-            level = next((t for t in range(len(grid)) if iat.test(float(values[t]), rng)), last)
+            q_sensitivity = _private_query_sensitivity(plan, p.target)
+            calibration = p.private.resolve(q_sensitivity, len(plan.grid_values))
+            truth = _values(plan, units)  # the grid answer γ·round(v/γ): moves by ≤ γ·m_j per coordinate
+            iat = InteractiveAboveThreshold(
+                calibration.threshold, calibration.epsilon_a, q_sensitivity, noise
+            )
+            level, noisy = last, np.zeros(0)
+            for index, values in enumerate(walk):
+                level, noisy = index, values
+                if iat.test(_private_values(values, truth, p.target), noise):
+                    break
             reached = iat.halted
-            level_charge = self.family.charge(sensitivity, grid, level, ctx.orders)
+            level_charge = self.family.charge(plan, level, ctx.orders)
             realized = _plus_pure(level_charge, calibration.epsilon_a)
-        noisy = noisy_path[level]
-        return self._release(grid, scales, level, noisy, labels, reached, p.check, realized, worst)
+        return self._release(plan, level, noisy, labels, reached, p.check, realized, worst)
 
     def _release(
         self,
-        grid: Sequence[float],
-        scales: np.ndarray,
+        plan: _Plan,
         level: int,
         noisy: np.ndarray,
         labels: list[str] | None,
@@ -555,10 +651,10 @@ class AccuracyFirst:
         worst: RdpCurve,
     ) -> Release:
         assert realized <= worst
-        info = self.family.level_info(grid, scales, level)
+        info = self.family.level_info(plan, level)
         output = release_output(noisy, labels, info.pop("noise"))
         output.update(info)
-        output.update({"reached": reached, "level": level, "levels": len(grid), "check": check})
+        output.update({"reached": reached, "level": level, "levels": len(plan.grid_values), "check": check})
         if not reached:
             output["reason"] = NOT_REACHABLE
         return Release(output=output, realized=realized)
@@ -568,9 +664,9 @@ class AccuracyFirstLaplace(AccuracyFirst):
     family: ClassVar[_Family] = _LaplaceFamily()
     name: ClassVar[str] = "accuracy_first.laplace"
     summary: ClassVar[str] = (
-        "Accuracy-first count/sum/mean/histogram: Laplace noise reduction over an increasing ε-grid, the "
-        "first release meeting a relative or absolute target; pure ex-post ε of that level (+ ε_A if the "
-        "check is private)."
+        "Accuracy-first count/sum/mean/histogram: discrete Laplace noise reduction on a public grid over an "
+        "increasing ε-grid, the first release meeting a relative or absolute target; pure ex-post ε of that "
+        "level (+ ε_A if the check is private)."
     )
     params_model: ClassVar[type[BaseModel]] = LaplaceOneShotParams
     cost_parameter: ClassVar[str] = "epsilons"
@@ -580,9 +676,9 @@ class AccuracyFirstGaussian(AccuracyFirst):
     family: ClassVar[_Family] = _GaussianFamily()
     name: ClassVar[str] = "accuracy_first.gaussian"
     summary: ClassVar[str] = (
-        "Accuracy-first count/sum/mean/histogram: Brownian noise reduction over a decreasing variance grid, "
-        "the first release meeting the target; ex-post RDP α·Δ₂²/(2t) of that level (+ ε_A if the check "
-        "is private)."
+        "Accuracy-first count/sum/mean/histogram: Brownian noise reduction on a public grid (discrete "
+        "Gaussian bridge steps) over a decreasing variance grid, the first release meeting the target; "
+        "ex-post RDP ≈ (1 + 2^-10)²·α·Δ₂²/(2t) of that level (+ ε_A if the check is private)."
     )
     params_model: ClassVar[type[BaseModel]] = GaussianOneShotParams
     cost_parameter: ClassVar[str] = "variances"
@@ -591,11 +687,12 @@ class AccuracyFirstGaussian(AccuracyFirst):
 
 # ----- interactive sessions ------------------------------------------------------------------------------
 class NoiseReductionSession:
-    """A noise-reduction session: each step releases the next, less noisy level of one lazy chain.
+    """A noise-reduction session: each step releases the next, less noisy level of one chain.
 
-    Secret state (JSON): ``{"mechanism": name, "sampler": <lazy sampler state>, "released": n,
-    "halted": bool}``; the sampler holds the current noise. It never appears in answers or errors.
-    Answers: ``{"level": t, "levels": k, "epsilon" | "variance": …, "value" | "values": …, "noise": {…}}``.
+    Secret state (JSON): ``{"mechanism": name, "sampler": <sampler state>, "released": n,
+    "halted": bool}``; the Laplace sampler holds the current integer noise. It never appears in answers or
+    errors. Answers: ``{"level": t, "levels": k, "epsilon" | "variance": …, "value" | "values": …,
+    "noise": {…, "granularity": γ}}``.
     """
 
     family: ClassVar[_Family]
@@ -611,13 +708,15 @@ class NoiseReductionSession:
         query: AnyQuery = getattr(self._params(params), "query")  # noqa: B009 - field of a session model
         return query
 
+    def _plan(self, params: BaseModel, ctx: PublicContext) -> _Plan:
+        return _checked_plan(self.family, self._query(params), ctx, self.family.grid(self._params(params)))
+
     def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        _checked_query(self.family, self._query(params), ctx)
+        self._plan(params, ctx)
 
     def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        sensitivity, _ = _checked_query(self.family, self._query(params), ctx)
-        grid = self.family.grid(self._params(params))
-        return self.family.charge(sensitivity, grid, len(grid) - 1, ctx.orders)
+        plan = self._plan(params, ctx)
+        return self.family.charge(plan, len(plan.grid_values) - 1, ctx.orders)
 
     def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None:
         params_as(query, NextQuery)
@@ -628,9 +727,8 @@ class NoiseReductionSession:
         if asked >= levels:
             raise ParamsError("query", f"the session has already released all {levels} levels")
 
-    def start(self, params: BaseModel, ctx: PublicContext, rng: np.random.Generator) -> dict[str, Any]:
-        sensitivity, dim = _checked_query(self.family, self._query(params), ctx)
-        sampler = self.family.start(sensitivity, self.family.grid(self._params(params)), dim, rng)
+    def start(self, params: BaseModel, ctx: PublicContext, noise: Noise) -> dict[str, Any]:
+        sampler = self.family.start(self._plan(params, ctx), noise)
         return {"mechanism": self.name, "sampler": sampler, "released": 0, "halted": False}
 
     def _read_state(self, state: dict[str, Any]) -> tuple[dict[str, Any], int]:
@@ -653,36 +751,29 @@ class NoiseReductionSession:
         state: dict[str, Any],
         query: BaseModel,
         table: Table,
-        rng: np.random.Generator,
+        noise: Noise,
     ) -> StepResult:
         sampler, released = self._read_state(state)
         self.check_query(params, ctx, query, released)
-        sensitivity, dim = _checked_query(self.family, self._query(params), ctx)
-        grid = self.family.grid(self._params(params))
-        if [float(g) for g in grid] != sampler.get(self.family.grid_field) or (
-            "l1_sensitivity" in sampler and sampler["l1_sensitivity"] != sensitivity
-        ):
+        plan = self._plan(params, ctx)
+        if not self.family.matches(plan, sampler):
             raise ValueError(f"not a {self.name} session state")  # the chain must be the one params describe
-        if released > 0:
-            sampler = self.family.advance(sampler, rng)
-        noise, level = self.family.noise(sampler)
-        if level != released or noise.size != dim:
+        units, labels = evaluate_units(self._query(params), ctx, table, plan.grid_plan)
+        values, level, sampler = self.family.step(plan, sampler, released, units, noise)
+        if level != released or values.size != plan.dim:
             raise ValueError(f"not a {self.name} session state")
-        truth, labels = evaluate(self._query(params), ctx, table)
-        scales = self.family.scales(sensitivity, grid)
-        info = self.family.level_info(grid, scales, level)
-        answer = release_output(truth + noise, labels, info.pop("noise"))
+        info = self.family.level_info(plan, level)
+        answer = release_output(values, labels, info.pop("noise"))
         answer.update(info)
-        answer.update({"level": level, "levels": len(grid)})
-        halted = level == len(grid) - 1
+        answer.update({"level": level, "levels": len(plan.grid_values)})
+        halted = level == len(plan.grid_values) - 1
         new_state = {"mechanism": self.name, "sampler": sampler, "released": released + 1, "halted": halted}
         return StepResult(answer, new_state, halted)
 
     def realized(self, params: BaseModel, ctx: PublicContext, steps: Steps, halted: bool) -> RdpCurve:
         """The charge of the last released level: the transcript's length − 1 (public), 0 if none."""
-        sensitivity, _ = _checked_query(self.family, self._query(params), ctx)
-        grid = self.family.grid(self._params(params))
-        if len(steps) > len(grid):
+        plan = self._plan(params, ctx)
+        if len(steps) > len(plan.grid_values):
             raise ValueError("the transcript is longer than the grid")
         for index, (query, answer) in enumerate(steps):
             NextQuery.model_validate(query)
@@ -690,15 +781,16 @@ class NoiseReductionSession:
                 raise ValueError(f"step {index} is not a {self.name} answer")
         if not steps:
             return RdpCurve.zero(ctx.orders)  # nothing was released: the data was never read
-        return self.family.charge(sensitivity, grid, len(steps) - 1, ctx.orders)
+        return self.family.charge(plan, len(steps) - 1, ctx.orders)
 
 
 class LaplaceNoiseReductionSession(NoiseReductionSession):
     family: ClassVar[_Family] = _LaplaceFamily()
     name: ClassVar[str] = "noise_reduction.laplace"
     summary: ClassVar[str] = (
-        "Laplace noise-reduction session: each step releases the next, less noisy level of one correlated "
-        "chain over an increasing ε-grid; pure ex-post ε of the last released level."
+        "Laplace noise-reduction session on a public grid: each step releases the next, less noisy level "
+        "of one correlated discrete Laplace chain over an increasing ε-grid; pure ex-post ε of the last "
+        "released level."
     )
     params_model: ClassVar[type[BaseModel]] = LaplaceSessionParams
 
@@ -707,8 +799,9 @@ class GaussianNoiseReductionSession(NoiseReductionSession):
     family: ClassVar[_Family] = _GaussianFamily()
     name: ClassVar[str] = "noise_reduction.gaussian"
     summary: ClassVar[str] = (
-        "Brownian noise-reduction session: each step releases the next, less noisy level over a decreasing "
-        "variance grid; ex-post RDP α·Δ₂²/(2t) of the last released level."
+        "Brownian noise-reduction session on a public grid: each step releases the next, less noisy level "
+        "over a decreasing variance grid (a discrete Gaussian bridge step); ex-post RDP ≈ (1 + 2^-10)²·"
+        "α·Δ₂²/(2t) of the last released level (the sum of its steps' curves)."
     )
     params_model: ClassVar[type[BaseModel]] = GaussianSessionParams
 

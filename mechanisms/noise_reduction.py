@@ -1,51 +1,61 @@
-"""Noise reduction: correlated noise paths released from most to least private, charged at the last level.
+"""Noise reduction on a public grid: correlated noise paths released from most to least private.
 
-Two families, each with an eager sampler (the whole path at once) and a lazy forward sampler (keeps only the
-current noise; JSON state, so a session can step forward without storing the path). Documentation, proofs and
-the numeric checks: docs/mechanisms/noise_reduction.md, docs/privacy.md §8.1.
+Two families, each with an eager sampler (the whole path, or the walk, at once) and a lazy forward sampler
+(JSON state, so a session can step forward). Every draw is exact integer arithmetic over ``Noise``
+(``mechanisms.noise``); every release is a multiple of a public grid γ = 2^k. Documentation, proofs and the
+numeric checks: docs/mechanisms/noise_reduction.md, docs/privacy.md §8.1.
 
-**Laplace noise reduction** (Koufogiannis, Han, Pappas 2016; Ligett, Neel, Roth, Waggoner, Wu 2017
-"Accuracy First", Algorithm 1 / Theorem 2.7; notes/seed_001_accuracy_first.md §2.1). A vector value v with
-ℓ1 sensitivity Δ, increasing levels ε_0 < … < ε_{k−1}. Per coordinate, with scales b_t = Δ/ε_t (rounded up,
-``laplace_scale``), the noise η_t at level t is exactly Lap(b_t); going down a level (t+1 → t) the coordinate
-**stays** (η_t = η_{t+1}) with probability (b_{t+1}/b_t)² = (ε_t/ε_{t+1})², else η_t = η_{t+1} + Lap(b_t),
-with an **independent coin per coordinate** (a shared coin breaks privacy: note P1, and the audit catches it).
-Releasing the prefix of levels 0..t is ε_t-DP, pointwise: the likelihood ratio of the prefix equals that
-of level t alone (Theorem 2.7; note §2.1 facts 1–2, T8), so the ex-post charge of a prefix stopped at t by
-any rule that reads only the released values is pure ε_t.
+**Laplace noise reduction, discrete** (Koufogiannis, Han, Pappas 2016; Ligett, Neel, Roth, Waggoner, Wu 2017
+"Accuracy First", Algorithm 1 / Theorem 2.7). A vector value, rounded to the grid (``Grid``), with ℓ1
+sensitivity Δ_g in grid units (an upper bound on the integer shift ‖round(v/γ) − round(v′/γ)‖₁), increasing
+levels ε_0 < … < ε_{k−1}. Level t has integer noise DLap(q_t), P(z) ∝ q_t^{|z|}, q_t = e^{−x_t} with
+x_t = n_t/D, D = 2^48 and n_t = ⌊ε_t·D/Δ_g⌋ (``laplace_nr_rates``), so Δ_g·x_t ≤ ε_t: level t alone is ε_t-DP
+(the discrete Laplace ratio at an integer shift of ℓ1 norm ≤ Δ_g is ≤ e^{x_t·Δ_g}). The chain is the exact
+discrete analogue of the Koufogiannis decomposition: DLap(q_t) = DLap(q_{t+1}) + W_t with W_t = 0 w.p.
+c_{t+1}/c_t (c = q/(1−q)², from the characteristic function 1/(1 + c·2(1 − cos u))) and W_t ~ DLap(q_t)
+otherwise, independent, an **independent coin per coordinate** (``mechanisms.noise.reduction``). Releasing the
+prefix 0..t is ε_t-DP pointwise (the noisier levels are the level-t release plus data-independent integer
+noise), so the ex-post charge of a prefix stopped at t by any rule that reads only the released values is
+pure ε_t (``laplace_nr_charge``).
 
-The lazy forward kernel (note §2.1, "Lazy forward sampler"): from η_t = x to level t+1, with a = 1/b_t,
-c = 1/b_{t+1} (c ≥ a), per coordinate: stay with probability (a/c)·e^{−(c−a)|x|}, else draw y from the
-density ∝ e^{−a|x−y| − c|y|}, a three-piece mixture sampled exactly (``_lazy_laplace_move``). This is the
-reverse-time kernel of the eager chain, so the joint law of (η_0, …, η_{k−1}) is the same (tested in law).
+The lazy forward sampler holds the current integer noise and steps with the exact reverse-time kernel of that
+chain (``dlap_nr_advance``): the joint law of all levels is the eager one (tested against exact pmfs).
 
-**Brownian noise reduction** (Whitehouse, Ramdas, Wu, Rogers 2022; note §2.10). Decreasing variances
-t_0 > t_1 > … > t_{k−1} > 0; the release at level j is v + B(t_j) with B a standard Brownian motion in
-R^dim. Eager: B(t_{k−1}) ~ N(0, t_{k−1}) and B(t_j) = B(t_{j+1}) + N(0, t_j − t_{j+1}) (independent
-increments). Lazy: B(t_0) ~ N(0, t_0), then the bridge step
-B(t_{j+1}) | B(t_j) = x ~ N((t_{j+1}/t_j)·x, t_{j+1}(t_j − t_{j+1})/t_j). Ex-post charge when the last
-released level is j: the RDP curve α·Δ₂²/(2 t_j) at every order (our derivation: the privacy-loss process
-is Δ·W_s + Δ²s/2 in inverse time s = 1/t, and optional stopping of the exponential martingale gives the
-ex-post RDP inequality; docs/privacy.md §8.1, confirmed by a Monte Carlo audit). No pure
-bound.
-
-Limitation (as for ``mechanisms.laplace``): floating-point samplers (Mironov 2012); the accounting is for the
-idealised real-valued distributions. The exact-equality "stay" events are part of the mechanism.
+**Brownian noise reduction, grid version** (after Whitehouse, Ramdas, Wu, Rogers 2022). Decreasing variances
+t_0 > … > t_{k−1}; r_j = t_j/t_{j−1} (r_0 = 0). Release j, in grid units (γ = ``brownian_grid``):
+Y_j = round((1 − r_j)·v/γ + r_j·Y_{j−1}) + Z_j, Z_j ~ N_Z(0, σ_j²) discrete Gaussian, σ_j² ≥ t_j(1 − r_j)/γ²
+(the Brownian bridge step with its mean rounded to the grid). Sums of discrete Gaussians are not discrete
+Gaussians, so this is **not** the continuous chain's exact analogue and its proof is not optional stopping of
+one martingale: it is per-step composition. Conditionally on everything released before, release j is a
+discrete Gaussian mechanism with integer mean whose shift between neighbours is at most
+Δ_j = (1 − r_j)Δ₂/γ + √d (rounding adds ≤ 1 per coordinate), so its RDP is α·Δ_j²/(2σ_j²) (Canonne, Kamath,
+Steinke 2020, Prop. 5 / Thm. 15); the charge of stopping at level S is the sum over j ≤ S (a privacy filter
+over the fixed sequence of per-step curves, valid for any stopping rule that reads only released values). With
+γ ≤ 2^{−11}·min_j(1 − r_j)·Δ₂/√d this is at most (1 + 1.01·2^{−10})²·α·Δ₂²/(2t_S): the continuous curve
+with a 0.2 % rounding term.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
-from mechanisms.accounting import RdpCurve, laplace_scale
+from mechanisms.accounting import RdpCurve
 from mechanisms.accounting.curve import _pad_up
+from mechanisms.noise import Grid, Noise, dyadic_scale_up
+from mechanisms.noise.reduction import RATE_DENOMINATOR, dlap_nr_advance, dlap_nr_path
 
 MAX_LEVELS = 10_000
 """Longest grid accepted by the samplers (the service's parameter models use the same limit)."""
+MIN_RATE = 1 << 7
+"""Smallest rate numerator: the noise scale of a level is at most D/2^7 = 2^41 grid units."""
+BROWNIAN_PENALTY = Fraction(1, 1 << 10)
+"""Bound on the grid's relative increase of every Brownian step's sensitivity."""
+_VARIANCE_BITS = 12
 
 
 # ----- grid checks -----------------------------------------------------------------------------------------
@@ -77,192 +87,279 @@ def _decreasing_variances(variances: Sequence[float]) -> np.ndarray:
     return var
 
 
-def laplace_nr_scales(l1_sensitivity: float, epsilons: Sequence[float]) -> np.ndarray:
-    """Per-level Laplace scales b_t = ``laplace_scale(Δ, ε_t)`` ≥ Δ/ε_t (non-increasing in t)."""
-    if not (l1_sensitivity > 0.0 and math.isfinite(l1_sensitivity)):
-        raise ValueError("the l1 sensitivity must be finite and > 0")
-    eps = _increasing_epsilons(epsilons)
-    scales = np.array([laplace_scale(l1_sensitivity, float(e)) for e in eps])
-    # laplace_scale is monotone in ε: rounding can make adjacent scales equal (stay probability 1), never
-    # increasing. Checked, never "fixed" (lowering a scale would under-noise a level).
-    if np.any(np.diff(scales) > 0.0):
-        raise ValueError("the Laplace scales of the grid are not non-increasing")
-    return scales
+def _check_sensitivity(value: float, what: str) -> float:
+    if not (value > 0.0 and math.isfinite(value)):
+        raise ValueError(f"the {what} sensitivity must be finite and > 0")
+    return float(value)
 
 
 # ----- Laplace noise reduction -----------------------------------------------------------------------------
-def laplace_nr_path(
-    l1_sensitivity: float, epsilons: Sequence[float], dim: int, rng: np.random.Generator
-) -> np.ndarray:
-    """Eager Laplace noise reduction (Ligett et al. Algorithm 1, per-coordinate coins): the NOISE path.
+def _charged(epsilon: float) -> Fraction:
+    """The exact ε a pure charge of ``epsilon`` stands for: the smaller of its binary value and its shortest
+    decimal (which the ledger reads; ``mechanisms.queries.charged_fraction``)."""
+    return min(Fraction(epsilon), Fraction(repr(float(epsilon))))
 
-    Returns an array of shape (k, dim); row t is η_t, the noise at level ``epsilons[t]`` (increasing), so
-    the release at level t is ``value + path[t]``. Drawn from the least private level down:
-    η_{k−1} ~ Lap(b_{k−1});
-    η_t = η_{t+1} + [coin_t]·Lap(b_t) where each coordinate's coin is 1 with probability 1 − (b_{t+1}/b_t)².
+
+def laplace_nr_rates(grid_sensitivity: float, epsilons: Sequence[float]) -> list[int]:
+    """Per level n_t = ⌊ε_t·D/Δ_g⌋ (exact rational arithmetic): q_t = e^{−n_t/D}, so Δ_g·n_t/D ≤ ε_t.
+
+    Non-decreasing in t (adjacent levels may coincide after flooring: their stay probability is then 1).
+    ValueError when a level's scale D/n_t would exceed 2^40 grid units (ε too small for the sensitivity).
     """
-    dim = _check_dim(dim)
-    scales = laplace_nr_scales(l1_sensitivity, epsilons)
-    k = scales.size
-    top = rng.laplace(0.0, scales[-1], size=dim)
-    if k == 1:
-        return top[None, :]
-    stay = (scales[1:] / scales[:-1]) ** 2  # stay probability from level t+1 down to t, t = 0..k−2
-    moves = rng.random((k - 1, dim)) >= stay[:, None]
-    increments = rng.laplace(0.0, 1.0, size=(k - 1, dim)) * scales[:-1, None] * moves
-    # η_t = η_{k−1} + Σ_{j=t}^{k−2} increment_j: a reversed cumulative sum.
-    below = np.cumsum(increments[::-1], axis=0)[::-1]
-    path: np.ndarray = np.vstack([top[None, :] + below, top[None, :]])
-    return path
+    sensitivity = Fraction(_check_sensitivity(grid_sensitivity, "grid l1"))
+    eps = _increasing_epsilons(epsilons)
+    rates = [math.floor(_charged(float(e)) * RATE_DENOMINATOR / sensitivity) for e in eps]
+    if rates[0] < MIN_RATE:
+        raise ValueError(
+            "the smallest ε is too small for this sensitivity (noise scale beyond 2^41 grid units)"
+        )
+    if rates[-1] >= 1 << 55:
+        raise ValueError("the largest ε is too large for this sensitivity (ε/Δ_g must be < 128)")
+    return rates
 
 
-def _lazy_laplace_move(x: np.ndarray, a: float, c: float, rng: np.random.Generator) -> np.ndarray:
-    """One reverse-time step of the Laplace chain, per coordinate (note §2.1, "Lazy forward sampler").
-
-    Given η_t = x (Lap(1/a) marginal), returns η_{t+1} (Lap(1/c) marginal, c ≥ a): stay with probability
-    (a/c)·e^{−(c−a)|x|}; otherwise draw y from ∝ e^{−a|x−y| − c|y|}. For x ≥ 0, after factoring e^{−a x}:
-    y < 0 has mass 1/(a+c) (y = −E/(a+c)); 0 ≤ y ≤ x has mass −expm1(−(c−a)x)/(c−a) (truncated exponential of
-    rate c−a on [0, x]); y > x has mass e^{−(c−a)x}/(a+c) (y = x + E/(a+c)). x < 0 is the mirror image.
-    """
-    sign = np.where(x < 0.0, -1.0, 1.0)
-    ax = np.abs(x)
-    gap = c - a
-    n = x.shape
-    decay = np.exp(-gap * ax)  # e^{−(c−a)|x|} ∈ (0, 1]
-    stay = rng.random(n) < (a / c) * decay
-    if gap > 0.0:
-        middle_mass = -np.expm1(-gap * ax) / gap
-    else:
-        middle_mass = ax
-    low_mass = np.full(n, 1.0 / (a + c))
-    high_mass = decay / (a + c)
-    total = low_mass + middle_mass + high_mass
-    u = rng.random(n) * total
-    e = rng.standard_exponential(n) / (a + c)
-    v = rng.random(n)
-    if gap > 0.0:
-        middle = -np.log1p(-v * -np.expm1(-gap * ax)) / gap
-    else:
-        middle = v * ax
-    middle = np.minimum(middle, ax)  # rounding guard: stay inside [0, |x|]
-    y = np.where(u < low_mass, -e, np.where(u < low_mass + middle_mass, middle, ax + e))
-    moved = sign * y
-    result: np.ndarray = np.where(stay, x, moved)
+def laplace_nr_scales(grid_sensitivity: float, epsilons: Sequence[float]) -> np.ndarray:
+    """Per-level scale D/n_t in grid units (P(z) ∝ e^{−|z|/scale}); ≥ Δ_g/ε_t; non-increasing in t."""
+    rates = laplace_nr_rates(grid_sensitivity, epsilons)
+    result: np.ndarray = np.array([RATE_DENOMINATOR / n for n in rates], dtype=float)
     return result
 
 
-def _state_array(state: dict[str, Any], key: str, sampler: str) -> tuple[np.ndarray, int]:
+def laplace_nr_level_epsilons(grid_sensitivity: float, epsilons: Sequence[float]) -> list[float]:
+    """The pure ε each level actually has, Δ_g·n_t/D rounded up (≤ the requested ε_t; informational)."""
+    rates = laplace_nr_rates(grid_sensitivity, epsilons)
+    return [_float_up(Fraction(grid_sensitivity) * n / RATE_DENOMINATOR) for n in rates]
+
+
+def laplace_nr_path(grid_sensitivity: float, epsilons: Sequence[float], dim: int, noise: Noise) -> np.ndarray:
+    """Eager discrete Laplace noise reduction: the integer NOISE path in grid units, shape (k, dim).
+
+    Row t is η_t at level ``epsilons[t]`` (increasing), so the release at level t is γ·(round(v/γ) + η_t).
+    Drawn from the least private level down (``mechanisms.noise.reduction.dlap_nr_path``).
+    """
+    dim = _check_dim(dim)
+    return dlap_nr_path(noise, laplace_nr_rates(grid_sensitivity, epsilons), dim)
+
+
+def _state_array(state: dict[str, Any], key: str, sampler: str) -> tuple[list[int], int]:
     if not isinstance(state, dict) or state.get("sampler") != sampler:
         raise ValueError(f"not a {sampler} sampler state")
     level = state.get("level")
-    noise = state.get(key)
-    if isinstance(level, bool) or not isinstance(level, int) or level < 0 or not isinstance(noise, list):
+    values = state.get(key)
+    if isinstance(level, bool) or not isinstance(level, int) or level < 0 or not isinstance(values, list):
         raise ValueError(f"not a {sampler} sampler state")
-    array = np.asarray(noise, dtype=float)
-    if array.ndim != 1 or array.size == 0 or not np.all(np.isfinite(array)):
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise ValueError(f"not a {sampler} sampler state")
-    return array, level
+    return values, level
 
 
 class LazyLaplaceNR:
-    """Forward (most → least private) Laplace noise reduction keeping only the current noise.
+    """Forward (most → least private) discrete Laplace noise reduction keeping only the current noise.
 
-    State (JSON): ``{"sampler": "laplace_nr", "l1_sensitivity": Δ, "epsilons": [...], "level": t,
-    "noise": [η_t per coordinate]}``. The noise is **secret**: it must never be released or logged.
+    State (JSON): ``{"sampler": "laplace_nr", "grid_sensitivity": Δ_g, "epsilons": [...], "level": t,
+    "noise": [η_t per coordinate, integers in grid units]}``. The noise is **secret**: never released or
+    logged. The release at level t is γ·(round(v/γ) + η_t).
     """
 
     SAMPLER = "laplace_nr"
 
     @staticmethod
-    def start(
-        l1_sensitivity: float, epsilons: Sequence[float], dim: int, rng: np.random.Generator
-    ) -> dict[str, Any]:
-        """The state after level 0: η_0 ~ Lap(b_0) per coordinate."""
+    def start(grid_sensitivity: float, epsilons: Sequence[float], dim: int, noise: Noise) -> dict[str, Any]:
+        """The state after level 0: η_0 ~ DLap(q_0) per coordinate."""
         dim = _check_dim(dim)
-        scales = laplace_nr_scales(l1_sensitivity, epsilons)
-        noise = rng.laplace(0.0, scales[0], size=dim)
+        rates = laplace_nr_rates(grid_sensitivity, epsilons)
+        first = dlap_nr_path(noise, rates[:1], dim)[0]
         return {
             "sampler": LazyLaplaceNR.SAMPLER,
-            "l1_sensitivity": float(l1_sensitivity),
+            "grid_sensitivity": float(grid_sensitivity),
             "epsilons": [float(e) for e in epsilons],
             "level": 0,
-            "noise": noise.tolist(),
+            "noise": [int(v) for v in first],
         }
 
     @staticmethod
-    def advance(state: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    def advance(state: dict[str, Any], noise: Noise) -> dict[str, Any]:
         """The state at the next level (exact reverse-time kernel); ValueError at the last level."""
-        noise, level = _state_array(state, "noise", LazyLaplaceNR.SAMPLER)
-        scales = laplace_nr_scales(float(state["l1_sensitivity"]), state["epsilons"])
-        if not 0 <= level < scales.size - 1:
+        values, level = _state_array(state, "noise", LazyLaplaceNR.SAMPLER)
+        rates = laplace_nr_rates(float(state["grid_sensitivity"]), state["epsilons"])
+        if not 0 <= level < len(rates) - 1:
             raise ValueError("the sampler is at the last level of its grid")
-        moved = _lazy_laplace_move(noise, 1.0 / scales[level], 1.0 / scales[level + 1], rng)
-        return {**state, "level": level + 1, "noise": moved.tolist()}
+        moved = dlap_nr_advance(noise, np.asarray(values, dtype=np.int64), rates[level], rates[level + 1])
+        return {**state, "level": level + 1, "noise": [int(v) for v in moved]}
 
     @staticmethod
     def noise(state: dict[str, Any]) -> np.ndarray:
-        return _state_array(state, "noise", LazyLaplaceNR.SAMPLER)[0]
+        values, _ = _state_array(state, "noise", LazyLaplaceNR.SAMPLER)
+        return np.asarray(values, dtype=np.int64)
 
     @staticmethod
     def level(state: dict[str, Any]) -> int:
         return _state_array(state, "noise", LazyLaplaceNR.SAMPLER)[1]
 
 
-# ----- Brownian noise reduction ----------------------------------------------------------------------------
-def brownian_nr_path(variances: Sequence[float], dim: int, rng: np.random.Generator) -> np.ndarray:
-    """Eager Brownian noise reduction: shape (k, dim), row j = B(t_j) for decreasing t_0 > … > t_{k−1}.
+# ----- Brownian noise reduction (grid version) ------------------------------------------------------------
+def _ratios(variances: Sequence[float]) -> list[Fraction]:
+    """r_j = t_j/t_{j−1} exactly (r_0 = 0)."""
+    var = [Fraction(float(v)) for v in _decreasing_variances(variances)]
+    return [Fraction(0)] + [var[j] / var[j - 1] for j in range(1, len(var))]
 
-    B(t_{k−1}) ~ N(0, t_{k−1}); B(t_j) = B(t_{j+1}) + N(0, t_j − t_{j+1}) with independent increments.
+
+def brownian_grid(l2_sensitivity: float, variances: Sequence[float], dim: int) -> Grid:
+    """γ = the largest 2^k ≤ 2^{−11}·min_j(1 − r_j)·Δ₂/√d (public: sensitivity, variance grid, dimension).
+
+    Every step's sensitivity in grid units, (1 − r_j)‖m‖₂ + √d with ‖m‖₂ ≤ Δ₂/γ + (1 + 1/64)√d, is then at
+    most (1 + 1.01·2^{−10})·(1 − r_j)·Δ₂/γ.
     """
+    delta = Fraction(_check_sensitivity(l2_sensitivity, "l2"))
     dim = _check_dim(dim)
-    var = _decreasing_variances(variances)
-    steps = np.concatenate([-np.diff(var), var[-1:]])  # t_j − t_{j+1} for j < k−1, then t_{k−1}
-    increments = rng.standard_normal((var.size, dim)) * np.sqrt(steps)[:, None]
-    path: np.ndarray = np.cumsum(increments[::-1], axis=0)[::-1]
-    return path
+    smallest = min(1 - r for r in _ratios(variances))
+    bound = BROWNIAN_PENALTY / 2 * smallest * delta / _sqrt_up(dim)
+    exponent = bound.numerator.bit_length() - bound.denominator.bit_length()
+    while Fraction(2) ** exponent > bound:
+        exponent -= 1
+    while Fraction(2) ** (exponent + 1) <= bound:
+        exponent += 1
+    return Grid(exponent)
+
+
+def _float_up(value: Fraction) -> float:
+    """The smallest float ≥ ``value``."""
+    result = float(value)
+    return result if Fraction(result) >= value else math.nextafter(result, math.inf)
+
+
+def _sqrt_up(value: int) -> Fraction:
+    """A rational ≥ √value (40 fractional bits)."""
+    scaled = math.isqrt(value << 80)
+    return Fraction(scaled + 1, 1 << 40)
+
+
+def brownian_step_variances(variances: Sequence[float], grid: Grid) -> list[Fraction]:
+    """σ_j² in grid units: t_j(1 − r_j)/γ², rounded UP to a short dyadic (more noise, never less)."""
+    var = [Fraction(float(v)) for v in _decreasing_variances(variances)]
+    gamma2 = Fraction(2) ** (2 * grid.exponent)
+    return [
+        dyadic_scale_up(t * (1 - r) / gamma2, _VARIANCE_BITS)
+        for t, r in zip(var, _ratios(variances), strict=True)
+    ]
+
+
+def brownian_step_costs(unit_l2: float, variances: Sequence[float], dim: int, grid: Grid) -> list[float]:
+    """Per level c_j ≥ Δ_j²/(2σ_j²), so step j's RDP is α·c_j (CKS 2020 Thm. 15 at integer means).
+
+    ``unit_l2`` bounds ‖round(v/γ) − round(v′/γ)‖₂ (grid units). Step 0's mean is round(v/γ) itself
+    (Δ_0 = unit_l2); step j ≥ 1 rounds (1 − r_j)·V + r_j·Y_{j−1}, so Δ_j = (1 − r_j)·unit_l2 + √d.
+    """
+    delta = Fraction(_check_sensitivity(unit_l2, "grid l2"))
+    root = _sqrt_up(_check_dim(dim))
+    costs = []
+    for j, (r, s2) in enumerate(
+        zip(_ratios(variances), brownian_step_variances(variances, grid), strict=True)
+    ):
+        shift = delta if j == 0 else (1 - r) * delta + root
+        costs.append(_float_up(shift * shift / (2 * s2)))
+    return costs
+
+
+def brownian_cumulative_costs(
+    unit_l2: float, variances: Sequence[float], dim: int, grid: Grid
+) -> list[float]:
+    """C_S = Σ_{j ≤ S} c_j, rounded up (exact rational prefix sums of the floats c_j)."""
+    total = Fraction(0)
+    result = []
+    for cost in brownian_step_costs(unit_l2, variances, dim, grid):
+        total += Fraction(cost)
+        result.append(_float_up(total))
+    return result
+
+
+def brownian_step(
+    noise: Noise,
+    units: Sequence[int] | np.ndarray,
+    previous: Sequence[int] | None,
+    level: int,
+    variances: Sequence[float],
+    grid: Grid,
+) -> list[int]:
+    """Release ``level`` in grid units: round((1 − r)·V + r·Y_prev) + N_Z(0, σ²), exactly (Fractions).
+
+    ``units`` is V = round(v/γ) (integers); ``previous`` the released Y of level − 1 (None at level 0,
+    where the mean is V itself). Python integers of any size.
+    """
+    r = _ratios(variances)[level]
+    step_variance = brownian_step_variances(variances, grid)[level]
+    answer = np.array([int(u) for u in np.asarray(units).ravel()], dtype=object)
+    if (previous is None) != (level == 0):
+        raise ValueError("the previous release is needed exactly for levels ≥ 1")
+    if previous is None:
+        means = answer
+    else:
+        if len(previous) != answer.size:
+            raise ValueError("the previous release has the wrong dimension")
+        prev = np.array([int(p) for p in previous], dtype=object)
+        # ⌊(1 − r)V + rY + ½⌋ with r = p/q: ⌊(2((q − p)V + pY) + q) / 2q⌋ in exact (Python) integers.
+        p, q = r.numerator, r.denominator
+        means = (2 * ((q - p) * answer + p * prev) + q) // (2 * q)
+    draws = noise.discrete_gaussian(step_variance, int(means.size))
+    return [int(m) + int(z) for m, z in zip(means, draws, strict=True)]
+
+
+def units_to_values(units: Sequence[int], grid: Grid) -> np.ndarray:
+    """γ·units as float64: exact below 2^53 units; beyond, the nearest float, itself a multiple of γ (a
+    deterministic post-processing of the grid value)."""
+    result: np.ndarray = np.array([math.ldexp(float(int(u)), grid.exponent) for u in units], dtype=float)
+    return result
+
+
+def _int_list(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
 
 
 class LazyBrownianNR:
-    """Forward Brownian noise reduction (bridge step to the next smaller variance), current value only.
+    """Forward grid Brownian noise reduction: each step draws fresh discrete Gaussian noise.
 
-    State (JSON): ``{"sampler": "brownian_nr", "variances": [...], "level": j, "noise": [B(t_j)]}``; secret.
+    State (JSON): ``{"sampler": "brownian_nr", "variances": [...], "unit_l2": ‖m‖₂, "dim": d,
+    "grid_exponent": k, "level": j (the next level to release), "previous": [Y_{j−1}] or null}``.
+    ``previous`` is the last released value in grid units (public), kept so the next step can centre its
+    bridge mean; no unreleased noise is stored (every step's noise is fresh).
     """
 
     SAMPLER = "brownian_nr"
 
     @staticmethod
-    def start(variances: Sequence[float], dim: int, rng: np.random.Generator) -> dict[str, Any]:
-        """The state after level 0: B(t_0) ~ N(0, t_0 I)."""
+    def start(unit_l2: float, variances: Sequence[float], dim: int, grid: Grid) -> dict[str, Any]:
         dim = _check_dim(dim)
-        var = _decreasing_variances(variances)
-        noise = rng.standard_normal(dim) * math.sqrt(var[0])
+        brownian_step_costs(unit_l2, variances, dim, grid)  # validates
         return {
             "sampler": LazyBrownianNR.SAMPLER,
             "variances": [float(v) for v in variances],
+            "unit_l2": float(unit_l2),
+            "dim": dim,
+            "grid_exponent": grid.exponent,
             "level": 0,
-            "noise": noise.tolist(),
+            "previous": None,
         }
 
     @staticmethod
-    def advance(state: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-        """Bridge step: B(t_{j+1}) | B(t_j)=x ~ N((t_{j+1}/t_j)x, t_{j+1}(t_j − t_{j+1})/t_j)."""
-        noise, level = _state_array(state, "noise", LazyBrownianNR.SAMPLER)
-        var = _decreasing_variances(state["variances"])
-        if not 0 <= level < var.size - 1:
-            raise ValueError("the sampler is at the last level of its grid")
-        t_now, t_next = float(var[level]), float(var[level + 1])
-        mean = (t_next / t_now) * noise
-        std = math.sqrt(t_next * (t_now - t_next) / t_now)
-        moved = mean + std * rng.standard_normal(noise.size)
-        return {**state, "level": level + 1, "noise": moved.tolist()}
-
-    @staticmethod
-    def noise(state: dict[str, Any]) -> np.ndarray:
-        return _state_array(state, "noise", LazyBrownianNR.SAMPLER)[0]
-
-    @staticmethod
-    def level(state: dict[str, Any]) -> int:
-        return _state_array(state, "noise", LazyBrownianNR.SAMPLER)[1]
+    def step(state: dict[str, Any], units: np.ndarray, noise: Noise) -> tuple[list[int], dict[str, Any]]:
+        """Release the next level (grid units) and the new state; ValueError past the last level."""
+        if not isinstance(state, dict) or state.get("sampler") != LazyBrownianNR.SAMPLER:
+            raise ValueError("not a brownian_nr sampler state")
+        level, previous, exponent = state.get("level"), state.get("previous"), state.get("grid_exponent")
+        if (
+            isinstance(level, bool)
+            or not isinstance(level, int)
+            or level < 0
+            or not isinstance(exponent, int)
+        ):
+            raise ValueError("not a brownian_nr sampler state")
+        variances = state["variances"]
+        if level >= len(variances):
+            raise ValueError("the sampler is past the last level of its grid")
+        if previous is not None and not _int_list(previous):
+            raise ValueError("not a brownian_nr sampler state")
+        released = brownian_step(noise, units, previous, level, variances, Grid(exponent))
+        return released, {**state, "level": level + 1, "previous": released}
 
 
 # ----- charges ---------------------------------------------------------------------------------------------
@@ -277,37 +374,41 @@ def _level_index(stopped_level: int, size: int) -> int:
 def laplace_nr_charge(epsilons: Sequence[float], stopped_level: int, orders: Sequence[float]) -> RdpCurve:
     """Ex-post charge of a Laplace NR prefix whose last released level is ``stopped_level``: pure ε_t.
 
-    Theorem 2.7 of Ligett et al. (prefix privacy), pointwise (note §2.1, T8), so it holds for any stopping
-    rule that reads only released values; a pure ex-post ε is the constant curve (Ghazi et al. Lemma 7(i)).
+    The level's discrete Laplace has pure ε ≤ Δ_g·x_t ≤ ε_t and the prefix's likelihood ratio is that of
+    level t alone (Theorem 2.7 of Ligett et al., pointwise), so it holds for any stopping rule that reads
+    only released values; a pure ex-post ε is the constant curve (Ghazi et al. Lemma 7(i)), not Mironov's
+    continuous-Laplace curve.
     """
     eps = _increasing_epsilons(epsilons)
     return RdpCurve.from_pure(float(eps[_level_index(stopped_level, eps.size)]), orders)
 
 
-def brownian_rdp_values(l2_sensitivity: float, variance: float, orders: Sequence[float]) -> tuple[float, ...]:
-    """α·Δ₂²/(2t) at each order, rounded up (a positive loss is never charged 0)."""
-    if not (l2_sensitivity >= 0.0 and math.isfinite(l2_sensitivity)):
-        raise ValueError("the l2 sensitivity must be finite and ≥ 0")
-    if not (variance > 0.0 and math.isfinite(variance)):
-        raise ValueError("the variance must be finite and > 0")
+def brownian_rdp_values(cost: float, orders: Sequence[float]) -> tuple[float, ...]:
+    """α·cost at each order, rounded up (a positive loss is never charged 0)."""
     values = []
     for alpha in orders:
-        value = _pad_up(_pad_up(alpha * _pad_up(l2_sensitivity * l2_sensitivity)) / (2.0 * variance))
-        if l2_sensitivity > 0.0:
+        value = _pad_up(alpha * cost)
+        if cost > 0.0:
             value = max(value, math.nextafter(0.0, 1.0))
         values.append(value)
     return tuple(values)
 
 
 def brownian_nr_charge(
-    l2_sensitivity: float, variances: Sequence[float], stopped_level: int, orders: Sequence[float]
+    unit_l2: float,
+    variances: Sequence[float],
+    dim: int,
+    grid: Grid,
+    stopped_level: int,
+    orders: Sequence[float],
 ) -> RdpCurve:
-    """Ex-post RDP charge of Brownian NR whose last released level is t = variances[stopped_level].
+    """Ex-post RDP charge of grid Brownian NR whose last released level is S = ``stopped_level``.
 
-    ε(α) = α·Δ₂²/(2t) at every order, no pure bound. Valid for any stopping rule adapted to the released
-    values (exponential martingale in inverse time + optional stopping;
-    docs/privacy.md §8.1).
+    ε(α) = α·Σ_{j≤S} Δ_j²/(2σ_j²) ≤ (1 + 1.01·2^{−10})²·α·Δ₂²/(2t_S), no pure bound: per-step discrete
+    Gaussian RDP (CKS 2020) composed over the released steps, valid for any stopping rule adapted to the
+    released values (docs/privacy.md §8.1.2).
     """
     var = _decreasing_variances(variances)
-    t = float(var[_level_index(stopped_level, var.size)])
-    return RdpCurve(tuple(orders), brownian_rdp_values(l2_sensitivity, t, orders))
+    level = _level_index(stopped_level, var.size)
+    cost = brownian_cumulative_costs(unit_l2, variances, dim, grid)[level]
+    return RdpCurve(tuple(orders), brownian_rdp_values(cost, orders))

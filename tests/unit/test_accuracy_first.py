@@ -21,6 +21,7 @@ from scipy import stats
 
 from mechanisms.above_threshold import iat_paper_calibration
 from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve
+from mechanisms.accounting.curve import _pad_up
 from mechanisms.accuracy_first import (
     ACCURACY_FIRST_GAUSSIAN,
     ACCURACY_FIRST_LAPLACE,
@@ -36,7 +37,8 @@ from mechanisms.accuracy_first import (
 )
 from mechanisms.base import InteractiveMechanism, Mechanism, ParamsError, PublicContext
 from mechanisms.catalog import INTERACTIVE, MECHANISMS
-from mechanisms.noise_reduction import brownian_nr_charge, laplace_nr_scales
+from mechanisms.noise import Noise
+from mechanisms.noise_reduction import brownian_cumulative_costs, brownian_grid, laplace_nr_scales
 from mechanisms.queries import CountQuery, HistogramQuery
 from mechanisms.schema import DatasetSchema
 
@@ -136,8 +138,9 @@ def test_schema_dependent_refusals() -> None:
     )
     with pytest.raises(ParamsError, match="zero sensitivity"):
         ACCURACY_FIRST_LAPLACE.check(zero, CTX)
-    # An absolute target that no level reaches is refused before any data is read.
-    unreachable = _laplace(target={"absolute": 1e-6, "confidence": 0.9})
+    # An absolute target that no level reaches is refused before any data is read (on the integer grid
+    # an error below 1 means exact: P(Z = 0) = (1 − q)/(1 + q) must reach the confidence).
+    unreachable = _laplace(target={"absolute": 1e-6, "confidence": 0.999})
     with pytest.raises(ParamsError, match=NOT_REACHABLE):
         ACCURACY_FIRST_LAPLACE.check(unreachable, CTX)
     huge = ACCURACY_FIRST_LAPLACE.params_model.model_validate(
@@ -184,15 +187,15 @@ def test_relative_check_is_ghazi_rule_with_the_positive_fix() -> None:
 
 # ----- one-shot runs: charges and outputs ------------------------------------------------------------------
 def _runs(mechanism: AccuracyFirst, params: BaseModel, n: int = 40) -> list[Any]:
-    rng = np.random.default_rng(7)
-    return [mechanism.run(params, CTX, TABLE, rng) for _ in range(n)]
+    noise = Noise.seeded(7)
+    return [mechanism.run(params, CTX, TABLE, noise) for _ in range(n)]
 
 
 def test_relative_released_charges_the_stopped_level() -> None:
     params = _laplace(target={"relative": 0.1})
     worst = ACCURACY_FIRST_LAPLACE.worst_case(params, CTX)
     assert worst == RdpCurve.from_pure(GRID[-1], DEFAULT_ORDERS)
-    scales = laplace_nr_scales(1.0, GRID)
+    scales = laplace_nr_scales(1.0, GRID)  # a count: γ = 1, Δ_g = 1
     for release in _runs(ACCURACY_FIRST_LAPLACE, params):
         out = release.output
         assert release.realized <= worst
@@ -200,7 +203,13 @@ def test_relative_released_charges_the_stopped_level() -> None:
         level = out["level"]
         assert release.realized == RdpCurve.from_pure(GRID[level], DEFAULT_ORDERS)
         assert out["epsilon"] == GRID[level]
-        assert out["noise"] == {"distribution": "laplace", "scale": scales[level]}
+        assert out["noise"] == {
+            "distribution": "discrete_laplace",
+            "scale": scales[level],
+            "granularity": 1.0,
+            "grid_exponent": 0,
+        }
+        assert float(out["value"]).is_integer()  # on the public grid γ = 1
         if out["reached"]:
             # The released value itself passes the public check (post-processing).
             assert out["value"] > 0
@@ -223,7 +232,8 @@ def test_relative_target_unreachable_in_a_short_grid_reports_and_charges_the_las
 
 
 def test_absolute_released_target_is_fixed_by_public_parameters() -> None:
-    """The level is the first whose scale b satisfies (1 − e^{−a/b})^d ≥ confidence; charge = worst case."""
+    """The level is the first whose discrete Laplace satisfies P(|Z| ≤ ⌊a⌋)^d ≥ confidence (γ = 1):
+    (1 − 2q^{⌊a⌋+1}/(1 + q))^d with q = e^{−1/scale}; charge = worst case."""
     a, confidence = 20.0, 0.95
     params = ACCURACY_FIRST_LAPLACE.params_model.model_validate(
         {
@@ -233,7 +243,8 @@ def test_absolute_released_target_is_fixed_by_public_parameters() -> None:
         }
     )
     scales = laplace_nr_scales(1.0, GRID)
-    ok = (1 - np.exp(-a / scales)) ** 3 >= confidence
+    q = np.exp(-1 / scales)
+    ok = (1 - 2 * q ** (math.floor(a) + 1) / (1 + q)) ** 3 >= confidence
     expected = int(np.argmax(ok))
     assert ok[expected]
     assert not ok[expected - 1]
@@ -251,7 +262,7 @@ def test_absolute_released_target_is_fixed_by_public_parameters() -> None:
 
 
 def test_private_check_charges_epsilon_a_plus_the_level() -> None:
-    calibration = iat_paper_calibration(1.1, 10.0, 0.1, len(GRID))
+    calibration = iat_paper_calibration(1.1, 10.0, 0.1, len(GRID))  # Δ_q = (1 + r)·γ·m = 1.1
     params = _laplace(
         target={"relative": 0.1},
         check="private",
@@ -291,26 +302,47 @@ def test_gaussian_one_shot_charges_the_brownian_curve() -> None:
     params = _gaussian(target={"relative": 0.1})
     variances = params.variances  # type: ignore[attr-defined]
     worst = ACCURACY_FIRST_GAUSSIAN.worst_case(params, CTX)
-    assert worst == brownian_nr_charge(1.0, variances, len(variances) - 1, DEFAULT_ORDERS)
+    assert worst == _brownian(variances, len(variances) - 1)
+    # The grid charge is the continuous curve α/(2t) within the rounding term (1 + 2^-10)².
+    for alpha, value in zip(DEFAULT_ORDERS, worst.values, strict=True):
+        continuous = alpha / (2 * variances[-1])
+        assert continuous * (1 - 2.0**-11) <= value <= continuous * (1 + 2.0**-10) ** 2 * (1 + 1e-12)
+    grid = brownian_grid(1.0, variances, 1)
     for release in _runs(ACCURACY_FIRST_GAUSSIAN, params):
         level = release.output["level"]
-        assert release.realized == brownian_nr_charge(1.0, variances, level, DEFAULT_ORDERS)
+        assert release.realized == _brownian(variances, level)
         assert release.realized <= worst
-        assert release.output["noise"] == {"distribution": "gaussian", "sigma": math.sqrt(variances[level])}
+        assert release.output["noise"] == {
+            "distribution": "discrete_gaussian_bridge",
+            "sigma": math.sqrt(variances[level]),
+            **grid.describe(),
+        }
+        units = release.output["value"] / grid.granularity
+        assert units == int(units)  # a multiple of the published γ
     private = _gaussian(target={"relative": 0.1}, check="private", private={"epsilon_a": 0.3})
     pworst = ACCURACY_FIRST_GAUSSIAN.worst_case(private, CTX)
     assert pworst.pure == math.inf
     assert pworst.at(2.0) == pytest.approx(worst.at(2.0) + 0.3, rel=1e-12)
     for release in _runs(ACCURACY_FIRST_GAUSSIAN, private, 10):
         level = release.output["level"]
-        base = brownian_nr_charge(1.0, variances, level, DEFAULT_ORDERS)
+        base = _brownian(variances, level)
         assert release.realized <= pworst
         assert all(r >= b + 0.3 - 1e-12 for r, b in zip(release.realized.values, base.values, strict=True))
     absolute = _gaussian(target={"absolute": 50.0, "confidence": 0.9})
     level = next(i for i, t in enumerate(variances) if 2 * stats.norm.sf(50 / math.sqrt(t)) <= 0.1)
-    assert ACCURACY_FIRST_GAUSSIAN.worst_case(absolute, CTX) == brownian_nr_charge(
-        1.0, variances, level, DEFAULT_ORDERS
+    assert ACCURACY_FIRST_GAUSSIAN.worst_case(absolute, CTX) == _brownian(variances, level)
+
+
+def _brownian(variances: tuple[float, ...], level: int) -> RdpCurve:
+    """The grid Brownian charge of a count (Δ₂ = 1, d = 1): α·C_level (cumulative step costs)."""
+    grid = brownian_grid(1.0, variances, 1)
+    m = (
+        float(math.floor(1.0 / grid.granularity + 1 / 64) + 1)
+        if grid.exponent > 0
+        else 1.0 / grid.granularity
     )
+    cost = brownian_cumulative_costs(m, variances, 1, grid)[level]
+    return RdpCurve(DEFAULT_ORDERS, tuple(_pad_up(a * cost) for a in DEFAULT_ORDERS))
 
 
 # ----- sessions -------------------------------------------------------------------------------------------
@@ -327,7 +359,7 @@ def _session_params(session: NoiseReductionSession, query: dict[str, Any]) -> Ba
 @pytest.mark.parametrize("query", [COUNT, {"kind": "histogram", "column": "g"}])
 def test_session_releases_one_level_per_step(session: NoiseReductionSession, query: dict[str, Any]) -> None:
     params = _session_params(session, query)
-    rng = np.random.default_rng(17)
+    rng = Noise.seeded(17)
     worst = session.worst_case(params, CTX)
     state = session.start(params, CTX, rng)  # no table: the data is never read at start
     state = json.loads(json.dumps(state))  # the service persists it as JSON
@@ -343,8 +375,14 @@ def test_session_releases_one_level_per_step(session: NoiseReductionSession, que
         assert result.halted == (level == 3)
         # The secret (the current noise) is never in the answer: it only has public fields.
         assert set(answer) <= {"level", "levels", "epsilon", "variance", "value", "values", "noise"}
-        noise = result.state["sampler"]["noise"]
-        assert not any(str(x) in json.dumps(answer) for x in noise)
+        if session is NR_LAPLACE_SESSION:
+            noise = result.state["sampler"]["noise"]
+            if level < 3:  # (a coordinate's noise can be 0, which prints as a digit of anything)
+                assert "noise" not in json.dumps(answer["noise"])
+            assert all(isinstance(x, int) for x in noise)
+        values = [answer["value"]] if "value" in answer else list(answer["values"].values())
+        gamma = answer["noise"]["granularity"]
+        assert all(v / gamma == int(v / gamma) for v in values)
         steps.append((q.model_dump(mode="json"), answer))
         realized = session.realized(params, CTX, steps, result.halted)
         assert realized <= worst
@@ -370,7 +408,7 @@ def test_session_realized_is_the_last_released_level() -> None:
 
 def test_session_state_must_match_its_params() -> None:
     params = _session_params(NR_LAPLACE_SESSION, COUNT)
-    rng = np.random.default_rng(0)
+    rng = Noise.seeded(0)
     state = NR_LAPLACE_SESSION.start(params, CTX, rng)
     forged = {**state, "sampler": {**state["sampler"], "epsilons": [0.05, 0.2, 0.5, 100.0]}}
     with pytest.raises(ValueError, match=r"not a noise_reduction\.laplace session state"):
