@@ -22,7 +22,7 @@ from service.errors import PROBLEM_JSON, ServiceError, ServiceUnavailable
 from service.logs import configure_logging, failure_fields
 from service.middleware import ObservabilityMiddleware
 from service.ratelimit import GuardMiddleware
-from service.routers import dashboard, datasets, health, keys, mechanisms, requests, sessions
+from service.routers import dashboard, datasets, health, keys, limits, mechanisms, requests, sessions
 from service.routers.reports import router as reports_router
 from service.schemas import ERROR_RESPONSES, Problem
 
@@ -148,6 +148,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ensure_migrated(ctx.engine, settings.database_url)
         app.state.ctx = ctx
         ctx.start_reaper()
+        ctx.install_signal_handlers()  # SIGTERM: drain at once, then uvicorn stops; close() ends the runs
         log.info("expost started", database=ctx.engine.url.render_as_string(hide_password=True))
         try:
             yield
@@ -162,7 +163,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     install_openapi(app)
-    for module in (health, keys, datasets, requests, sessions, mechanisms, dashboard):
+    for module in (health, keys, datasets, requests, sessions, limits, mechanisms, dashboard):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(reports_router, responses=ERROR_RESPONSES)
     app.mount("/metrics", metrics.asgi_app(app))  # with PROMETHEUS_MULTIPROC_DIR: every process

@@ -2,8 +2,8 @@
 
 Local commands (they open the database named by ``EXPOST_DATABASE_URL``): serve, migrate, worker,
 keys create, datasets add, ledger verify, demo. Remote commands (they talk to a server over HTTP with
-:mod:`service.client`, ``--url``/``EXPOST_URL`` and ``--key``/``EXPOST_KEY``): request submit/get/estimate,
-session open/ask/close/get, budget set/show, grant.
+:mod:`service.client`, ``--url``/``EXPOST_URL`` and ``--key``/``EXPOST_KEY``): request
+submit/get/cancel/estimate, session open/ask/close/get, budget set/show, grant.
 
 Remote commands print rich tables by default and the server's raw JSON with ``--json`` (with ``--json``
 a problem+json error body is printed on stdout too). Errors go to stderr with the problem's title and
@@ -115,6 +115,9 @@ def serve(
         workers=workers,
         log_level="warning",
         access_log=False,
+        # SIGTERM: stop accepting, drain (POSTs waiting for a release answer 202 at once), let runs finish
+        # within the grace period, then stop them (AppContext.close); this only bounds slow connections.
+        timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_seconds)),
     )
 
 
@@ -141,6 +144,7 @@ def worker(
     """
     import signal
     import threading
+    import time
 
     from service.requests import reap_expired
     from service.sessions import expire_sessions
@@ -150,12 +154,19 @@ def worker(
     sessions = _sessions()
     consume = (settings.executor == "queue") if queue is None else queue
     if once:
-        reaped, expired = reap_expired(sessions), expire_sessions(sessions)
+        reaped, expired = reap_expired(sessions, settings.max_queue_seconds), expire_sessions(sessions)
         typer.echo(f"reaped {reaped} requests, closed {expired} expired sessions")
         return
     stop = threading.Event()
+    signalled: list[float] = []
+
+    def on_signal(*_: object) -> None:  # the grace period starts at the first signal
+        if not signalled:
+            signalled.append(time.monotonic())
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     consumer = None
     if consume:
         from service.queue import QueueWorker
@@ -166,7 +177,8 @@ def worker(
     try:
         while not stop.is_set():
             try:
-                reaped, expired = reap_expired(sessions), expire_sessions(sessions)
+                reaped = reap_expired(sessions, settings.max_queue_seconds)
+                expired = expire_sessions(sessions)
                 if reaped or expired or not consume:
                     typer.echo(f"reaped {reaped} requests, closed {expired} expired sessions")
             except Exception as exc:  # e.g. the database restarting: try again next pass
@@ -174,7 +186,12 @@ def worker(
             stop.wait(interval)
     finally:
         if consumer is not None:
-            consumer.stop()
+            # SIGTERM: stop consuming; runs in flight may finish within the grace period, then they are
+            # stopped and charged their worst case (their data was read); queued requests stay queued.
+            started = signalled[0] if signalled else time.monotonic()
+            typer.echo(f"worker stopping (grace {settings.shutdown_grace_seconds:g} s)")
+            consumer.stop(started + settings.shutdown_grace_seconds)
+            typer.echo("worker stopped")
 
 
 @keys_app.command("create")
@@ -480,6 +497,12 @@ def _request_table(request: AnalysisRequest) -> Group:
         ("worst case", _curve_summary(request.worst_case)),
         ("charged", _curve_summary(request.realized)),
     ]
+    if request.state == "running" and request.phase:
+        rows.append(("phase", request.phase))
+    if request.eta_seconds is not None:
+        rows.append(("eta (s)", request.eta_seconds))
+    if request.cancelled_by:
+        rows.append(("cancelled by", request.cancelled_by))
     if request.error:
         rows.append(("error", request.error))
     return _kv(f"request {request.id}", rows)
@@ -544,8 +567,13 @@ def _spinner(enabled: bool | None, description: str) -> Iterator[Callable[[dict[
     def update(request: dict[str, Any]) -> None:
         nonlocal polls
         polls += 1
+        state = request.get("phase") or request.get("state")
+        done = request.get("progress")
+        eta = request.get("eta_seconds")
+        extra = "" if done is None else f" {100 * float(done):.0f}%"
+        extra += "" if eta is None else f", about {float(eta):.0f} s left"
         progress.update(
-            task, description=f"request {request.get('id')}: {request.get('state')} (poll {polls})"
+            task, description=f"request {request.get('id')}: {state}{extra} (poll {polls})"
         )
 
     with progress:
@@ -593,6 +621,23 @@ def request_get(
     """Show a request, its state and (when committed) its release."""
     with _remote(url, key, as_json) as client:
         request = client.get_request(request_id)
+    if as_json:
+        _print_json(request.raw)
+    else:
+        _show(_request_table(request))
+
+
+@request_app.command("cancel")
+def request_cancel(
+    request_id: Annotated[str, typer.Argument(help="request id (rq_…)")],
+    as_json: JsonOption = False,
+    url: UrlOption = DEFAULT_URL,
+    key: KeyOption = None,
+) -> None:
+    """Cancel a request: still queued, it is aborted and charged nothing; already running, it is stopped
+    and charged its worst case (its data was read)."""
+    with _remote(url, key, as_json) as client:
+        request = client.cancel(request_id)
     if as_json:
         _print_json(request.raw)
     else:

@@ -60,6 +60,8 @@ __all__ = [
     "Grant",
     "InvalidInputError",
     "LedgerPage",
+    "LimitExceededError",
+    "Limits",
     "MechanismFailedError",
     "MechanismInfo",
     "NotFoundError",
@@ -174,6 +176,20 @@ class AnalysisRequest(ApiModel):
     progress: float | None = None
     elapsed_seconds: float | None = None  # since submission: until now while running, else until settled
     started_at: datetime | None = None
+    # Newer servers: queued (waiting for a worker, cancellable for free) or running; ETA from public data.
+    phase: str | None = None
+    eta_seconds: float | None = None
+    queue_position: int | None = None
+    cancelled_by: str | None = None
+
+
+class Limits(ApiModel):
+    analyst: str
+    max_running_requests: int
+    max_open_sessions: int
+    running_requests: int
+    open_sessions: int
+    custom: bool
 
 
 class Estimate(ApiModel):
@@ -352,6 +368,20 @@ class BudgetExhaustedError(ConflictError):
         return "; ".join(parts)
 
 
+class LimitExceededError(ExpostError):
+    """429: a per-analyst limit (requests queued or running, open sessions); the body names it."""
+
+    @property
+    def limit(self) -> str | None:
+        value = self.body.get("limit")
+        return value if isinstance(value, str) else None
+
+    @property
+    def maximum(self) -> int | None:
+        value = self.body.get("max")
+        return value if isinstance(value, int) else None
+
+
 class ServerError(ExpostError):
     """5xx."""
 
@@ -385,6 +415,8 @@ def error_from_problem(status: int, body: dict[str, Any], reason: str = "") -> E
         cls = BudgetExhaustedError
     elif type_.endswith("/mechanism-failed"):
         cls = MechanismFailedError
+    elif type_.endswith("/limit-exceeded"):
+        cls = LimitExceededError
     elif status in (400, 413, 422):
         cls = InvalidInputError
     elif status in (401, 403):
@@ -784,6 +816,8 @@ class _Endpoints:
         202 body and after each poll; the dict has ``progress`` (fraction done) when the server shows it."""
         path, body = f"/v1/datasets/{dataset_id}/requests", _request_body(mechanism, params)
         call = replace(_keyed_post(path, body, idempotency_key), ok=(200, 202))
+        if not wait:  # answer 202 at once rather than after the server's wait window
+            call = replace(call, headers={**call.headers, "Prefer": "respond-async"})
         started = time.monotonic()
         response = yield from self._exchange(call)
         request = AnalysisRequest.from_json(response.json())
@@ -826,6 +860,28 @@ class _Endpoints:
     @_endpoint
     def get_request(self, request_id: str) -> _Op[AnalysisRequest]:
         return self._fetch(_get(f"/v1/requests/{request_id}"), AnalysisRequest.from_json)
+
+    @_endpoint
+    def cancel(self, request_id: str) -> _Op[AnalysisRequest]:
+        """Cancel a request (yours, or any as an admin): still queued, it is aborted and charged nothing;
+        already running, it is charged its worst case and stopped. Retried safely: cancelling a cancelled
+        request returns it; a request that already finished is a ConflictError (409)."""
+        call = _Call("POST", f"/v1/requests/{request_id}/cancel", Retry.SAFE, ok=(200,))
+        return self._fetch(call, AnalysisRequest.from_json)
+
+    @_endpoint
+    def get_limits(self, analyst: str) -> _Op[Limits]:
+        """An analyst's execution limits and what is in use now (admins, or the analyst itself)."""
+        return self._fetch(_get(f"/v1/analysts/{analyst}/limits"), Limits.from_json)
+
+    @_endpoint
+    def set_limits(
+        self, analyst: str, *, max_running_requests: int | None = None, max_open_sessions: int | None = None
+    ) -> _Op[Limits]:
+        """Admins: set an analyst's limits (None: the service default)."""
+        body = {"max_running_requests": max_running_requests, "max_open_sessions": max_open_sessions}
+        call = _Call("PUT", f"/v1/analysts/{analyst}/limits", Retry.SAFE, body, ok=(200,))
+        return self._fetch(call, Limits.from_json)
 
     @_endpoint
     def privacy_report(self, request_id: str, record: Mapping[str, Any]) -> _Op[PrivacyReport]:

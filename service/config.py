@@ -23,7 +23,36 @@ class Settings(BaseSettings):
         1024 * 1024, gt=0, description="largest non-upload (JSON) request body; larger ones get 413"
     )
     worker_threads: int = Field(4, ge=1, description="in-process executor pool size")
-    lease_seconds: float = Field(300.0, gt=0, description="after this a running request is reaped")
+    lease_seconds: float = Field(
+        300.0, gt=0,
+        description="a claimed request whose worker sent no heartbeat for this long is reaped (worst case "
+        "charged); the lease starts when a worker claims the request, never while it waits in the queue",
+    )
+    poll_seconds: float = Field(
+        1.0, gt=0,
+        description="an idle worker thread looks for queued requests in the database this often (wake-ups "
+        "from the API make it react at once; the poll picks up work queued by other or restarted processes)",
+    )
+    max_queue_seconds: float = Field(
+        3600.0, gt=0,
+        description="a request no worker claimed within this time is aborted without charge (its data was "
+        "never read)",
+    )
+    max_running_requests_per_analyst: int = Field(
+        32, ge=1,
+        description="default limit on an analyst's requests queued or running on workers at once (admins "
+        "set per-analyst limits); over it a submission gets 429",
+    )
+    max_open_sessions_per_analyst: int = Field(
+        16, ge=1,
+        description="default limit on an analyst's open interactive sessions (admins set per-analyst "
+        "limits); over it an open gets 429",
+    )
+    shutdown_grace_seconds: float = Field(
+        30.0, ge=0,
+        description="on SIGTERM, running requests may finish for this long; then they are stopped and "
+        "charged their worst case (their data was read), and the process exits",
+    )
     reaper_interval_seconds: float = Field(15.0, gt=0)
     inline_mechanisms: set[str] = Field(
         {"laplace", "gaussian"},
@@ -38,7 +67,11 @@ class Settings(BaseSettings):
         "`expost worker` processes (on any machine sharing the database and the broker)",
     )
     broker_url: str = Field("redis://127.0.0.1:6379/0", description="the task queue's Redis URL")
-    queue_name: str = Field("expost", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Dramatiq queue name")
+    queue_name: str = Field(
+        "expost", pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="the deployment's queue: the Dramatiq queue name, and the requests in the database that "
+        "its workers claim (requests admitted under another name are left to that deployment's workers)",
+    )
     heartbeat_seconds: float = Field(
         1.0, ge=0, description="long-running runs renew their lease at most this often (via progress)"
     )

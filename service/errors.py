@@ -110,6 +110,20 @@ class IdempotencyKeyReused(ServiceError):
     title = "Idempotency-Key reused with a different request"
 
 
+class LimitExceeded(ServiceError):
+    """A per-analyst execution limit (running requests, open sessions): retry when one has finished."""
+
+    status = 429
+    type_slug = "limit-exceeded"
+    title = "Per-analyst limit exceeded"
+    headers = {"Retry-After": "5"}  # noqa: RUF012 (read-only)
+
+
+class NotCancellable(Conflict):
+    type_slug = "not-cancellable"
+    title = "The request has already finished"
+
+
 class MechanismFailed(ServiceError):
     status = 500
     type_slug = "mechanism-failed"

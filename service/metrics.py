@@ -107,7 +107,8 @@ WRITER_QUEUE = Gauge(
 )
 EXECUTOR_QUEUED = Gauge(
     "expost_executor_queued_jobs",
-    "Admitted requests waiting for an executor thread (summed over live processes)",
+    "Wake-ups not yet taken by an idle worker thread (summed over live processes); the queued requests "
+    "themselves are in the database (expost_reservations_held counts reservations held)",
     multiprocess_mode="livesum",
 )
 EXECUTOR_RUNNING = Gauge(

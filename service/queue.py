@@ -1,27 +1,35 @@
-"""The distributed executor: a Dramatiq task queue on Redis, served by ``expost worker`` processes.
+"""The distributed executor: ``expost worker`` processes woken through a Dramatiq task queue on Redis.
 
-Budget decisions never travel through the queue. A task carries only the request id; the budget was
-reserved by the API's admission transaction before the task was sent. A worker (on any machine that
-reaches the database and the broker):
+Budget decisions and the order of work never travel through the queue. The database is the queue: the
+API's admission transaction reserves the budget and leaves the request queued (``running`` with no
+``lease_owner``); the API then sends a **wake-up** message (it carries the request id, for the logs
+only). A worker process consumes wake-ups and hands each to its :class:`service.executor.FairRunner`,
+whose threads:
 
-1. **claims** the request: one conditional ``UPDATE … SET lease_owner = me WHERE state = 'running' AND
-   lease_owner IS NULL AND lease_expires_at > now``. Of two deliveries of one task, or two workers racing
-   for one request, exactly one gets a row count of 1; the others return without reading the data;
-2. runs it, renewing the lease through the heartbeat of long-running mechanisms;
-3. settles once (the settlement is a no-op when the request is no longer running, e.g. reaped).
+1. **claim** the next request in the fair order (``requests.claim_next``: the analyst with the fewest
+   running requests, ties to the least recently served, then FIFO per analyst) with one conditional
+   ``UPDATE … SET lease_owner = me WHERE state = 'running' AND lease_owner IS NULL``: of two workers
+   racing for one request exactly one gets a row count of 1. The lease starts here;
+2. run it, renewing the lease through the heartbeat of long-running mechanisms;
+3. settle once (the settlement is a no-op when the request is no longer running, e.g. reaped or
+   cancelled).
 
-A worker killed mid-run leaves its request ``running`` with a lease nobody renews: the reaper (every API
-process and every worker runs one) commits its worst case once the lease expires. Dramatiq may deliver
-the task again (Redis broker: after its heartbeat timeout); that delivery finds the request claimed or
-settled and does nothing. Retries (on exceptions such as a database restart) are therefore harmless too.
+Why not per-analyst queues in Redis: fairness needs "who is running what now" across all workers, which
+only the database knows; and with the order in the database a lost or duplicated message cannot lose,
+duplicate or reorder work (a duplicate wake-up finds nothing or runs the next fair request; an idle
+thread also polls the database every ``poll_seconds``, so work whose wake-up was lost, e.g. when the API
+died right after admission, still runs).
+
+A worker killed mid-run leaves its request claimed with a lease nobody renews: the reaper (every API
+process and every worker runs one) commits its worst case once the lease expires. A queued request is
+never charged by the reaper (no data was read); it is aborted without charge only if no worker claimed it
+within ``max_queue_seconds``.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 import dramatiq
@@ -34,6 +42,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from mechanisms.accounting import RdpCurve
 from service.config import Settings
 from service.datasets import TableCache
+from service.executor import FairRunner
 from service.logs import failure_fields
 
 log = structlog.get_logger("expost.queue")
@@ -67,24 +76,27 @@ def _never(request_id: str) -> None:  # the API side only sends
 
 
 class QueueExecutor:
-    """Sends request ids to the queue. The returned future is done once the task is enqueued; the API
-    then waits for the settlement in the database (``requests.wait_settled``)."""
+    """Sends wake-ups to the queue; the request itself is already queued in the database."""
 
     def __init__(self, settings: Settings) -> None:
         self.broker = make_broker(settings.broker_url)
         self.actor = declare_actor(self.broker, settings.queue_name, _never)
+        self._draining = False
 
-    def submit(self, request_id: str) -> Future[None]:
+    def submit(self, request_id: str) -> None:
+        if self._draining:
+            raise RuntimeError("the API is shutting down")
         try:
             self.actor.send(request_id)
         except Exception as exc:  # broker unreachable: the caller aborts the unclaimed request
             log.error("could not enqueue a request", request_id=request_id, **failure_fields(exc))
             raise RuntimeError("the task queue is unreachable") from exc
-        done: Future[None] = Future()
-        done.set_result(None)
-        return done
 
-    def shutdown(self) -> None:
+    def drain(self) -> None:
+        self._draining = True
+
+    def shutdown(self, deadline: float | None = None) -> None:
+        self._draining = True
         self.broker.close()
 
 
@@ -118,48 +130,61 @@ def settle_with_retry(
 
 
 class QueueWorker:
-    """A Dramatiq worker consuming request ids, plus this process's reaper."""
+    """A Dramatiq consumer of wake-ups and a :class:`FairRunner` of ``threads`` worker threads."""
 
     def __init__(self, settings: Settings, threads: int) -> None:
         from service.db.session import make_engine, make_sessionmaker
-        from service.requests import run_request
+        from service.requests import SHUTDOWN_REASON, run_next, stop_runs
 
         self.settings = settings
-        self.engine = make_engine(settings.database_url, max(2, threads + 1))
+        self.engine = make_engine(settings.database_url, max(2, threads + 2))
         self.sessions = make_sessionmaker(self.engine)
         self.tables = TableCache(settings.data_dir)
-        self.outcomes: dict[str, int] = {}
-        self._lock = threading.Lock()
         settle = settle_with_retry(self.sessions)
+        sessions, tables = self.sessions, self.tables
+        self.runner = FairRunner(
+            lambda on_claim: run_next(
+                sessions, tables, settings.lease_seconds, settings.heartbeat_seconds, settle, on_claim,
+                settings.queue_name,
+            ),
+            lambda claimed: stop_runs(sessions, claimed, SHUTDOWN_REASON),
+            threads,
+            settings.poll_seconds,
+            "expost-queue-worker",
+        )
 
         def body(request_id: str) -> None:
-            outcome = run_request(
-                self.sessions,
-                self.tables,
-                request_id,
-                settings.lease_seconds,
-                settings.heartbeat_seconds,
-                settle_fn=settle,
-            )
-            with self._lock:
-                self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-            log.info("task done", request_id=request_id, outcome=outcome)
+            # Hand the wake-up to an idle thread; while every thread is busy, hold it for up to a poll
+            # interval so that an idle worker process can take the next wake-up instead.
+            if not self.runner.draining:
+                self.runner.wake(wait_idle=settings.poll_seconds)
 
         self.broker = make_broker(settings.broker_url)
         dramatiq.set_broker(self.broker)
         declare_actor(self.broker, settings.queue_name, body)
         # worker_timeout bounds the consumer's idle back-off (Dramatiq's default, 1 s, would add up to a
-        # second of latency to a task arriving at an idle or just-freed worker); polling Redis every
-        # 50 ms at most is cheap.
+        # second of latency to a wake-up); polling Redis every 50 ms at most is cheap. One consumer thread
+        # and no prefetch: wake-ups this process cannot serve soon stay in Redis for other workers.
         self.worker = dramatiq.Worker(
-            self.broker, queues={settings.queue_name}, worker_threads=threads, worker_timeout=50
+            self.broker, queues={settings.queue_name}, worker_threads=1, worker_timeout=50
         )
-        self.worker.queue_prefetch = threads  # no task waits behind a busy thread while another idles
+        self.worker.queue_prefetch = 1
+
+    @property
+    def outcomes(self) -> dict[str, int]:
+        return self.runner.outcomes
 
     def start(self) -> None:
+        self.runner.start()
         self.worker.start()
 
-    def stop(self) -> None:
-        self.worker.stop(timeout=30_000)
+    def stop(self, deadline: float | None = None) -> None:
+        """Stop consuming, let runs finish until ``deadline`` (default: the grace period from now), then
+        stop those still running (worst case charged); queued requests stay for other workers."""
+        if deadline is None:
+            deadline = time.monotonic() + self.settings.shutdown_grace_seconds
+        self.runner.drain()
+        self.worker.stop(timeout=2_000)
+        self.runner.shutdown(deadline)
         self.broker.close()
         self.engine.dispose()

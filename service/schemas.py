@@ -136,3 +136,36 @@ class RequestOut(BaseModel):
         description="fraction done of a long-running mechanism, only when its progress is public "
         "(otherwise only the state and the elapsed time are shown)",
     )
+    phase: str | None = Field(
+        None,
+        description="while state is running: 'queued' (reserved, waiting for a worker; cancelling costs "
+        "nothing) or 'running' (a worker started it); null once settled",
+    )
+    eta_seconds: float | None = Field(
+        None,
+        description="estimated seconds left, from public quantities only (time since the worker started "
+        "it and the public fraction done); null when the progress is not public",
+    )
+    queue_position: int | None = Field(
+        None, description="while queued: how many of your own queued requests are ahead of it"
+    )
+    cancelled_by: str | None = Field(None, description="who cancelled it (the owner or an admin)")
+
+
+class LimitsIn(StrictModel):
+    max_running_requests: int | None = Field(
+        None, ge=1, le=100_000,
+        description="requests queued or running on workers at once (null: the service default)",
+    )
+    max_open_sessions: int | None = Field(
+        None, ge=1, le=100_000, description="open interactive sessions at once (null: the service default)"
+    )
+
+
+class LimitsOut(BaseModel):
+    analyst: str
+    max_running_requests: int = Field(description="the effective limit")
+    max_open_sessions: int = Field(description="the effective limit")
+    running_requests: int = Field(description="requests queued or running on workers now")
+    open_sessions: int
+    custom: bool = Field(description="whether an admin set limits for this analyst (else the defaults)")

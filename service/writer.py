@@ -120,8 +120,12 @@ class WriteBatcher:
             return
         request, created = future.result()
         if created:
+            ref, reason = lifecycle.RequestRef.of(request), "abandoned before it started"
             with self.sessions() as session:
-                lifecycle.abort(session, lifecycle.RequestRef.of(request), "abandoned before it started")
+                if request.lease_owner is not None:  # inline: held by the admitting thread, never run
+                    lifecycle.abort(session, ref, reason, owner=request.lease_owner)
+                else:  # queued: a worker may have claimed it from the database meanwhile; then it runs
+                    lifecycle.abort(session, ref, reason, unclaimed_only=True)
 
     def _loop(self) -> None:
         while True:

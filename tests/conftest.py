@@ -123,6 +123,9 @@ def server_settings(database_url: str, data_dir: Path, **overrides: object) -> S
         "data_dir": data_dir,
         "wait_seconds": 20,
         "reaper_interval_seconds": 0.5,
+        # Each test server its own queue: the database is the queue, and servers sharing a test database
+        # must not run each other's requests (a deployment's workers claim only its queue's requests).
+        "queue_name": f"t{uuid.uuid4().hex[:12]}",
         **overrides,
     }
     return Settings.model_validate(values)

@@ -134,6 +134,8 @@ class AnalysisRequest(Base):
         UniqueConstraint("analyst", "idempotency_key"),
         Index("ix_requests_state_lease", "state", "lease_expires_at"),
         Index("ix_requests_dataset_analyst", "dataset_id", "analyst"),
+        Index("ix_requests_analyst_state", "analyst", "state"),
+        Index("ix_requests_analyst_started", "analyst", "started_at"),
     )
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     kind: Mapped[str] = mapped_column(String(20), default="request", server_default="request")
@@ -158,6 +160,26 @@ class AnalysisRequest(Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # Fraction done of a long-running mechanism, stored only when its progress is public.
     progress: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Who cancelled it (the owner or an admin), when it was cancelled.
+    cancelled_by: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    # The deployment's queue (EXPOST_QUEUE_NAME) whose workers may claim it; NULL: only claimed by id.
+    queue: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+    @property
+    def queued(self) -> bool:
+        """Admitted and reserved, waiting for a worker: no worker has claimed it, so no data was read."""
+        return self.kind == "request" and self.state == "running" and self.lease_owner is None
+
+
+class AnalystLimit(Base):
+    """Per-analyst execution limits set by admins; NULL means the default from the settings."""
+
+    __tablename__ = "analyst_limits"
+    analyst: Mapped[str] = mapped_column(String(100), primary_key=True)
+    max_running_requests: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_open_sessions: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    updated_by: Mapped[str] = mapped_column(String(100))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class AnalysisSession(Base):

@@ -14,6 +14,7 @@ from service.db.models import (
     DATASET_SCOPE,
     AnalysisRequest,
     AnalysisSession,
+    AnalystLimit,
     ApiKey,
     Dataset,
     Grant,
@@ -188,15 +189,17 @@ class RequestRepository:
         self.session.add(request)
 
     def claim(self, request_id: str, owner: str, now: datetime, until: datetime) -> bool:
-        """Atomically take an unclaimed, running, unexpired request for ``owner``: one conditional UPDATE,
-        so of two workers (or two deliveries of one task) exactly one sees a row count of 1."""
+        """Atomically take a queued request (running, unclaimed) for ``owner``: one conditional UPDATE,
+        so of two workers (or two deliveries of one task) exactly one sees a row count of 1. The lease
+        starts here; a cancel or the queue timeout (which abort only unclaimed requests, under a row lock)
+        and a claim exclude each other."""
         result = self.session.execute(
             update(AnalysisRequest)
             .where(
                 AnalysisRequest.id == request_id,
+                AnalysisRequest.kind == "request",
                 AnalysisRequest.state == "running",
                 AnalysisRequest.lease_owner.is_(None),
-                AnalysisRequest.lease_expires_at > now,
             )
             .values(lease_owner=owner, lease_expires_at=until, started_at=now, updated_at=now)
             .execution_options(synchronize_session=False)
@@ -223,6 +226,127 @@ class RequestRepository:
         )
         assert isinstance(result, CursorResult)
         return result.rowcount == 1
+
+    # ----- the claim order (fair queueing across analysts) ---------------------------------------------
+
+    def _queued(self, mechanisms: Sequence[str], queue: str | None) -> list[Any]:
+        return [
+            AnalysisRequest.kind == "request",
+            AnalysisRequest.state == "running",
+            AnalysisRequest.lease_owner.is_(None),
+            AnalysisRequest.queue.is_(None) if queue is None else AnalysisRequest.queue == queue,
+            AnalysisRequest.mechanism.in_(mechanisms),
+        ]
+
+    def queued_analysts(self, mechanisms: Sequence[str], queue: str | None) -> dict[str, datetime]:
+        """Analysts with queued requests that a worker knowing ``mechanisms`` can run, and when their
+        oldest queued request was admitted."""
+        rows: dict[str, datetime] = dict(
+            self.session.execute(
+                select(AnalysisRequest.analyst, func.min(AnalysisRequest.created_at))
+                .where(*self._queued(mechanisms, queue))
+                .group_by(AnalysisRequest.analyst)
+            ).tuples().all()
+        )
+        return rows
+
+    def analyst_load(self, analysts: Sequence[str]) -> dict[str, tuple[int, datetime | None]]:
+        """Per analyst: requests running on workers now, and when the analyst's latest run started."""
+        running: dict[str, int] = dict(
+            self.session.execute(
+                select(AnalysisRequest.analyst, func.count())
+                .where(
+                    AnalysisRequest.analyst.in_(analysts),
+                    AnalysisRequest.kind == "request",
+                    AnalysisRequest.state == "running",
+                    AnalysisRequest.lease_owner.is_not(None),
+                )
+                .group_by(AnalysisRequest.analyst)
+            ).tuples().all()
+        )
+        latest: dict[str, datetime | None] = dict(
+            self.session.execute(
+                select(AnalysisRequest.analyst, func.max(AnalysisRequest.started_at))
+                .where(AnalysisRequest.analyst.in_(analysts), AnalysisRequest.kind == "request")
+                .group_by(AnalysisRequest.analyst)
+            ).tuples().all()
+        )
+        return {a: (int(running.get(a, 0)), latest.get(a)) for a in analysts}
+
+    def oldest_queued(self, analyst: str, mechanisms: Sequence[str], queue: str | None) -> str | None:
+        return self.session.scalar(
+            select(AnalysisRequest.id)
+            .where(AnalysisRequest.analyst == analyst, *self._queued(mechanisms, queue))
+            .order_by(AnalysisRequest.created_at, AnalysisRequest.id)
+            .limit(1)
+        )
+
+    def queue_position(self, request: AnalysisRequest) -> int:
+        """How many queued requests of the same analyst are ahead of ``request`` (its own, public)."""
+        return int(
+            self.session.scalar(
+                select(func.count())
+                .select_from(AnalysisRequest)
+                .where(
+                    AnalysisRequest.analyst == request.analyst,
+                    AnalysisRequest.kind == "request",
+                    AnalysisRequest.state == "running",
+                    AnalysisRequest.lease_owner.is_(None),
+                    AnalysisRequest.created_at < request.created_at,
+                )
+            )
+            or 0
+        )
+
+    def active_counts(self, analyst: str, not_counted: Sequence[str]) -> tuple[int, int]:
+        """(requests queued or running on workers, open sessions) of ``analyst``; requests of the
+        mechanisms in ``not_counted`` (run inline by the API) do not count."""
+        rows: dict[str, int] = dict(
+            self.session.execute(
+                select(AnalysisRequest.kind, func.count())
+                .where(
+                    AnalysisRequest.analyst == analyst,
+                    AnalysisRequest.state == "running",
+                    (AnalysisRequest.kind == "session") | AnalysisRequest.mechanism.not_in(not_counted),
+                )
+                .group_by(AnalysisRequest.kind)
+            ).tuples().all()
+        )
+        return int(rows.get("request", 0)), int(rows.get("session", 0))
+
+    def expired_claimed(self, now: datetime, limit: int = 100) -> Sequence[AnalysisRequest]:
+        """Requests a worker claimed whose lease expired (no heartbeat): the worker was lost."""
+        return self.session.scalars(
+            select(AnalysisRequest)
+            .where(
+                AnalysisRequest.state == "running",
+                AnalysisRequest.kind == "request",
+                AnalysisRequest.lease_owner.is_not(None),
+                AnalysisRequest.lease_expires_at < now,
+            )
+            .limit(limit)
+        ).all()
+
+    def overdue_queued(self, admitted_before: datetime, limit: int = 100) -> Sequence[AnalysisRequest]:
+        """Queued requests (never claimed) admitted before ``admitted_before``."""
+        return self.session.scalars(
+            select(AnalysisRequest)
+            .where(
+                AnalysisRequest.state == "running",
+                AnalysisRequest.kind == "request",
+                AnalysisRequest.lease_owner.is_(None),
+                AnalysisRequest.created_at < admitted_before,
+            )
+            .order_by(AnalysisRequest.created_at)
+            .limit(limit)
+        ).all()
+
+    def claimed_by(self, owners: Sequence[str]) -> Sequence[AnalysisRequest]:
+        return self.session.scalars(
+            select(AnalysisRequest).where(
+                AnalysisRequest.state == "running", AnalysisRequest.lease_owner.in_(owners)
+            )
+        ).all()
 
     def expired_running(self, now: datetime, kind: str, limit: int = 100) -> Sequence[AnalysisRequest]:
         return self.session.scalars(
@@ -326,3 +450,14 @@ class ActivityRepository:
         return self.session.execute(
             query.order_by(AnalysisSession.created_at, AnalysisSession.id).limit(limit)
         ).all()
+
+
+class LimitRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def get(self, analyst: str) -> AnalystLimit | None:
+        return self.session.get(AnalystLimit, analyst) if _storable(analyst) else None
+
+    def add(self, row: AnalystLimit) -> None:
+        self.session.add(row)

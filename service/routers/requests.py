@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -7,6 +8,7 @@ from fastapi import APIRouter, Header, Response
 
 from service import requests as lifecycle
 from service.db.models import AnalysisRequest
+from service.db.repositories import RequestRepository
 from service.deps import AdminOrAnalyst, Analyst, AnyRole, CtxDep, SessionDep
 from service.errors import BudgetExhausted, MechanismFailed
 from service.refusals import record_refusal
@@ -25,7 +27,16 @@ IdempotencyKey = Annotated[
 ]
 
 
-def _out(request: AnalysisRequest) -> RequestOut:
+Prefer = Annotated[
+    str | None,
+    Header(
+        max_length=200,
+        description="`respond-async`: answer 202 at once instead of waiting for the release (RFC 7240)",
+    ),
+]
+
+
+def _out(request: AnalysisRequest, queue_position: int | None = None) -> RequestOut:
     end = datetime.now(UTC) if request.state == "running" else request.updated_at
     return RequestOut(
         id=request.id,
@@ -43,7 +54,17 @@ def _out(request: AnalysisRequest) -> RequestOut:
         started_at=request.started_at,
         elapsed_seconds=round(max(0.0, (end - request.created_at).total_seconds()), 3),
         progress=lifecycle.public_progress(request),
+        phase=lifecycle.phase(request),
+        eta_seconds=lifecycle.eta_seconds(request),
+        queue_position=queue_position,
+        cancelled_by=request.cancelled_by,
     )
+
+
+def _retry_after(request: AnalysisRequest) -> str:
+    """When to poll again: the ETA when known (1–10 s), else 1 s."""
+    eta = lifecycle.eta_seconds(request)
+    return str(1 if eta is None else min(10, max(1, math.ceil(eta))))
 
 
 @router.post(
@@ -58,7 +79,11 @@ def estimate(dataset_id: str, body: RequestIn, session: SessionDep, who: AdminOr
 @router.post(
     "/v1/datasets/{dataset_id}/requests",
     summary="Run a mechanism: 200 with the release and its realized charge, or 202 while running",
-    responses={202: {"description": "still running; poll the Location"}, 409: problem_doc("refused")},
+    responses={
+        202: {"description": "queued or still running; poll the Location after Retry-After seconds"},
+        409: problem_doc("refused"),
+        429: problem_doc("too many of your requests are queued or running (the limit is in the body)"),
+    },
 )
 def submit(
     dataset_id: str,
@@ -67,9 +92,13 @@ def submit(
     analyst: Analyst,
     response: Response,
     idempotency_key: IdempotencyKey = None,
+    prefer: Prefer = None,
 ) -> RequestOut:
+    wait = 0.0 if prefer is not None and "respond-async" in prefer.lower() else None
     try:
-        request = lifecycle.submit(ctx, analyst, dataset_id, body.mechanism, body.params, idempotency_key)
+        request = lifecycle.submit(
+            ctx, analyst, dataset_id, body.mechanism, body.params, idempotency_key, wait
+        )
     except BudgetExhausted as refused:  # recorded after the admission transaction, best-effort
         record_refusal(ctx, analyst, dataset_id, "request", body.mechanism, body.params, refused)
         raise
@@ -82,9 +111,23 @@ def submit(
     if request.state == "running":
         response.status_code = 202
         response.headers["Location"] = f"/v1/requests/{request.id}"
+        response.headers["Retry-After"] = _retry_after(request)
     return _out(request)
 
 
 @router.get("/v1/requests/{request_id}", summary="A request, its state and (when committed) its release")
-def get_request(request_id: str, session: SessionDep, who: AnyRole) -> RequestOut:
-    return _out(lifecycle.get_visible(session, who, request_id))
+def get_request(request_id: str, session: SessionDep, who: AnyRole, response: Response) -> RequestOut:
+    request = lifecycle.get_visible(session, who, request_id)
+    position = RequestRepository(session).queue_position(request) if request.queued else None
+    if request.state == "running":
+        response.headers["Retry-After"] = _retry_after(request)
+    return _out(request, position)
+
+
+@router.post(
+    "/v1/requests/{request_id}/cancel",
+    summary="Cancel: a queued request is aborted without charge; a running one is charged its worst case",
+    responses={409: problem_doc("the request has already finished")},
+)
+def cancel(request_id: str, ctx: CtxDep, who: AdminOrAnalyst) -> RequestOut:
+    return _out(lifecycle.cancel(ctx.sessions, who, request_id))

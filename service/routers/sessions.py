@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter
@@ -67,7 +68,11 @@ def open_session(
         validated = domain.validate_open(session, analyst, dataset_id, body.mechanism, body.params)
     try:
         row = domain.open_session(
-            ctx.sessions, analyst, validated, idempotency_key, ctx.settings.session_ttl_seconds
+            ctx.sessions,
+            analyst,
+            replace(validated, limits=ctx.limits()),
+            idempotency_key,
+            ctx.settings.session_ttl_seconds,
         )
     except BudgetExhausted as refused:  # recorded after the admission transaction, best-effort
         record_refusal(ctx, analyst, dataset_id, "session", body.mechanism, body.params, refused)

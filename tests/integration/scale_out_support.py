@@ -1,13 +1,15 @@
 """Real processes for the scale-out and crash tests: API servers, queue workers, a private PostgreSQL.
 
-``python -m tests.integration.scale_out_support <expost args>`` is the real ``expost`` CLI with two test
+``python -m tests.integration.scale_out_support <expost args>`` is the real ``expost`` CLI with three test
 mechanisms added to the catalog of *that* process (never of the installed service):
 
 * ``test.sleepy_count``: a Laplace count (same worst case and realized curve) that is long-running with
   public progress: it works for ``EXPOST_TEST_SLEEP`` seconds in 0.1 s slices, calling ``progress`` after
   each, so a worker can be killed mid-run;
 * ``test.busy_count``: a Laplace count that first burns ``EXPOST_TEST_BUSY`` seconds of one CPU core
-  (the heavy, CPU-bound request of the scale-out benchmark).
+  (the heavy, CPU-bound request of the scale-out benchmark);
+* ``test.steps_count``: a Laplace count with a public ``steps`` parameter, working ``steps`` slices of
+  ``EXPOST_TEST_STEP`` seconds with public progress (long and short runs side by side).
 
 After every scenario :func:`assert_books_balance` checks, straight in the database: ``expost ledger
 verify`` is clean; no request is left running and nothing is reserved; every request has exactly one
@@ -34,12 +36,12 @@ from pathlib import Path
 from typing import ClassVar
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from mechanisms.accounting import UnitsVector
 from mechanisms.base import ProgressFn, PublicContext, Release, Table, no_progress
-from mechanisms.laplace import Laplace
+from mechanisms.laplace import Laplace, LaplaceParams
 from mechanisms.noise import Noise
 from service.embedded import free_port
 
@@ -70,6 +72,37 @@ class SleepyCount(Laplace):
         return super().run(params, ctx, table, noise)
 
 
+class StepsParams(LaplaceParams):
+    steps: int = Field(10, ge=1, le=100_000, description="slices of EXPOST_TEST_STEP seconds of 'work'")
+
+
+class StepsCount(Laplace):
+    """A Laplace count whose run takes ``steps`` (a public parameter) slices of ``EXPOST_TEST_STEP``
+    seconds, with public progress after each: a long learner in miniature (steps done of steps
+    admitted), so one analyst can flood long runs and another submit a short one."""
+
+    name: ClassVar[str] = "test.steps_count"
+    params_model: ClassVar[type[BaseModel]] = StepsParams
+    long_running: ClassVar[bool] = True
+    progress_is_public: ClassVar[bool] = True
+
+    def run(  # type: ignore[override]
+        self,
+        params: BaseModel,
+        ctx: PublicContext,
+        table: Table,
+        noise: Noise,
+        progress: ProgressFn = no_progress,
+    ) -> Release:
+        assert isinstance(params, StepsParams)
+        pause = float(os.environ.get("EXPOST_TEST_STEP", "0.1"))
+        for i in range(params.steps):
+            time.sleep(pause)
+            progress((i + 1) / params.steps)
+        plain = LaplaceParams.model_validate(params.model_dump(exclude={"steps"}))
+        return super().run(plain, ctx, table, noise)
+
+
 class BusyCount(Laplace):
     name: ClassVar[str] = "test.busy_count"
 
@@ -92,6 +125,7 @@ def register() -> None:
 
     MECHANISMS.setdefault(SleepyCount.name, SleepyCount())
     MECHANISMS.setdefault(BusyCount.name, BusyCount())
+    MECHANISMS.setdefault(StepsCount.name, StepsCount())
 
 
 # ----- processes -----------------------------------------------------------------------------------------
@@ -175,6 +209,9 @@ class Cluster:
             "EXPOST_HEARTBEAT_SECONDS": "0.5",
             "EXPOST_WAIT_SECONDS": "0.5",
             "EXPOST_RATE_LIMIT": "",
+            "EXPOST_POLL_SECONDS": "0.5",
+            "EXPOST_SHUTDOWN_GRACE_SECONDS": "5",
+            "EXPOST_MAX_RUNNING_REQUESTS_PER_ANALYST": "100000",  # bursts here test crashes, not limits
             "EXPOST_LOG_LEVEL": "INFO",
             "OPENBLAS_NUM_THREADS": "1",
             "OMP_NUM_THREADS": "1",
@@ -348,18 +385,24 @@ def wait_until_settled(database_url: str, dataset_ids: list[str], timeout: float
         engine.dispose()
 
 
-def assert_books_balance(cluster: Cluster, dataset_ids: list[str]) -> Counter[str]:
-    """The checks of the module docstring; returns the count of requests per final state."""
+def assert_books_balance(cluster: Cluster, dataset_ids: list[str], cli: bool = True) -> Counter[str]:
+    """The checks of the module docstring; returns the count of requests per final state. ``cli=False``
+    runs the verification of ``expost ledger verify`` (``service.ledger.verify``) in this process instead
+    of starting the CLI (which takes seconds on a loaded machine)."""
     from service.db.models import AnalysisRequest, LedgerEntry, PrivacyFilter
     from service.db.session import make_engine, make_sessionmaker
+    from service.ledger import verify
 
-    verified = cluster.cli("ledger", "verify")
-    assert verified.returncode == 0, verified.stdout + verified.stderr
-    assert verified.stdout.strip().endswith("ok"), verified.stdout
+    if cli:
+        verified = cluster.cli("ledger", "verify")
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        assert verified.stdout.strip().endswith("ok"), verified.stdout
     engine = make_engine(cluster.database_url)
     states: Counter[str] = Counter()
     try:
         with make_sessionmaker(engine)() as session:
+            if not cli:
+                assert verify(session).problems == []
             for dataset_id in dataset_ids:
                 requests = session.scalars(
                     select(AnalysisRequest).where(AnalysisRequest.dataset_id == dataset_id)

@@ -38,6 +38,9 @@ def test_every_curl_example_in_the_api_docs_works(live_server: LiveServer) -> No
     assert "\n0\n0.02\n0.02\n" in out  # noise reduction: level 0, then ε of level 1, charged that ε
     assert re.search(r"\n\[-?[0-9.e-]+, -[0-9.e-]+, -?[0-9.e-]+\]\n[0-9.e-]+\n", out)  # θ, report
     assert "/problems/" in out  # a recorded refusal
+    assert re.search(r"(?im)^retry-after: [0-9]+", out)  # the 202 of a long request
+    assert re.search(r"\n(queued|running)\n(aborted|failed_charged)\n", out)  # its phase, then the cancel
+    assert '"max_running_requests":4' in out  # the analyst's limits
     assert '"status":"ok"' in out
     assert '"status":"ready"' in out
 

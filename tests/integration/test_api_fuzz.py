@@ -83,6 +83,8 @@ OPERATIONS: dict[str, str] = {
     "POST /v1/datasets/{dataset_id}/requests:estimate": ANALYST,
     "POST /v1/datasets/{dataset_id}/requests": ANALYST,
     "GET /v1/requests/{request_id}": ANALYST,
+    "POST /v1/requests/{request_id}/cancel": ANALYST,  # the world's request is committed: a 409
+    "GET /v1/analysts/{analyst}/limits": ANALYST,
     "POST /v1/datasets/{dataset_id}/sessions": ANALYST,
     "GET /v1/sessions/{session_id}": ANALYST,
     "POST /v1/sessions/{session_id}/queries": ANALYST,
@@ -95,6 +97,7 @@ OPERATIONS: dict[str, str] = {
     "POST /v1/sessions/{session_id}/close": ANALYST,
     "PUT /v1/datasets/{dataset_id}/analysts/{analyst}/budget": ADMIN,
     "PUT /v1/datasets/{dataset_id}/budget": ADMIN,
+    "PUT /v1/analysts/{analyst}/limits": ADMIN,  # may lower the analyst's limits: after every submission
 }
 
 # Operations whose only inputs are the key and string path parameters, which no value can make invalid
@@ -104,6 +107,7 @@ POSITIVE_ONLY = {
     "GET /v1/datasets/{dataset_id}", "GET /v1/datasets/{dataset_id}/grants",
     "GET /v1/datasets/{dataset_id}/budget", "GET /v1/datasets/{dataset_id}/analysts/{analyst}/budget",
     "GET /v1/requests/{request_id}", "GET /v1/sessions/{session_id}", "POST /v1/sessions/{session_id}/close",
+    "POST /v1/requests/{request_id}/cancel", "GET /v1/analysts/{analyst}/limits",
 }
 
 # An int column too, so that histograms over integer bins are reachable.

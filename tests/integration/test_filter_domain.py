@@ -73,6 +73,7 @@ class TestTransitions:
         with sessions() as session, session.begin():
             request = RequestRepository(session).get(ref.id)
             assert request is not None
+            request.lease_owner = "lost-worker"  # claimed (the data may have been read), then silent
             request.lease_expires_at = datetime.now(UTC) - timedelta(seconds=1)
         assert requests.reap_expired(sessions) >= 1
         assert reserved_pure(sessions, setup[0]) == (0, 300_000_000_000)

@@ -255,7 +255,29 @@ class TestClaim:
         assert requests.run_request(sessions, setup[2], rid) == "duplicate"
         assert commits(sessions, rid) == 1
 
-    def test_an_expired_unclaimed_request_cannot_be_claimed(
+    def test_a_queued_request_is_never_reaped_and_its_lease_starts_at_the_claim(
+        self, sessions: sessionmaker[Session], setup: tuple[str, Principal, TableCache]
+    ) -> None:
+        rid = admit(sessions, setup, "laplace", lease=30.0)
+        queued = row(sessions, rid)
+        assert (queued.lease_owner, queued.lease_expires_at, queued.started_at) == (None, None, None)
+        with sessions() as session, session.begin():  # as if it had waited in the queue for an hour
+            session.execute(
+                update(AnalysisRequest)
+                .where(AnalysisRequest.id == rid)
+                .values(created_at=datetime.now(UTC) - timedelta(hours=1))
+            )
+        assert requests.reap_expired(sessions) == 0  # waiting is not failing: nothing charged
+        assert row(sessions, rid).state == "running"
+        before = datetime.now(UTC)
+        assert requests.run_request(sessions, setup[2], rid, lease_seconds=30.0) == "settled"
+        final = row(sessions, rid)
+        assert final.state == "committed"
+        assert final.started_at is not None
+        assert final.started_at >= before
+        assert commits(sessions, rid) == 1
+
+    def test_a_queued_request_past_the_queue_timeout_is_aborted_without_charge(
         self, sessions: sessionmaker[Session], setup: tuple[str, Principal, TableCache]
     ) -> None:
         rid = admit(sessions, setup, "laplace", lease=30.0)
@@ -263,13 +285,16 @@ class TestClaim:
             session.execute(
                 update(AnalysisRequest)
                 .where(AnalysisRequest.id == rid)
-                .values(lease_expires_at=datetime.now(UTC) - timedelta(seconds=1))
+                .values(created_at=datetime.now(UTC) - timedelta(seconds=120))
             )
-        assert not requests.claim(sessions, rid, "late-worker", 30.0)
-        assert requests.run_request(sessions, setup[2], rid) == "duplicate"
-        assert requests.reap_expired(sessions) >= 1
-        assert row(sessions, rid).state == "failed_charged"
-
+        assert requests.reap_expired(sessions, max_queue_seconds=60) == 0  # none charged
+        final = row(sessions, rid)
+        assert (final.state, final.realized, final.started_at) == ("aborted", None, None)
+        assert "nothing was charged" in (final.error or "")
+        assert spent_reserved(sessions, setup[0]) == (0, 0)
+        assert not requests.claim(sessions, rid, "late-worker", 30.0)  # and nobody can start it now
+        with sessions() as session:
+            assert verify(session).problems == []
 
     def test_a_request_this_worker_cannot_run_is_aborted_unread_and_uncharged(
         self,
