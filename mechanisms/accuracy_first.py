@@ -531,11 +531,18 @@ def _private_query_sensitivity(plan: _Plan, target: Target) -> float:
 
 
 def _private_values(noisy: np.ndarray, truth: np.ndarray, target: Target) -> float:
-    """f_t(D) of one level: min_j(r|y_j| − |ŷ_j − y_j|) (relative) or a − max_j |ŷ_j − y_j| (absolute)."""
-    error = np.abs(noisy - truth)
+    """f_t(D) of one level: min_j(r|y_j| − |ŷ_j − y_j|) (relative) or a − max_j |ŷ_j − y_j| (absolute).
+
+    Computed in exact rationals and rounded once to a float (relative error ≤ 2^-53), so the only float
+    error the threshold test's grid must absorb is that one rounding, whatever the magnitudes (the
+    InteractiveAboveThreshold grid's 2^-6-unit slack covers it up to its ±2^44-unit clamp)."""
+    released = [Fraction(float(v)) for v in np.ravel(noisy)]
+    answers = [Fraction(float(v)) for v in np.ravel(truth)]
+    errors = [abs(a - b) for a, b in zip(released, answers, strict=True)]
     if isinstance(target, RelativeTarget):
-        return float(np.min(target.relative * np.abs(truth) - error))
-    return float(target.absolute - np.max(error))
+        r = Fraction(target.relative)
+        return float(min(r * abs(y) - e for y, e in zip(answers, errors, strict=True)))
+    return float(Fraction(target.absolute) - max(errors))
 
 
 def _plus_pure(curve: RdpCurve, epsilon: float) -> RdpCurve:

@@ -205,7 +205,7 @@ class Noise:
         if t <= 0:
             raise ValueError("the discrete Laplace scale must be > 0")
         s, r = t.numerator, t.denominator
-        if s > _FAST_DENOMINATOR:
+        if s > _FAST_DENOMINATOR or r > _MAX_MODULUS:
             return np.array([self._discrete_laplace_big(s, r) for _ in range(size)], dtype=object)
         out = np.empty(size, dtype=np.int64)
         pending = np.arange(size)
@@ -313,8 +313,9 @@ class Noise:
 
     # ----- data-independent helpers ---------------------------------------------------------------------
     def permutation(self, n: int) -> IntArray:
-        """A uniformly random permutation of range(n) (exact Fisher–Yates via ``uniform_below``, vectorised
-        as sorting by ``uniform_below`` keys of 62 bits, ties broken by a second key)."""
+        """A random permutation of range(n): a stable sort by two independent 62-bit uniform keys. Uniform
+        except on key ties (probability ≤ n²/2^125); the privacy proofs that use it (data splits) need only
+        that it is independent of the data."""
         keys_high = self.uniform_below(_MAX_MODULUS, n)
         keys_low = self.uniform_below(_MAX_MODULUS, n)
         order: np.ndarray = np.lexsort((keys_low, keys_high))

@@ -36,13 +36,14 @@ class Grid:
         return math.ldexp(1.0, self.exponent)
 
     def to_units(self, values: np.ndarray) -> np.ndarray:
-        """⌊values/γ + ½⌋ as int64: division by a power of two is exact, and so is adding ½ below 2^52.
+        """⌊values/γ + ½⌋ as int64: the division by a power of two, ⌊x⌋ and x − ⌊x⌋ are exact below 2^52.
         Round-half-up, not half-even: Lemma GRID's ⌈|a − b|⌉ needs a rounding that commutes with integer
         shifts (half-even maps 0.5 → 0 and 1.5 → 2, two steps apart for inputs one apart)."""
         scaled = np.ldexp(np.asarray(values, dtype=np.float64), -self.exponent)
         if not np.all(np.isfinite(scaled)) or np.any(np.abs(scaled) >= _MAX_UNITS):
             raise ValueError("a value is too large for its grid (|value/γ| ≥ 2^52)")
-        units: np.ndarray = np.floor(scaled + 0.5).astype(np.int64)
+        whole = np.floor(scaled)
+        units: np.ndarray = (whole + (scaled - whole >= 0.5)).astype(np.int64)  # both steps exact
         return units
 
     def from_units(self, units: np.ndarray) -> np.ndarray:
