@@ -48,6 +48,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from mechanisms import accuracy_first_erm as af  # noqa: E402
+from mechanisms.noise import Noise  # noqa: E402
 
 LAM, GAMMA = 0.005, 0.1
 PAPER = {("ridge", 0.05): {"noise_reduction": 2.303, "doubling": 6.205}}
@@ -76,16 +77,17 @@ def run_cell(
     trials: int,
     seed: int,
 ) -> dict[str, Any]:
-    rng = np.random.default_rng(seed)
+    noise = Noise.seeded(seed)  # a reproducible benchmark; the service uses Noise.system()
     results = []
     for _ in range(trials):
         if method == "noise_reduction":
-            results.append(af.accuracy_first(problem, data, grid, rng))
+            results.append(af.accuracy_first(problem, data, grid, noise))
         elif method == "doubling":
-            results.append(af.doubling(problem, data, af.doubling_grid(float(grid[0]), float(grid[-1])), rng))
+            levels = af.doubling_grid(float(grid[0]), float(grid[-1]))
+            results.append(af.doubling(problem, data, levels, noise))
         else:
             eps = af.theory_epsilon(problem.task, problem.n, problem.p, problem.lam, problem.alpha)
-            results.append(af.one_shot(problem, data, eps, rng))
+            results.append(af.one_shot(problem, data, eps, noise))
     eps_all = np.array([r.epsilon for r in results])
     excess = np.array([r.excess for r in results])
     return {

@@ -45,6 +45,7 @@ if str(ROOT) not in sys.path:
 
 from mechanisms.accounting import RdpCurve, epsilon_at_delta_tight  # noqa: E402
 from mechanisms.dp_gd import DpGdConfig, dp_gd_curve, dp_gd_train  # noqa: E402
+from mechanisms.noise import Noise  # noqa: E402
 from mechanisms.objective_perturbation import (  # noqa: E402
     ObjPertConfig,
     minimum_tolerance,
@@ -107,15 +108,22 @@ def objpert_config(eps: float, n: int, d: int) -> ObjPertConfig:
     sigma = F_SIGMA * gaussian_sigma(eps, R)
     beta = R * R / 4
 
+    tau = TAU
+
     def curve_ok(lam: float) -> bool:
         return (
-            _converted(objpert_curve(ObjPertConfig(lam=lam, sigma=sigma, tau=TAU, row_norm=R), ORDERS)) <= eps
+            _converted(objpert_curve(ObjPertConfig(lam=lam, sigma=sigma, tau=tau, row_norm=R), ORDERS)) <= eps
         )
 
+    # τ no smaller than the public float-rounding floor the service enforces, so the certified stop is
+    # reachable. The grid charge depends (very slightly) on τ through τ_eff = τ + κ and the output grid
+    # (docs/privacy.md §10), so λ is calibrated again at the final τ.
     lam = _bisect(curve_ok, beta * (1 + 1e-9), 1e7, increasing_ok=True)
-    # τ no smaller than the public float-rounding floor the service enforces (the curve does not depend on
-    # τ: the output noise scales with it), so the certified stop is reachable.
-    tau = max(TAU, minimum_tolerance(lam, sigma, R, d, n))
+    for _ in range(3):
+        tau = max(TAU, minimum_tolerance(lam, sigma, R, d, n))
+        lam = _bisect(curve_ok, beta * (1 + 1e-9), 1e7, increasing_ok=True)
+        if tau >= minimum_tolerance(lam, sigma, R, d, n):
+            break
     return ObjPertConfig(lam=lam, sigma=sigma, tau=tau, row_norm=R, max_rows=n)
 
 
@@ -150,10 +158,10 @@ def dpgd_multiplier(eps: float) -> float:
     return _bisect(ok, 1e-2, 1e5, increasing_ok=True)
 
 
-def dpgd(x: np.ndarray, y: np.ndarray, eps: float, rng: np.random.Generator) -> np.ndarray:
+def dpgd(x: np.ndarray, y: np.ndarray, eps: float, noise: Noise) -> np.ndarray:
     config = _dpgd_config(dpgd_multiplier(eps))
     assert _converted(dp_gd_curve(config, "add_remove", ORDERS)) <= eps
-    return dp_gd_train(config, x, y, float(x.shape[0]), rng)
+    return dp_gd_train(config, x, y, float(x.shape[0]), noise)
 
 
 def _prepare(features: np.ndarray, labels: np.ndarray, seed: int) -> tuple[np.ndarray, ...]:
@@ -199,11 +207,12 @@ def run(quick: bool, trials: int) -> dict[str, Any]:
             accs: dict[str, list[float]] = {"objpert": [], "outpert": [], "dp-gd": []}
             for trial in range(trials):
                 rng = np.random.default_rng(1000 * trial + int(eps * 100))
-                theta, curve = train_objpert_logistic(xtr, ytr, config, rng, ORDERS)
+                noise = Noise.seeded(1000 * trial + int(eps * 100))
+                theta, curve = train_objpert_logistic(xtr, ytr, config, noise, ORDERS)
                 assert _converted(curve) <= eps
                 accs["objpert"].append(_accuracy(theta, xte, yte))
                 accs["outpert"].append(_accuracy(outpert(xtr, ytr, eps, rng), xte, yte))
-                accs["dp-gd"].append(_accuracy(dpgd(xtr, ytr, eps, rng), xte, yte))
+                accs["dp-gd"].append(_accuracy(dpgd(xtr, ytr, eps, noise), xte, yte))
             row = {
                 "epsilon": eps,
                 "delta": DELTA,

@@ -48,6 +48,7 @@ if str(ROOT) not in sys.path:
 
 from mechanisms.accounting import DEFAULT_ORDERS, epsilon_at_delta  # noqa: E402
 from mechanisms.dp_gd import DpGdConfig, dp_gd_curve, dp_gd_train, noise_multiplier_for  # noqa: E402
+from mechanisms.noise import Noise  # noqa: E402
 from mechanisms.relative_gaussian import RelativeSensitivity  # noqa: E402
 from mechanisms.rgm_gd import (  # noqa: E402
     RgmGdConfig,
@@ -142,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     def rgm_runs(gamma: float, sigma: float) -> dict[str, Any]:
         """Excess-risk curves of RGM-GD with (γ, σ) over the seeds."""
         config = RgmGdConfig("ridge", REG, steps, tau, gamma, sigma)
-        rngs = [np.random.default_rng(seed) for seed in range(args.seeds)]
-        paths = [rgm_gd_train(config, x, y, rng).iterates for rng in rngs]
+        noises = [Noise.seeded(seed) for seed in range(args.seeds)]
+        paths = [rgm_gd_train(config, x, y, noise).iterates for noise in noises]
         return summarize([excess(path, a, theta_star) for path in paths], checkpoints)
 
     levels: dict[str, Any] = {}
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, config in dp_configs.items():
             runs = []
             for seed in range(args.seeds):
-                path = dp_gd_train(config, x, y, n, np.random.default_rng(seed), return_iterates=True)
+                path = dp_gd_train(config, x, y, n, Noise.seeded(seed), return_iterates=True)
                 runs.append(excess(path, a, theta_star))
             methods[f"dpgd_{name}"].update(summarize(runs, checkpoints))
         methods["nonprivate"] = summarize(
@@ -256,10 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         nonprivate_gd(x, y, tau, steps)
         timings["nonprivate"].append(time.perf_counter() - start)
         start = time.perf_counter()
-        rgm_gd_train(config_r, x, y, np.random.default_rng(repeat))
+        rgm_gd_train(config_r, x, y, Noise.seeded(repeat))
         timings["rgm"].append(time.perf_counter() - start)
         start = time.perf_counter()
-        dp_gd_train(config_dp, x, y, n, np.random.default_rng(repeat))
+        dp_gd_train(config_dp, x, y, n, Noise.seeded(repeat))
         timings["dpgd"].append(time.perf_counter() - start)
     medians = {k: float(np.median(v)) for k, v in timings.items()}
     ratio = medians["rgm"] / medians["nonprivate"]

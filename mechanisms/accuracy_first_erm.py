@@ -44,7 +44,17 @@ convexity, ‖∇L(θ̂)‖ ≤ g_tol ⇒ ‖θ̂ − θ*‖ ≤ g_tol/λ and L(
 are inflated by a public relative slack (``SLACK``) that covers these and float rounding by orders of
 magnitude. A solver that cannot certify raises (the service then commits the worst case).
 
-Limitation (as for ``mechanisms.laplace``): floating-point Laplace samplers (Mironov 2012).
+Finite precision (docs/privacy.md §10): every draw is exact and integer, through ``Noise`` (OS CSPRNG in the
+service). The statistic is rounded (exactly, half-up) to a public grid γ_S = 2^k chosen from Δ_S, its
+dimension, ε_1 and a public magnitude bound (``statistic_plan``); its ℓ1 sensitivity in grid units is the
+integer Δ_g = ⌊Δ_S/γ_S + d/64⌋ + d (each coordinate's rounded value moves by ≤ |change|/γ_S + 1; Δ_S already
+covers the float error of the computed statistic, d/64 is a further per-coordinate float allowance), and
+discrete Laplace noise reduction (``LazyLaplaceNR``, pure Δ_g·x_t ≤ ε_t per level) releases γ_S·(U + η_t).
+The models θ^t are post-processing of those grid vectors, and the released coefficients are truncated toward
+zero onto a public model grid (``coefficient_grid``: γ_S for logistic, where θ^t is the noisy statistic
+itself; 2^⌊log2 M⌋−40 for ridge), so every released number is a multiple of the published granularity. The
+test is the grid InteractiveAboveThreshold (``mechanisms.above_threshold``; only the level is released).
+Charges are unchanged (pure ε_A + ε_t). Timing is not claimed (rejection samplers run variable time).
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, ClassVar, Literal, Self
 
 import numpy as np
@@ -62,16 +73,19 @@ from scipy import integrate, optimize
 from mechanisms.above_threshold import (
     IatCalibration,
     InteractiveAboveThreshold,
+    ThresholdGrid,
     iat_charge,
     iat_paper_calibration,
     iat_reference_calibration,
 )
-from mechanisms.accounting import RdpCurve, laplace_scale
+from mechanisms.accounting import RdpCurve
 from mechanisms.accounting.curve import _pad_up, sum_up
 from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
 from mechanisms.learning import FeatureSpec, check_features, design_matrix, dimension
 from mechanisms.learning import Task as LearningTask
-from mechanisms.noise_reduction import LazyLaplaceNR
+from mechanisms.noise import Grid, Noise, dyadic_scale_up, laplace_grid
+from mechanisms.noise_reduction import LazyLaplaceNR, laplace_nr_rates
+from mechanisms.queries import charged_fraction, unit_shift
 
 Task = Literal["ridge", "logistic"]
 Calibration = Literal["paper_theorem", "reference_code", "exact_bound"]
@@ -91,6 +105,14 @@ MIN_EPSILON = 1e-9
 LEARNING_TASK: dict[Task, LearningTask] = {"ridge": "regression", "logistic": "classification"}
 CHUNK = 32
 """Levels evaluated per batch (one matrix product); decisions are still taken one level at a time."""
+SCALE_BITS = 40
+"""The statistic grid is coarsened until the noisiest level's scale, Δ_S/(γ_S·ε_1), is ≤ 2^40 grid units."""
+RANGE_BITS = 44
+"""... and until the public magnitude bound of the statistic is ≤ 2^44·γ_S (exact float arithmetic)."""
+COEFFICIENT_BITS = 40
+"""Ridge coefficients are released on 2^(⌊log2 M⌋ − 40): a change of ≤ √p·2^−40·M, far below any α."""
+FLOAT_ALLOWANCE = Fraction(1, 64)
+"""Per-coordinate float allowance (grid units) on top of Δ_S's relative slack, as ``queries.unit_shift``."""
 
 
 # ----- public constants of the problem (note §2.0, §2.4, §2.5) ---------------------------------------------
@@ -146,6 +168,89 @@ def geometric_grid(epsilon_min: float, epsilon_max: float, levels: int) -> np.nd
     return grid
 
 
+# ----- the public grids (docs/privacy.md §10) ---------------------------------------------------------------
+def statistic_dimension(task: Task, p: int) -> int:
+    """d of the noised statistic: p² + p for (XᵀX, Xᵀy), p for θ*."""
+    return p * p + p if task == "ridge" else p
+
+
+def statistic_magnitude(task: Task, n: int, lam: float) -> float:
+    """A public bound on every coordinate of the computed statistic: n for (XᵀX, Xᵀy) (|Σ_i x_ij x_ik| ≤
+    Σ_i ‖x_i‖₁² ≤ n and |Σ_i x_ij y_i| ≤ n), 2M for θ* (‖θ*‖₂ ≤ M, doubled for the solver's tolerance)."""
+    return float(n) if task == "ridge" else 2.0 * radius(task, lam)
+
+
+def _grid_at_least(size: float) -> Grid:
+    """The smallest power-of-two grid ≥ ``size`` (> 0)."""
+    mantissa, exponent = math.frexp(size)  # size = mantissa·2^exponent, mantissa ∈ [0.5, 1)
+    return Grid(exponent - 1 if mantissa == 0.5 else exponent)
+
+
+@dataclass(frozen=True)
+class StatisticPlan:
+    """The public grid of the noised statistic and its ℓ1 sensitivity ``units`` (Δ_g, an integer) there."""
+
+    grid: Grid
+    dim: int
+    units: int
+
+    def to_units(self, values: np.ndarray) -> np.ndarray:
+        """⌊v/γ + ½⌋ exactly (int64): v/γ is a power-of-two scaling (exact), and so are v/γ − ⌊v/γ⌋ and the
+        comparison with ½ below 2^52. A public map, so |U_j(D) − U_j(D′)| ≤ ⌊|v_j(D) − v_j(D′)|/γ⌋ + 1."""
+        scaled = np.ldexp(np.asarray(values, dtype=np.float64), -self.grid.exponent)
+        if not np.all(np.isfinite(scaled)) or np.any(np.abs(scaled) >= float(1 << 52)):
+            raise ValueError("a statistic is too large for its grid (|value/γ| ≥ 2^52)")
+        low = np.floor(scaled)
+        units: np.ndarray = low.astype(np.int64) + (scaled - low >= 0.5).astype(np.int64)
+        return units
+
+    def from_units(self, units: np.ndarray) -> np.ndarray:
+        """γ·units, exact (checked below 2^53)."""
+        return self.grid.from_units(units)
+
+
+def statistic_plan(task: Task, n: int, p: int, lam: float, epsilon_min: float) -> StatisticPlan:
+    """γ_S from public values only: ``laplace_grid``'s largest 2^k ≤ 2^−10·Δ_S/d, coarsened until the
+    noisiest level's scale Δ_S/(γ_S·ε_1) ≤ 2^40 units and the magnitude bound ≤ 2^44·γ_S.
+
+    Δ_g = ⌊Δ_S/γ_S + d/64⌋ + d bounds ‖U(D) − U(D′)‖₁: coordinate-wise ⌊|a − b|⌋ + 1 ≤ |a − b| + 1, summed
+    with ‖Ŝ(D) − Ŝ(D′)‖₁ ≤ Δ_S (the computed statistics, SLACK included), plus a 1/64-unit allowance per
+    coordinate; an integer, so the floor is exact. Relative cost: ≤ (1 + 1/64)·2^−10 unless coarsened.
+    """
+    delta = statistic_sensitivity(task, n, lam, p)
+    dim = statistic_dimension(task, p)
+    grid = laplace_grid(delta, dim, integer_valued=False)
+    floors = (delta / (epsilon_min * 2.0**SCALE_BITS), statistic_magnitude(task, n, lam) * 2.0**-RANGE_BITS)
+    for floor in floors:
+        if floor > grid.granularity:
+            grid = _grid_at_least(floor)
+    units = math.floor(Fraction(delta) / Fraction(grid.granularity) + FLOAT_ALLOWANCE * dim) + dim
+    return StatisticPlan(grid, dim, units)
+
+
+def smallest_level_epsilon(task: Task, p: int) -> float:
+    """(2d + 2)·2^−40: from this ε_1 up, ``statistic_plan``'s coarsening keeps the noisiest scale Δ_g/ε_1 ≤
+    2^40 + (65d/64 + 1)/ε_1 < 2^41 grid units, the largest the exact noise reduction takes (Δ_g ≥ d)."""
+    return (2.0 * statistic_dimension(task, p) + 2.0) * 2.0**-40
+
+
+def coefficient_grid(task: Task, lam: float, plan: StatisticPlan) -> Grid:
+    """The public grid of the released coefficients: γ_S for logistic (θ^t is the noisy statistic, projected),
+    2^(⌊log2 M⌋ − 40) for ridge (θ^t solves a problem in the noisy statistic)."""
+    if task == "logistic":
+        return plan.grid
+    return Grid(math.frexp(radius(task, lam))[1] - 1 - COEFFICIENT_BITS)
+
+
+def snap(thetas: np.ndarray, grid: Grid) -> np.ndarray:
+    """Each coefficient truncated toward zero to a multiple of γ (exact; |snap(c)| ≤ |c|: ‖θ‖₂ ≤ M stays)."""
+    units = np.trunc(np.ldexp(np.asarray(thetas, dtype=np.float64), -grid.exponent))
+    if np.any(np.abs(units) >= float(1 << 53)):
+        raise OverflowError("a coefficient is too large for its grid")
+    result: np.ndarray = np.ldexp(units, grid.exponent)
+    return result
+
+
 # ----- the test: Ligett's InteractiveAboveThreshold (mechanisms.above_threshold; note §2.2, C2/C3, P11) ----
 def iat_calibration(
     calibration: Calibration, delta_q: float, alpha: float, gamma: float, levels: int
@@ -190,21 +295,62 @@ def iat_failure_probability(epsilon_a: float, delta_q: float, margin: float, lev
     return _failure_in_units(margin * epsilon_a / (4.0 * delta_q), levels)
 
 
+def _dlap_cdf(m: np.ndarray, q: float) -> np.ndarray:
+    """P(Z ≤ m) for Z ~ DLap(q), P(z) = (1−q)/(1+q)·q^|z|: 1 − q^(m+1)/(1+q) for m ≥ 0, q^(−m)/(1+q) else."""
+    m = np.asarray(m, dtype=np.float64)
+    log_q = math.log(q)
+    upper = -np.expm1((np.maximum(m, 0.0) + 1.0) * log_q - math.log1p(q))
+    lower = np.exp(-np.minimum(m, 0.0) * log_q - math.log1p(q))
+    result: np.ndarray = np.where(m >= 0, upper, lower)
+    return result
+
+
+def iat_discrete_failure_probability(
+    epsilon_a: float, delta_q: float, threshold: float, alpha: float, levels: int
+) -> float:
+    """Upper bound on P[some accepted level has excess > α] for the grid IAT actually run.
+
+    Acceptance at f_t < −α needs R(f_t) + ν_t ≥ R(W) + ρ (R = round to the IAT grid γ_A; |R(x) − x/γ_A| ≤ ½,
+    and the ±2^44 clamp only helps), so ν_t − ρ > (W + α)/γ_A − 1, i.e. ν_t − ρ ≥ k = ⌊(W + α)/γ_A⌋ (an
+    integer). Pre-drawing the ν's: failure ≤ Σ_r P(ρ = r)·h(r), h(r) = 1 − P(ν ≤ k + r − 1)^T, h decreasing.
+    Summed over blocks of ρ (exact block probabilities, h at the block's left end: an upper bound), ρ beyond
+    ±60 scales counted as failure, plus 10⁻¹² for float rounding.
+    """
+    grid = ThresholdGrid.build(delta_q, epsilon_a)
+    t1, t2 = float(grid.threshold_scale), float(grid.query_scale)
+    q1, q2 = math.exp(-1.0 / t1), math.exp(-1.0 / t2)
+    k = math.floor((Fraction(threshold) + Fraction(alpha)) / Fraction(grid.grid.granularity))
+    reach = math.ceil(60.0 * t1)
+    width = max(1, math.ceil(t1 / 4000.0))
+    starts = np.arange(-reach, reach + 1, width, dtype=np.float64)
+    block = _dlap_cdf(starts + (width - 1), q1) - _dlap_cdf(starts - 1, q1)
+    log_cdf = np.log(np.maximum(_dlap_cdf(k + starts - 1, q2), 1e-300))
+    h = -np.expm1(levels * log_cdf)
+    tails = float(_dlap_cdf(np.array([-reach - 1.0]), q1)[0]) + float(
+        1.0 - _dlap_cdf(np.array([starts[-1] + width - 1]), q1)[0]
+    )
+    return min(1.0, float(np.sum(np.maximum(block, 0.0) * h)) + tails + 1e-12)
+
+
 @functools.lru_cache(maxsize=256)
 def iat_exact_calibration(delta_q: float, alpha: float, gamma: float, levels: int) -> IatCalibration:
     """W = −α/2 (as the paper) and the smallest ε_A with exact failure bound ≤ γ (ours, see above).
 
-    Solves φ_T(u) = γ·(1 − 10⁻⁶) by Brent's method; the 10⁻⁶ margin absorbs the quadrature and the
-    rounding of the noise scales (``laplace_scale`` makes them a few ulps larger). Checked before use.
+    Solves φ_T(u) = γ·(1 − 10⁻⁶) by Brent's method for continuous Laplace noise, then certifies the grid IAT
+    that actually runs (discrete Laplace, scales ~0.1 % larger, rounded comparisons) with
+    ``iat_discrete_failure_probability``, raising ε_A by 0.05 % steps until the bound is ≤ γ.
     """
     target = gamma * (1.0 - 1e-6)
     u = optimize.brentq(lambda v: _failure_in_units(v, levels) - target, 1e-9, 200.0, xtol=1e-12, rtol=1e-12)
     u *= 1.0 + 1e-9
     margin = alpha / 2.0
     epsilon_a = _pad_up(4.0 * delta_q * u / margin)
-    if not iat_failure_probability(epsilon_a, delta_q, margin, levels) <= target:
-        raise ArithmeticError("the exact-bound calibration could not be certified")
-    return IatCalibration(epsilon_a, -alpha / 2.0, "exact-bound")
+    threshold = -alpha / 2.0
+    for _ in range(200):
+        if iat_discrete_failure_probability(epsilon_a, delta_q, threshold, alpha, levels) <= target:
+            return IatCalibration(epsilon_a, threshold, "exact-bound")
+        epsilon_a = _pad_up(epsilon_a * (1.0 + 5e-4))
+    raise ArithmeticError("the exact-bound calibration could not be certified")
 
 
 def doubling_test(calibration: Calibration, delta_q: float, alpha: float, gamma: float, levels: int) -> float:
@@ -386,8 +532,10 @@ def hypotheses(task: Task, noisy: np.ndarray, p: int, n: int, lam: float) -> np.
 # ----- the accuracy-first walk (note §2.3) ----------------------------------------------------------------
 @dataclass(frozen=True)
 class WalkResult:
-    """Public outcome: the released level (1-based), its model and ε's. ``excess`` is a non-private
-    diagnostic (for benchmarks only, never returned by the service, note P13)."""
+    """Public outcome: the released level (1-based), its model (on the grid ``granularity``) and ε's.
+    ``excess`` is a non-private diagnostic (for benchmarks only, never returned by the service, note P13);
+    ``statistic`` is the level's noisy statistic (a multiple of ``statistic_granularity``; for logistic it
+    is the unprojected model, for ridge it stays internal)."""
 
     level: int
     theta: np.ndarray
@@ -395,6 +543,9 @@ class WalkResult:
     epsilon_level: float
     epsilon_test: float
     excess: float
+    granularity: float = 0.0
+    statistic: np.ndarray | None = None
+    statistic_granularity: float = 0.0
 
     @property
     def epsilon(self) -> float:
@@ -424,6 +575,12 @@ class Problem:
     def test(self, levels: int) -> IatCalibration:
         return iat_calibration(self.calibration, self.delta_q, self.alpha, self.gamma, levels)
 
+    def plan(self, epsilon_min: float) -> StatisticPlan:
+        return statistic_plan(self.task, self.n, self.p, self.lam, epsilon_min)
+
+    def coefficient_grid(self, plan: StatisticPlan) -> Grid:
+        return coefficient_grid(self.task, self.lam, plan)
+
     def statistic(self, data: ErmData, theta_star: np.ndarray) -> np.ndarray:
         return data.statistic() if isinstance(data, RidgeData) else theta_star
 
@@ -432,51 +589,68 @@ def make_data(task: Task, x: np.ndarray, y: np.ndarray) -> ErmData:
     return RidgeData.from_arrays(x, y) if task == "ridge" else LogisticData(x, y)
 
 
+def released_models(problem: Problem, noisy: np.ndarray, model_grid: Grid) -> np.ndarray:
+    """θ^t of grid-valued noisy statistics (rows), truncated onto the model grid (post-processing)."""
+    return snap(hypotheses(problem.task, noisy, problem.p, problem.n, problem.lam), model_grid)
+
+
 def accuracy_first(
     problem: Problem,
     data: ErmData,
     epsilons: np.ndarray,
-    rng: np.random.Generator,
+    noise: Noise,
     progress: ProgressFn = no_progress,
 ) -> WalkResult:
-    """Noise reduction + InteractiveAboveThreshold (Algorithms 2, 3, 5; note §2.3).
+    """Noise reduction + InteractiveAboveThreshold (Algorithms 2, 3, 5; note §2.3), on the grid.
 
     The levels are walked from the most private with the lazy forward sampler (note §2.1), which holds one
-    level's noise at a time. Models and queries are computed in chunks of levels (one matrix product), but
-    each test uses only its own level's query and fresh noise, in order, and stops at the first pass, so
-    the law is that of the sequential algorithm; values of levels past the stop are discarded unreleased.
-    Levels are 1-based in the result.
+    level's noise at a time (integers in grid units). Level t's noisy statistic is γ_S·(U + η_t), U the
+    exactly rounded statistic and Δ_g its ℓ1 sensitivity in grid units (``statistic_plan``). Models and
+    queries are computed in chunks of levels (one matrix product), but each test uses only its own level's
+    query and fresh noise, in order, and stops at the first pass, so the law is that of the sequential
+    algorithm; values of levels past the stop are discarded unreleased. Levels are 1-based in the result.
     """
     lam, levels = problem.lam, len(epsilons)
     calibration = problem.test(levels)
+    plan = problem.plan(float(epsilons[0]))
+    model_grid = problem.coefficient_grid(plan)
     theta_star = data.minimizer(lam)
     best = float(data.losses(theta_star[None, :], lam)[0])
-    vector = problem.statistic(data, theta_star)
-    iat = InteractiveAboveThreshold(calibration.threshold, calibration.epsilon_a, problem.delta_q, rng)
-    state = LazyLaplaceNR.start(problem.delta_s, [float(e) for e in epsilons], vector.shape[0], rng)
+    units = plan.to_units(problem.statistic(data, theta_star))
+    iat = InteractiveAboveThreshold(calibration.threshold, calibration.epsilon_a, problem.delta_q, noise)
+    state = LazyLaplaceNR.start(float(plan.units), [float(e) for e in epsilons], plan.dim, noise)
     start = 0
     while True:
         stop = min(start + CHUNK, levels)
         rows = []
         for t in range(start, stop):
             if t > 0:
-                state = LazyLaplaceNR.advance(state, rng)
-            rows.append(vector + LazyLaplaceNR.noise(state))
-        thetas = hypotheses(problem.task, np.stack(rows), problem.p, problem.n, lam)
+                state = LazyLaplaceNR.advance(state, noise)
+            rows.append(plan.from_units(units + LazyLaplaceNR.noise(state)))
+        noisy = np.stack(rows)
+        thetas = released_models(problem, noisy, model_grid)
         queries = best - data.losses(thetas, lam)
         for j, value in enumerate(queries):
-            if iat.test(float(value), rng):
-                return _result(start + j, thetas[j], True, epsilons, calibration, -float(value))
-        if stop == levels:
-            return _result(levels - 1, thetas[-1], False, epsilons, calibration, -float(queries[-1]))
-        start = stop
-        progress(start / levels)
-
-
-def _result(
-    index: int, theta: np.ndarray, reached: bool, epsilons: np.ndarray, test: IatCalibration, excess: float
-) -> WalkResult:
-    return WalkResult(index + 1, theta, reached, float(epsilons[index]), test.epsilon_a, excess)
+            if iat.test(float(value), noise):
+                index, reached = start + j, True
+                break
+        else:
+            if stop < levels:
+                start = stop
+                progress(start / levels)
+                continue
+            index, reached, j = levels - 1, False, len(queries) - 1
+        return WalkResult(
+            index + 1,
+            thetas[j],
+            reached,
+            float(epsilons[index]),
+            calibration.epsilon_a,
+            -float(queries[j]),
+            model_grid.granularity,
+            noisy[j],
+            plan.grid.granularity,
+        )
 
 
 # ----- baselines -------------------------------------------------------------------------------------------
@@ -491,37 +665,84 @@ def doubling_charge(test_epsilon: float, epsilons: Sequence[float] | np.ndarray,
     return sum_up([test_epsilon] * rounds + [float(e) for e in epsilons[:rounds]])
 
 
-def doubling(problem: Problem, data: ErmData, epsilons: np.ndarray, rng: np.random.Generator) -> WalkResult:
-    """DoublingMethod (Algorithm 4): independent ε_i-DP models, each tested with fresh Lap noise."""
+def grid_release(plan: StatisticPlan, units: np.ndarray, epsilon: float, noise: Noise) -> np.ndarray:
+    """γ_S·(U + Z), Z ~ DLap(t) per coordinate with t = ``dyadic_scale_up``(Δ_g/ε) ≥ Δ_g/ε: pure ε-DP
+    (the discrete Laplace ratio at an integer shift of ℓ1 norm ≤ Δ_g is ≤ e^{Δ_g/t})."""
+    scale = dyadic_scale_up(Fraction(plan.units) / charged_fraction(epsilon))
+    return plan.from_units(units + noise.discrete_laplace(scale, units.size))
+
+
+@dataclass(frozen=True)
+class GridTest:
+    """One noisy comparison f + noise ≥ W on a grid: accept iff R(f) + Z ≥ R(W), Z ~ DLap(t) (grid units).
+    R(f) moves by ≤ M = ``unit_shift``(Δ_q) units, so the accept bit is pure M/t ≤ ε-DP."""
+
+    grid: Grid
+    threshold_units: int
+    scale: Fraction
+
+    @classmethod
+    def build(cls, delta_q: float, epsilon: float, threshold: float) -> GridTest:
+        grid = laplace_grid(delta_q, 1, integer_valued=False)
+        shift = unit_shift(delta_q, grid, exact=False)
+        scale = dyadic_scale_up(Fraction(shift) / charged_fraction(epsilon))
+        return cls(grid, round(Fraction(threshold) / Fraction(grid.granularity)), scale)
+
+    def passes(self, value: float, noise: Noise) -> bool:
+        units = round(Fraction(value) / Fraction(self.grid.granularity))
+        return units + int(noise.discrete_laplace(self.scale, 1)[0]) >= self.threshold_units
+
+
+def doubling(problem: Problem, data: ErmData, epsilons: np.ndarray, noise: Noise) -> WalkResult:
+    """DoublingMethod (Algorithm 4): independent ε_i-DP grid models, each tested with fresh grid noise."""
     lam, levels = problem.lam, len(epsilons)
     scale = doubling_test(problem.calibration, problem.delta_q, problem.alpha, problem.gamma, levels)
     eps_test = _pad_up(problem.delta_q / scale)
+    test = GridTest.build(problem.delta_q, eps_test, -problem.alpha / 2.0)
+    plan = problem.plan(float(epsilons[0]))
+    model_grid = problem.coefficient_grid(plan)
     theta_star = data.minimizer(lam)
     best = float(data.losses(theta_star[None, :], lam)[0])
-    vector = problem.statistic(data, theta_star)
+    units = plan.to_units(problem.statistic(data, theta_star))
     theta = theta_star
     excess = 0.0
     for i, eps in enumerate(epsilons):
-        noisy = vector + rng.laplace(0.0, laplace_scale(problem.delta_s, float(eps)), size=vector.shape)
-        theta = hypotheses(problem.task, noisy[None, :], problem.p, problem.n, lam)[0]
+        noisy = grid_release(plan, units, float(eps), noise)
+        theta = released_models(problem, noisy[None, :], model_grid)[0]
         query = best - float(data.losses(theta[None, :], lam)[0])
         excess = -query
-        if query + float(rng.laplace(0.0, scale)) >= -problem.alpha / 2.0:
+        if test.passes(query, noise):
             charge = doubling_charge(eps_test, epsilons, i + 1)
-            return WalkResult(i + 1, theta, True, charge - (i + 1) * eps_test, (i + 1) * eps_test, excess)
+            rounds = i + 1
+            return WalkResult(
+                rounds,
+                theta,
+                True,
+                charge - rounds * eps_test,
+                rounds * eps_test,
+                excess,
+                model_grid.granularity,
+                noisy,
+                plan.grid.granularity,
+            )
     charge = doubling_charge(eps_test, epsilons, levels)
-    return WalkResult(levels, theta, False, charge - levels * eps_test, levels * eps_test, excess)
+    return WalkResult(
+        levels, theta, False, charge - levels * eps_test, levels * eps_test, excess, model_grid.granularity
+    )
 
 
-def one_shot(problem: Problem, data: ErmData, epsilon: float, rng: np.random.Generator) -> WalkResult:
-    """The theory-inversion baseline: one ε-DP model (Theorem 3.1 / 3.3), no test."""
+def one_shot(problem: Problem, data: ErmData, epsilon: float, noise: Noise) -> WalkResult:
+    """The theory-inversion baseline: one ε-DP grid model (Theorem 3.1 / 3.3), no test."""
     lam = problem.lam
+    plan = problem.plan(epsilon)
+    model_grid = problem.coefficient_grid(plan)
     theta_star = data.minimizer(lam)
-    vector = problem.statistic(data, theta_star)
-    noisy = vector + rng.laplace(0.0, laplace_scale(problem.delta_s, epsilon), size=vector.shape)
-    theta = hypotheses(problem.task, noisy[None, :], problem.p, problem.n, lam)[0]
+    noisy = grid_release(plan, plan.to_units(problem.statistic(data, theta_star)), epsilon, noise)
+    theta = released_models(problem, noisy[None, :], model_grid)[0]
     excess = float(data.losses(theta[None, :], lam)[0] - data.losses(theta_star[None, :], lam)[0])
-    return WalkResult(1, theta, True, epsilon, 0.0, excess)
+    return WalkResult(
+        1, theta, True, epsilon, 0.0, excess, model_grid.granularity, noisy, plan.grid.granularity
+    )
 
 
 # ----- the service-facing mechanisms ------------------------------------------------------------------------
@@ -607,14 +828,22 @@ class AccuracyFirstErm:
             if eps_max > MAX_EPSILON:
                 reason = f"the default 4× theory ε is {eps_max:.4g} > {MAX_EPSILON:g}: set epsilon_max"
                 raise ParamsError("epsilon_max", reason)
-        # default min(1/n, ε_T/1000): 1/n as the paper (note C1), and still a valid grid for a tiny ε_T
-        eps_min = p.epsilon_min if p.epsilon_min is not None else min(1.0 / n, eps_max / 1000.0)
+        # default min(1/n, ε_T/1000): 1/n as the paper (note C1), and still a valid grid for a tiny ε_T;
+        # never below the smallest ε an exact grid release supports (``smallest_level_epsilon``)
+        eps_min = p.epsilon_min
+        if eps_min is None:
+            eps_min = max(min(1.0 / n, eps_max / 1000.0), smallest_level_epsilon(self.task, dim))
         if p.levels > 1 and eps_min >= eps_max:
             raise ParamsError("epsilon_min", f"must be < epsilon_max ({eps_max:.6g})")
         try:
             grid = geometric_grid(eps_min, eps_max, p.levels)
         except ValueError as error:
             raise ParamsError("levels", str(error)) from None
+        try:  # the discrete noise reduction refuses scales beyond 2^41 grid units (Δ_g ≥ d, so ε_1 ≳ d·2^−41)
+            laplace_nr_rates(float(problem.plan(float(grid[0])).units), [float(e) for e in grid])
+        except ValueError as error:
+            field = "epsilon_max" if p.epsilon_min is None else "epsilon_min"
+            raise ParamsError(field, f"too small for an exact grid release: {error}") from None
         return problem, grid
 
     def check(self, params: BaseModel, ctx: PublicContext) -> None:
@@ -629,7 +858,7 @@ class AccuracyFirstErm:
         params: BaseModel,
         ctx: PublicContext,
         table: Table,
-        rng: np.random.Generator,
+        noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> Release:
         p = params_as(params, AccuracyFirstParams)
@@ -640,7 +869,7 @@ class AccuracyFirstErm:
             x = clip_l1(x)
         if x.shape[0] != problem.n:
             raise RuntimeError("the table does not have the public row count")
-        result = accuracy_first(problem, make_data(self.task, x, y), grid, rng, progress)
+        result = accuracy_first(problem, make_data(self.task, x, y), grid, noise, progress)
         realized = _charge(problem, grid, result.level, ctx.orders)
         assert realized <= worst
         progress(1.0)
@@ -654,6 +883,12 @@ class AccuracyFirstErm:
             "epsilon": realized.pure,
             "calibration": problem.calibration,
             "norm_bound": radius(self.task, problem.lam),
+            "granularity": result.granularity,
+            "grid_exponent": math.frexp(result.granularity)[1] - 1,
+            "noise": {
+                "distribution": "discrete_laplace_noise_reduction",
+                "statistic_granularity": result.statistic_granularity,
+            },
         }
         return Release(output=output, realized=realized)
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, ClassVar, Literal, Self
 
 import numpy as np
@@ -59,6 +60,8 @@ from mechanisms.learning import (
     dimension,
     learner_task,
 )
+from mechanisms.noise import Noise
+from mechanisms.noise.learners import MAX_STD, discrete_gaussian_std
 from mechanisms.relative_gaussian import project_to_ball, ridge_theta_bound
 
 Loss = Literal["logistic", "squared"]
@@ -66,9 +69,17 @@ Neighboring = Literal["replace_one", "add_remove"]
 
 _EPS = float(np.finfo(float).eps)
 FLOAT_CEILING = 1e300  # public bounds must stay below this: 1e8 of headroom under the float maximum
-Z_MAX = 64.0  # |standard normal draw| bound used by the finiteness check (numpy's sampler stays below 14)
+Z_MAX = 1026.0  # |Z|·ω ≤ 513·t·ω ≤ 1026·zΔ: the exact sampler never returns |Z| > 513·t (t·ω ≤ 2zΔ)
 ROWS_MAX = 2.0**63  # no in-memory dataset has more rows: bounds the clipped sum when n is private
 LABEL_BOUND = 1.0  # Y of the design matrix (labels scaled to [−1, 1] or mapped to ±1)
+ROW_BITS = 14
+"""Rows are quantised once to integer vectors û_i ≈ 2^ROW_BITS·x_i/‖x_i‖ (entries ≤ 2^ROW_BITS)."""
+TERM_BITS = 37
+"""At most: the term unit ω is the largest power of two ≤ C·2^−B, B = ``term_bits(z)`` ≤ 37 (a clipped term is
+< 2^(B+1) units; the per-term resolution is ≈ C·2^(14−B))."""
+_INT64_ROWS = 1 << 24  # above this many rows the chunk sums are added as Python integers (no int64 overflow)
+MAX_NOISE_MULTIPLIER = float(1 << 20)
+"""z ≤ 2^20 keeps the noise standard deviation in term units ≤ 2^52 (the exact sampler's range)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,10 @@ class DpGdConfig:
                 )
         if self.radius is not None and not (math.isfinite(self.radius) and self.radius > 0.0):
             raise ValueError(f"radius must be finite and > 0 (or None), got {self.radius!r}")
+        if self.noise_multiplier > MAX_NOISE_MULTIPLIER:
+            raise ValueError(
+                f"noise_multiplier must be ≤ 2^20 (the exact sampler's range), got {self.noise_multiplier!r}"
+            )
 
 
 def sensitivity(clip: float, neighboring: Neighboring) -> float:
@@ -188,7 +203,8 @@ def finiteness_problem(config: DpGdConfig, d: int, n_norm: float) -> tuple[str, 
     (service field to blame, message). Public inputs only.
 
     Each clipped term has norm ≤ C, so the sum is ≤ ROWS_MAX·C (n may be private); the noisy sum is
-    ≤ ROWS_MAX·C + Z_MAX·zΔ per coordinate; the update's coordinates are ≤ r + τ(that/n_norm + λr); the
+    ≤ ROWS_MAX·C + Z_MAX·zΔ per coordinate (the exact sampler's support is bounded, |Z| ≤ 513t); the
+    update's coordinates are ≤ r + τ(that/n_norm + λr); the
     vector norms (d·(2·coordinate)²) must stay ≤ ``FLOAT_CEILING``.
     """
     if config.radius is None:
@@ -245,66 +261,138 @@ def safe_row_norms(features: np.ndarray) -> np.ndarray:
     return norms
 
 
+def term_bits(noise_multiplier: float | None = None) -> int:
+    """B = min(37, 49 − ⌈log2 z⌉): the noise std zΔ ≤ 2zC is then ≤ 2^52 units ω (the sampler's range)."""
+    if noise_multiplier is None or noise_multiplier <= 1.0:
+        return TERM_BITS
+    return min(TERM_BITS, 49 - math.ceil(math.log2(noise_multiplier)))
+
+
+def term_unit(clip: float, noise_multiplier: float | None = None) -> float:
+    """ω: the largest power of two ≤ C·2^−B (B = ``term_bits(z)``, public): each clipped term is an integer
+    vector times ω."""
+    if not (math.isfinite(clip) and clip > 0.0):
+        raise ValueError(f"clip must be finite and > 0, got {clip!r}")
+    return math.ldexp(1.0, math.frexp(clip)[1] - 1 - term_bits(noise_multiplier))
+
+
+def noise_units(config: DpGdConfig) -> int:
+    """The integer standard deviation t = ⌈zΔ/ω⌉ of the discrete Gaussian, in term units ω (exact)."""
+    exact = Fraction(noise_std(config)) / Fraction(term_unit(config.clip, config.noise_multiplier))
+    units = max(1, math.ceil(exact))
+    if units > MAX_STD:
+        raise ValueError("the noise standard deviation exceeds 2^52 term units: lower noise_multiplier")
+    return units
+
+
+def released_noise_std(config: DpGdConfig) -> float:
+    """The standard deviation t·ω ≥ zΔ of the noise actually added to each coordinate of the clipped sum."""
+    return float(noise_units(config)) * term_unit(config.clip, config.noise_multiplier)
+
+
 @dataclass(frozen=True)
 class _Records:
-    """The data prepared once for the clipped sum (per-record maps only, so neighbours stay neighbours):
-    rows with a non-finite entry or a norm outside (0, float max] are zeroed (their term is 0), non-finite
-    labels set to 0, and each row kept also as ``unit`` = row/2^exponent (exact; entries in [−2, 2])."""
+    """The data prepared once by per-record maps (neighbours stay neighbours; every entry below depends on
+    its own record only, never on its position):
 
-    features: np.ndarray
+    * ``rows``: û_i = rint(2^ROW_BITS·x_i/‖x_i‖) as float64 integers (|entries| ≤ 2^ROW_BITS), 0 for a row
+      with a non-finite entry or a norm outside (0, float max];
+    * ``scale``: ν_i = ‖x_i‖·2^−ROW_BITS, so the row the gradient sees is x̂_i = ν_i·û_i;
+    * ``cap``: k̄_i = ⌊F/√N_i·(1 − 2⁻⁴⁰)⌋, F = C/ω, N_i = ‖û_i‖² (exact integer): any integer |k| ≤ k̄_i
+      has k²N_i < F², i.e. ‖ω·k·û_i‖ < C **exactly**;
+    * ``labels``: non-finite labels set to 0.
+    """
+
+    rows: np.ndarray
+    scale: np.ndarray
+    cap: np.ndarray
     labels: np.ndarray
-    unit: np.ndarray
-    exponent: np.ndarray
-    norms: np.ndarray
+    unit: float
+    chunk: int  # rows per exact BLAS sum: chunk·F ≤ 2^51, so every partial sum is an integer < 2^52
 
 
-def _records(features: np.ndarray, labels: np.ndarray, row_norms: np.ndarray | None = None) -> _Records:
+def _records(
+    features: np.ndarray,
+    labels: np.ndarray,
+    clip: float,
+    row_norms: np.ndarray | None = None,
+    noise_multiplier: float | None = None,
+) -> _Records:
     norms = safe_row_norms(features) if row_norms is None else np.asarray(row_norms, dtype=float)
-    usable = np.isfinite(norms) & (norms > 0.0)
-    if not np.all(usable):
-        features = np.where(usable[:, None], features, 0.0)
-        norms = np.where(usable, norms, 0.0)
+    usable = np.isfinite(norms) & (norms > 0.0) & np.all(np.isfinite(features), axis=1)
+    features = np.where(usable[:, None], features, 0.0)
+    norms = np.where(usable, norms, 0.0)
     labels = np.where(np.isfinite(labels), labels, 0.0)
     peak = np.max(np.abs(features), axis=1) if features.shape[1] else np.zeros(features.shape[0])
     exponent = _power_of_two_exponents(peak)
-    return _Records(features, labels, np.ldexp(features, -exponent[:, None]), exponent, norms)
+    unit_rows = np.ldexp(features, -exponent[:, None])  # exact; entries in [−2, 2], the largest ≥ 1
+    with np.errstate(all="ignore"):
+        lengths = np.linalg.norm(unit_rows, axis=1)
+        directions = unit_rows / np.where(usable, lengths, 1.0)[:, None]
+    rows = np.where(usable[:, None], np.rint(np.ldexp(directions, ROW_BITS)), 0.0)
+    squared = np.sum(rows.astype(np.int64) ** 2, axis=1)  # exact: d·2^36 < 2^63
+    unit = term_unit(clip, noise_multiplier)
+    budget = clip / unit  # F = C/ω ∈ [2^B, 2^(B+1)), exact
+    with np.errstate(divide="ignore"):
+        cap = np.floor(budget / np.sqrt(squared.astype(np.float64)) * (1.0 - 2.0**-40))
+    cap = np.where(squared > 0, cap, 0.0)
+    scale = np.ldexp(norms, -ROW_BITS)
+    chunk = 1 << (50 - math.frexp(budget)[1] + 1)
+    return _Records(rows, scale, cap, labels, unit, chunk)
+
+
+def _dot_bits(d: int) -> int:
+    """r with d·2^(ROW_BITS + r) ≤ 2^52: û_i·θ_int is then an exact integer in float64 (any order, FMA)."""
+    return 52 - ROW_BITS - max(0, math.ceil(math.log2(max(d, 1))))
 
 
 def _margins(theta: np.ndarray, records: _Records) -> np.ndarray:
-    """x_iᵀθ from the rescaled row and a rescaled θ: the dot product has terms ≤ 4 in magnitude, so nothing
-    inside it overflows and no ∞ − ∞ can occur; the result is ±∞ only when |x_iᵀθ| exceeds the float range
-    (up to rounding), which clipping maps to its limit. θ must be finite."""
+    """x̂_iᵀθ̂ with θ̂ = θ rounded to 2^(e−r) (θ is public, e its exponent): û_iᵀθ_int is an exact integer
+    (BLAS, any summation order), then scaled by powers of two and ν_i — elementwise, so each margin is a
+    function of its own record only, whatever its position (numpy's BLAS matrix-vector product is not: the
+    last bits of a row's dot product depend on where the row sits). θ must be finite."""
     peak = float(np.max(np.abs(theta))) if theta.size else 0.0
     if peak == 0.0:
-        return np.zeros(records.features.shape[0])
-    theta_exponent = math.frexp(peak)[1] - 1
-    dots = records.unit @ np.ldexp(theta, -theta_exponent)
-    with np.errstate(over="ignore"):
-        margins: np.ndarray = np.ldexp(dots, records.exponent + theta_exponent)
+        return np.zeros(records.rows.shape[0])
+    shift = math.frexp(peak)[1] - _dot_bits(records.rows.shape[1])
+    theta_int = np.rint(np.ldexp(theta, -shift))  # |entries| ≤ 2^r
+    dots = records.rows @ theta_int  # exact integers < 2^52
+    with np.errstate(over="ignore", invalid="ignore"):
+        margins: np.ndarray = records.scale * np.ldexp(dots, shift)
     return margins
 
 
-def _clipped_sum(theta: np.ndarray, records: _Records, loss: Loss, clip: float) -> np.ndarray:
-    """Σ_i c_i·x_i with c_i = sign(s_i)·min(|s_i|, C'/‖x_i‖), C' = C(1 − (d+8)·2⁻⁵²).
+def _clipped_sum_units(theta: np.ndarray, records: _Records, loss: Loss) -> np.ndarray:
+    """Σ_i k_i·û_i as an exact int64 vector (units ω): the clipped gradient sum on the term grid.
 
-    Exact ‖c_i·x_i‖ ≤ |c_i|·‖x_i‖·(1 + (d/2+2)u) ≤ C'(1 + u)²(1 + (d/2+2)u) < C (u = 2⁻⁵³): the per-record
-    bound holds for the vector actually summed. s_i = ±∞ (a margin beyond the float range) gives
-    ±C'/‖x_i‖, the limit of clipping; a NaN s_i and unusable rows give 0. A non-finite (public) θ gives the
-    zero sum (every term 0).
+    κ_i = s_i·ν_i is the coefficient of û_i in ∇ℓ_i(θ̂) = s_i·x̂_i; k_i = sign(κ_i)·min(rint(|κ_i|/ω), k̄_i)
+    (κ_i = ±∞ gives ±k̄_i, the limit of clipping; NaN gives 0). Every term ω·k_i·û_i has exact norm < C, so
+    the integer sums of neighbours differ by at most Δ/ω in ℓ2 (2C/ω replace-one, C/ω add/remove). The sum is
+    exact: each partial sum of a chunk of ``records.chunk`` rows is an integer below 2^52 (BLAS, any order),
+    and chunks are added in int64 (Python integers beyond 2^24 rows). A non-finite (public) θ gives 0.
     """
-    features = records.features
-    d = features.shape[1]
+    d = records.rows.shape[1]
     if not np.all(np.isfinite(theta)):
-        return np.zeros(d)
-    limit = clip * (1.0 - (d + 8) * _EPS)
-    usable = records.norms > 0.0
+        return np.zeros(d, dtype=np.int64)
     with np.errstate(all="ignore"):
         scalars = _scalar_grad(_margins(theta, records), records.labels, loss)
-        bound = limit / np.where(usable, records.norms, 1.0)
-        coefficient = np.sign(scalars) * np.minimum(np.abs(scalars), bound)
-    coefficient = np.where(usable & np.isfinite(coefficient), coefficient, 0.0)
-    total: np.ndarray = features.T @ coefficient
-    return total
+        magnitude = np.abs(scalars * records.scale) / records.unit
+        steps = np.minimum(np.rint(magnitude), records.cap)
+        coefficient = np.sign(scalars) * steps
+    coefficient = np.where(np.isfinite(coefficient), coefficient, 0.0)
+    n, chunk = records.rows.shape[0], records.chunk
+    if n <= chunk:
+        total: np.ndarray = (records.rows.T @ coefficient).astype(np.int64)
+        return total
+    blocks = [
+        (records.rows[start : start + chunk].T @ coefficient[start : start + chunk]).astype(np.int64)
+        for start in range(0, n, chunk)
+    ]
+    if n <= _INT64_ROWS:  # |total| ≤ n·2^(B+1) ≤ 2^62
+        summed: np.ndarray = np.asarray(np.sum(np.stack(blocks), axis=0, dtype=np.int64))
+        return summed
+    exact = [sum(int(block[j]) for block in blocks) for j in range(d)]  # Python integers: no overflow
+    return np.array(exact, dtype=object)
 
 
 def clipped_gradient_sum(
@@ -315,14 +403,19 @@ def clipped_gradient_sum(
     clip: float,
     row_norms: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Σ_i clip(∇ℓ_i(θ), C) in O(nd): ∇ℓ_i = s_i x_i, so ‖∇ℓ_i‖ = |s_i|·‖x_i‖ and each term is rescaled.
+    """Σ_i clip(∇ℓ_i(θ), C) on the term grid ω = ``term_unit(C)``, as float64 (ω × the exact integer sum).
 
-    Every term is a function of (θ, x_i, y_i) with exact norm ≤ C and the result is finite, for every θ
-    and every record (see ``_clipped_sum``): ‖S(D) − S(D′)‖ ≤ 2C (replace-one) / C (add/remove) holds for
-    the computed terms. ``row_norms`` (‖x_i‖, ``safe_row_norms`` when omitted) lets a loop compute them once.
+    Each term is the clipped gradient of record i at the rows and θ rounded as in ``_records`` /
+    ``_margins`` (relative error ≲ 2^−12 of C per term), a function of (θ, x_i, y_i) alone, a multiple of ω
+    in every coordinate, with exact norm < C, for every θ and every record: ‖S(D) − S(D′)‖ ≤ 2C
+    (replace-one) / C (add/remove) holds exactly for the computed sums. ``row_norms`` (‖x_i‖,
+    ``safe_row_norms`` when omitted) lets a caller compute them once.
     """
     features, labels = _check_data(x, y)
-    return _clipped_sum(np.asarray(theta, dtype=float), _records(features, labels, row_norms), loss, clip)
+    records = _records(features, labels, clip, row_norms)
+    units = _clipped_sum_units(np.asarray(theta, dtype=float), records, loss)
+    result: np.ndarray = units.astype(np.float64) * records.unit
+    return result
 
 
 def objective(theta: np.ndarray, x: np.ndarray, y: np.ndarray, loss: Loss, reg: float) -> float:
@@ -344,12 +437,18 @@ def dp_gd_train(
     x: np.ndarray,
     y: np.ndarray,
     n_norm: float,
-    rng: np.random.Generator,
+    noise: Noise,
     progress: ProgressFn = no_progress,
     *,
     return_iterates: bool = False,
 ) -> np.ndarray:
     """Run clipped DP-GD from θ₀ = 0 and return the final θ (shape (d,)).
+
+    Each step's noisy sum is ω·(S_t + Z_t): S_t the exact integer clipped sum on the term grid ω
+    (``_clipped_sum_units``) and Z_t ~ N_Z(0, t²)^d, t = ``noise_units(config)`` (exact discrete Gaussian,
+    ``mechanisms.noise.learners``). The noise does not depend on the data, so all T·d draws are made in one
+    vectorised call before the data is read. The iterates are a deterministic function of the grid-valued
+    noisy sums and public parameters (post-processing, docs/privacy.md §10).
 
     ``n_norm`` is a **public** normaliser (see the module docstring). With ``return_iterates=True`` the
     result is every released iterate θ₁ … θ_T, shape (T, d) (all are post-processing of the noisy sums).
@@ -364,13 +463,17 @@ def dp_gd_train(
     problem = finiteness_problem(config, d, n_norm)
     if problem is not None:
         raise ValueError(f"{problem[0]}: {problem[1]}")
-    std = noise_std(config)
+    draws = discrete_gaussian_std(noise, noise_units(config), config.steps * d).reshape(config.steps, d)
     theta = np.zeros(d)
     iterates = np.empty((config.steps, d)) if return_iterates else None
-    records = _records(features, labels)
+    records = _records(features, labels, config.clip, noise_multiplier=config.noise_multiplier)
+    unit = records.unit
     for t in range(config.steps):
-        noisy_sum = _clipped_sum(theta, records, config.loss, config.clip)
-        noisy_sum = noisy_sum + std * rng.standard_normal(d)
+        units = _clipped_sum_units(theta, records, config.loss)
+        if units.dtype == object:  # more than 2^24 rows: Python integers
+            noisy_sum = np.array([float(u) for u in units + draws[t].astype(object)]) * unit
+        else:  # |S| ≤ 2^62 − 2^61 and |Z| ≤ 513·2^52: the int64 sum is exact, then rounded to float once
+            noisy_sum = (units + draws[t]).astype(np.float64) * unit
         theta = theta - config.step_size * (noisy_sum / n_norm + config.reg * theta)
         if config.radius is not None:
             theta = project_to_ball(theta, config.radius)
@@ -531,7 +634,7 @@ class DpGdMechanism:
         params: BaseModel,
         ctx: PublicContext,
         table: Table,
-        rng: np.random.Generator,
+        noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> Release:
         p = params_as(params, DpGdParams)
@@ -543,7 +646,7 @@ class DpGdMechanism:
             raise ParamsError("n_hint", "a public row count is needed to normalise the gradient")
         n_norm = float(public_n)
         x, y = design_matrix(p, ctx, table, learner_task(p.model, p.task), p.row_norm)
-        path = dp_gd_train(config, x, y, n_norm, rng, progress, return_iterates=True)
+        path = dp_gd_train(config, x, y, n_norm, noise, progress, return_iterates=True)
         realized = worst  # every run spends all T steps: the ex-ante curve is the charge
         assert realized <= worst
         output: dict[str, Any] = {
@@ -554,7 +657,13 @@ class DpGdMechanism:
             "step_size": config.step_size,
             "radius": config.radius,
             "noise_multiplier": config.noise_multiplier,
-            "noise_std": noise_std(config),
+            "noise_std": released_noise_std(config),
+            "noisy_sum_grid": {
+                "granularity": term_unit(config.clip, config.noise_multiplier),
+                "noise": "discrete Gaussian N_Z(0, t²) in grid units, t = noise_std/granularity",
+                "note": "each step's noisy clipped-gradient sum is a multiple of the granularity; theta and "
+                "the iterates are deterministic post-processing of those sums",
+            },
             "normaliser": n_norm,
             "scale": "coefficients are on the design matrix of mechanisms.learning (features divided by "
             "their declared magnitude, rows clipped to row_norm)",

@@ -61,6 +61,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -71,6 +72,8 @@ from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve
 from mechanisms.accounting.orders import validate_orders
 from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
 from mechanisms.learning import FeatureSpec, check_features, design_matrix, dimension
+from mechanisms.noise import Grid, Noise
+from mechanisms.noise.learners import discrete_gaussian_std
 
 Neighboring = Literal["replace_one", "add_remove"]
 ReportKind = Literal["none", "public", "data_dependent"]
@@ -86,6 +89,15 @@ SLACK_FACTOR = 10.0
 #: rows are checked against R·(1 + ROW_NORM_TOLERANCE) (``design_matrix`` clips to R up to rounding).
 ROW_NORM_TOLERANCE = 1e-12
 _EPS = float(np.finfo(np.float64).eps)
+#: public bound on the dimension d (fit_objpert refuses larger): √d ≤ 2^8 in the d-free grid terms below.
+D_MAX = 1 << 16
+#: the objective noise b lives on γ_b = the largest power of two ≤ σ·2^−OBJECTIVE_GRID_BITS; b = float(Z)·γ_b
+#: (exact while |Z| < 2^53; beyond, the float rounding ≤ 513·t_b·γ_b·2^−53 is part of the coupling slack).
+OBJECTIVE_GRID_BITS = 50
+#: the released output lives on γ_o = the largest power of two ≤ (2τ/λ)·2^−OUTPUT_GRID_BITS (coarser if the
+#: output noise would exceed 2^50 grid units).
+OUTPUT_GRID_BITS = 22
+_MAX_OUTPUT_UNITS = 1 << 50
 
 
 class ObjPertDidNotConverge(RuntimeError):
@@ -146,6 +158,59 @@ def objpert_rdp(
 def amp_rdp(orders: Sequence[float] | np.ndarray, tau: float, lam: float, sigma_out: float) -> np.ndarray:
     """Thm 4.4.1 / C.6.1 output step: Gaussian RDP with sensitivity 2τ/λ, α(2τ/λ)²/(2σ_out²)."""
     result: np.ndarray = _alphas(orders) * (2.0 * tau / lam) ** 2 / (2.0 * sigma_out**2)
+    return result
+
+
+def objective_grid(sigma: float) -> Grid:
+    """γ_b: the largest power of two ≤ σ·2^−50 (b = γ_b·Z, Z ~ N_Z(0, t_b²)^d, t_b = ⌈σ/γ_b⌉ ≤ 2^51)."""
+    return Grid(math.frexp(sigma)[1] - 1 - OBJECTIVE_GRID_BITS)
+
+
+def objective_noise_units(sigma: float) -> int:
+    """t_b = ⌈σ/γ_b⌉: the integer standard deviation of b in grid units (t_b·γ_b ≥ σ)."""
+    return math.ceil(Fraction(sigma) / Fraction(objective_grid(sigma).granularity))
+
+
+def coupling_slack(sigma: float) -> float:
+    """κ ≥ ‖b − b_c‖ for the coordinatewise quantile coupling of b (lattice) with b_c ~ N(0, (t_bγ_b)²I_d)
+    (Lemma COUPLE, docs/privacy.md §10.6: ≤ 3γ_b per coordinate) plus the float conversion of b
+    (≤ 514·σ_b·2^−53 per coordinate, the sampler's support being |Z| ≤ 513·t_b), for every d ≤ D_MAX:
+    √D_MAX·(3γ_b + 514·σ_b·2^−53), σ_b = t_bγ_b ≤ σ + γ_b."""
+    granularity = objective_grid(sigma).granularity
+    per_coordinate = 3.0 * granularity + 514.0 * (sigma + granularity) * 2.0**-53
+    return math.nextafter(per_coordinate * 256.0 * (1.0 + 2.0**-40), math.inf)
+
+
+def effective_tolerance(tau: float, sigma: float) -> float:
+    """τ_eff = τ + κ: θ̃ is a τ_eff-approximate minimiser of the objective with the continuous b_c."""
+    return math.nextafter(tau + coupling_slack(sigma), math.inf)
+
+
+def output_grid(tau: float, lam: float, sigma: float, sigma_out: float) -> Grid:
+    """γ_o: the largest power of two ≤ (2τ_eff/λ)·2^−22, made coarser until σ_out/γ_o ≤ 2^50 (public)."""
+    shift = 2.0 * effective_tolerance(tau, sigma) / lam
+    exponent = math.frexp(shift)[1] - 1 - OUTPUT_GRID_BITS
+    while sigma_out / math.ldexp(1.0, exponent) > _MAX_OUTPUT_UNITS:
+        exponent += 1
+    return Grid(exponent)
+
+
+def output_noise_units(tau: float, lam: float, sigma: float, sigma_out: float) -> int:
+    """t_o = ⌈σ_out/γ_o⌉ ≥ 1: the integer standard deviation of the output noise in grid units."""
+    granularity = output_grid(tau, lam, sigma, sigma_out).granularity
+    return max(1, math.ceil(Fraction(sigma_out) / Fraction(granularity)))
+
+
+def amp_grid_rdp(
+    orders: Sequence[float] | np.ndarray, tau: float, lam: float, sigma: float, sigma_out: float
+) -> np.ndarray:
+    """The output step on the grid: α·Δ_o²/(2t_o²), Δ_o = 2τ_eff/(λγ_o) + √D_MAX (rounded up) the ℓ2
+    distance of round(θ̃/γ_o) and round(θ̃′/γ_o) given θ^P (CKS 2020, discrete Gaussian RDP)."""
+    grid = output_grid(tau, lam, sigma, sigma_out)
+    shift = 2.0 * effective_tolerance(tau, sigma) / lam
+    units = math.nextafter(float(Fraction(shift) / Fraction(grid.granularity)) + 256.0, math.inf)
+    t_o = float(output_noise_units(tau, lam, sigma, sigma_out))
+    result: np.ndarray = _alphas(orders) * units * units / (2.0 * t_o * t_o)
     return result
 
 
@@ -248,7 +313,7 @@ def objpert_curve(config: ObjPertConfig, orders: Sequence[float]) -> RdpCurve:
     grid = validate_orders(orders)
     factor = 2.0 if config.neighboring == "replace_one" else 1.0
     values = objpert_rdp(grid, config.sigma, config.beta, config.lam, factor * config.lipschitz)
-    values = values + amp_rdp(grid, config.tau, config.lam, config.output_sigma)
+    values = values + amp_grid_rdp(grid, config.tau, config.lam, config.sigma, config.output_sigma)
     return RdpCurve(grid, _pad(values))
 
 
@@ -273,8 +338,11 @@ def perturbed_hessian(theta: np.ndarray, x: np.ndarray, lam: float) -> np.ndarra
 
 
 def noise_norm_bound(sigma: float, d: int) -> float:
-    """B_b = σ(√d + 20): P(‖b‖ > B_b) ≤ e^{−200} for b ~ N(0, σ²I_d) (‖·‖ is 1-Lipschitz, E‖Z‖ ≤ √d)."""
-    return sigma * (math.sqrt(d) + NOISE_NORM_T)
+    """B_b = σ_b(√(2d) + 20), σ_b = t_bγ_b ≤ σ(1 + 2^−44): P(‖b‖ > B_b) ≤ e^{−100} for b = γ_b·Z,
+    Z ~ N_Z(0, t_b²)^d. Each coordinate is σ_b²-subgaussian (CKS 2020, Cor. 23), so
+    E e^{‖b‖²/(4σ_b²)} ≤ 2^{d/2} and Chernoff gives P(‖b‖² > σ_b²s²) ≤ 2^{d/2}e^{−s²/4} ≤ e^{−100} for
+    s² ≥ 2d + 400."""
+    return sigma * (1.0 + 2.0**-40) * (math.sqrt(2.0 * d) + NOISE_NORM_T)
 
 
 def rounding_slack(
@@ -441,10 +509,11 @@ class ObjPertFit:
 
 
 def fit_objpert(
-    x: np.ndarray, y: np.ndarray, config: ObjPertConfig, rng: np.random.Generator,
+    x: np.ndarray, y: np.ndarray, config: ObjPertConfig, noise: Noise,
     progress: ProgressFn = no_progress,
 ) -> ObjPertFit:
-    """Alg 7 (C = L): draw b once, solve to τ, add output noise once."""
+    """Alg 7 (C = L) on grids: b = γ_b·Z_b (exact discrete Gaussian, drawn once before the data is read),
+    solve to τ, release γ_o·(round(θ̃/γ_o) + Z_o) (exact discrete Gaussian output noise, drawn once)."""
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     if x.ndim != 2 or y.shape != (x.shape[0],):
@@ -454,13 +523,25 @@ def fit_objpert(
     if np.any(np.abs(y) != 1.0):
         raise ValueError("labels must be ±1")
     n, d = x.shape
+    if d > D_MAX:
+        raise ValueError("objpert supports d ≤ 2^16 (the public bound of its grid terms)")
     bounds = config.stopping_bounds(n, d)
-    b = np.asarray(rng.normal(0.0, config.sigma, size=d), dtype=np.float64)
+    b_grid = objective_grid(config.sigma)
+    b = discrete_gaussian_std(noise, objective_noise_units(config.sigma), d).astype(np.float64)
+    b = b * b_grid.granularity  # exact while |Z| < 2^53; the rounding beyond is in the coupling slack
+    out_grid = output_grid(config.tau, config.lam, config.sigma, config.output_sigma)
+    out_units = output_noise_units(config.tau, config.lam, config.sigma, config.output_sigma)
+    output_noise = discrete_gaussian_std(noise, out_units, d)
     theta = solve_to_tolerance(
         x, y, config.lam, b, config.tau, config.max_iterations, progress,
         row_norm=config.row_norm, n_bound=bounds.n_bound, b_bound=bounds.b_bound,
     )
-    released = theta + rng.normal(0.0, config.output_sigma, size=d)
+    # θ̃ is clamped to the public box |θ_j| ≤ 2^51·γ_o (a projection: 1-Lipschitz, so the sensitivity given θ^P
+    # is unchanged; it only matters for absurd τ/λ), so rounding never fails on any data; the integer release
+    # is converted to float once (exact below 2^53, a multiple of γ_o in any case)
+    limit = math.ldexp(out_grid.granularity, 51)
+    released_units = out_grid.to_units(np.clip(theta, -limit, limit)) + output_noise
+    released = np.ldexp(released_units.astype(np.float64), out_grid.exponent)
     return ObjPertFit(released=released, approx_minimizer=theta, b=b)
 
 
@@ -468,7 +549,7 @@ def train_objpert_logistic(
     x: np.ndarray,
     y: np.ndarray,
     config: ObjPertConfig,
-    rng: np.random.Generator,
+    noise: Noise,
     orders: Sequence[float] | None = None,
     progress: ProgressFn = no_progress,
 ) -> tuple[np.ndarray, RdpCurve]:
@@ -478,7 +559,7 @@ def train_objpert_logistic(
     ``y`` ∈ {±1}. The curve is the worst case (= the realized charge) on ``orders`` (default grid).
     """
     curve = objpert_curve(config, orders if orders is not None else DEFAULT_ORDERS)
-    return fit_objpert(x, y, config, rng, progress).released, curve
+    return fit_objpert(x, y, config, noise, progress).released, curve
 
 
 # ----- the service mechanism -----------------------------------------------------------------------------
@@ -625,7 +706,7 @@ class ObjPertLogistic:
         config = p.config(ctx.schema.neighboring)
         curve = objpert_curve(config, ctx.orders)
         if p.report == "data_dependent":
-            curve = curve + report_curve(p, ctx.schema.neighboring, ctx.orders)
+            curve = curve + report_curve(p, ctx.schema.neighboring, ctx.orders, dimension(p, ctx))
         return curve
 
     def run(
@@ -633,7 +714,7 @@ class ObjPertLogistic:
         params: BaseModel,
         ctx: PublicContext,
         table: Table,
-        rng: np.random.Generator,
+        noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> Release:
         from mechanisms.per_instance import data_dependent_statistics, report_metadata
@@ -646,7 +727,7 @@ class ObjPertLogistic:
         # n̄ = max(n, public bound) inside: sound even if the data has more rows than declared (then, and only
         # then, the failure channel depends on n; documented on the mechanism page)
         config = p.config(ctx.schema.neighboring, public_row_bound(p, ctx))
-        fit = fit_objpert(x, y, config, rng, progress)
+        fit = fit_objpert(x, y, config, noise, progress)
         output: dict[str, Any] = {
             "theta": [float(v) for v in fit.released],
             "loss": "logistic",
@@ -654,6 +735,13 @@ class ObjPertLogistic:
             "sigma": p.sigma,
             "tolerance": p.tolerance,
             "output_sigma": config.output_sigma,
+            "output_grid": {
+                **output_grid(config.tau, config.lam, config.sigma, config.output_sigma).describe(),
+                "noise_std": output_noise_units(config.tau, config.lam, config.sigma, config.output_sigma)
+                * output_grid(config.tau, config.lam, config.sigma, config.output_sigma).granularity,
+                "noise": "discrete Gaussian in grid units; theta is an exact multiple of the granularity",
+            },
+            "effective_tolerance": effective_tolerance(config.tau, config.sigma),
             "row_norm": p.row_norm,
             "lipschitz": config.lipschitz,
             "beta": config.beta,
@@ -661,7 +749,7 @@ class ObjPertLogistic:
         if p.report != "none":
             output["report"] = report_metadata(p, fit.released.shape[0])
         if p.report == "data_dependent":
-            output["report"].update(data_dependent_statistics(p, x, y, fit, rng))
+            output["report"].update(data_dependent_statistics(p, x, y, fit, noise))
         progress(1.0)
         realized = worst
         assert realized <= worst

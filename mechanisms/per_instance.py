@@ -67,15 +67,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy import linalg, special, stats
 
 from mechanisms.accounting import RdpCurve
+from mechanisms.noise import Grid, Noise, grid_l2_sensitivity
+from mechanisms.noise.learners import discrete_gaussian_std
 from mechanisms.objective_perturbation import (
     Neighboring,
-    amp_rdp,
+    amp_grid_rdp,
     logistic_d1,
     logistic_d2,
 )
@@ -89,18 +92,23 @@ DATA_DEPENDENT_EVENTS = 7
 
 
 def two_sided_z(rho: float) -> float:
-    """Φ⁻¹(1 − ρ/2): P(|N(0,1)| > z) = ρ."""
-    return float(stats.norm.isf(rho / 2.0))
+    """√(2 log(2/ρ)) ≥ Φ⁻¹(1 − ρ/2): P(|X| > z) ≤ ρ for every 1-subgaussian X (a standard Gaussian, and a
+    discrete Gaussian scaled by its parameter, CKS 2020 Cor. 23)."""
+    return max(float(stats.norm.isf(rho / 2.0)), math.sqrt(2.0 * math.log(2.0 / rho)))
 
 
 def goe_norm_bound(d: int, rho: float) -> float:
-    """τ with P(‖(Z + Zᵀ)/√2‖₂ > τ) ≤ ρ, Z d×d iid N(0,1): 2√d + 2√(log(2/ρ)) (module docstring)."""
-    return 2.0 * math.sqrt(d) + 2.0 * math.sqrt(math.log(2.0 / rho))
+    """τ with P(‖G‖₂ > σ₃τ) ≤ ρ for the released Hessian's noise G (discrete GOE on the grid plus rounding):
+    4√(d·log 9 + log(2/ρ)) + 2^−20 (ε-net bound for subgaussian entries, docs/privacy.md §10.6)."""
+    return 4.0 * math.sqrt(d * math.log(9.0) + math.log(2.0 / rho)) + 2.0**-20
 
 
 def ball_radius(tau: float, lam: float, sigma_out: float, d: int, rho_ball: float) -> float:
-    """r ≥ ‖θ^P − out‖ w.p. ≥ 1 − ρ_ball: τ/λ + σ_out(√d + √(2 log(1/ρ_ball)))."""
-    return tau / lam + sigma_out * (math.sqrt(d) + math.sqrt(2.0 * math.log(1.0 / rho_ball)))
+    """r ≥ ‖θ^P − out‖ w.p. ≥ 1 − ρ_ball, with τ the effective tolerance and σ_out the released noise's std:
+    τ/λ + γ_o√d/2 (rounding; γ_o ≤ 2τ/λ·2^−22) + σ_out·√(2d + 4 log(1/ρ_ball)) (discrete Gaussian noise is
+    subgaussian: P(‖w‖² > σ²s²) ≤ 2^{d/2}e^{−s²/4}, docs/privacy.md §10.6)."""
+    rounding = math.sqrt(d) * tau / lam * 2.0**-22
+    return tau / lam + rounding + sigma_out * math.sqrt(2.0 * d + 4.0 * math.log(1.0 / rho_ball))
 
 
 def _events(kind: str) -> int:
@@ -125,14 +133,23 @@ def report_sensitivities(p: ObjPertLogisticParams, neighboring: Neighboring) -> 
     return lipschitz + 2.0 * p.tolerance, beta / math.sqrt(2.0)
 
 
-def report_curve(p: ObjPertLogisticParams, neighboring: Neighboring, orders: Sequence[float]) -> RdpCurve:
-    """Gaussian RDP of the data-dependent report: α(Δ_g²/(2σ₂²) + Δ_H²/(2σ₃²))."""
+def report_curve(
+    p: ObjPertLogisticParams, neighboring: Neighboring, orders: Sequence[float], d: int | None = None
+) -> RdpCurve:
+    """Discrete Gaussian RDP of the data-dependent report on its grids (CKS 2020):
+    α(Δ_g,units²/(2t_g²) + Δ_H,units²/(2t_H²)), Δ_units = Δ/γ + √(coordinates) (``grid_l2_sensitivity``).
+    ``d`` (public, the design matrix's width) is required for the rounding term (ValueError if None)."""
     assert p.report_gradient_sigma is not None
     assert p.report_hessian_sigma is not None
+    if d is None:
+        raise ValueError("the data-dependent report's charge needs the dimension d (rounding term)")
     grad_sens, hess_sens = report_sensitivities(p, neighboring)
-    per_alpha = grad_sens**2 / (2.0 * p.report_gradient_sigma**2) + hess_sens**2 / (
-        2.0 * p.report_hessian_sigma**2
-    )
+    grid_g, grid_h = statistics_grids(p, d)
+    g_units = grid_l2_sensitivity(grad_sens, d, grid_g, False)
+    h_units = grid_l2_sensitivity(hess_sens, d * (d + 1) // 2, grid_h, False)
+    t_g = float(_units(p.report_gradient_sigma, grid_g))
+    t_h = float(_units(p.report_hessian_sigma, grid_h))
+    per_alpha = g_units**2 / (2.0 * t_g**2) + h_units**2 / (2.0 * t_h**2)
     values = np.asarray(orders, dtype=np.float64) * per_alpha
     padded = tuple(math.nextafter(float(v) * (1.0 + 1e-12), math.inf) for v in values)
     return RdpCurve(tuple(orders), padded)
@@ -140,19 +157,30 @@ def report_curve(p: ObjPertLogisticParams, neighboring: Neighboring, orders: Seq
 
 def report_metadata(p: ObjPertLogisticParams, d: int) -> dict[str, Any]:
     """The public constants of the reporting function (functions of the parameters only)."""
-    from mechanisms.objective_perturbation import OUTPUT_NOISE_FACTOR
+    from mechanisms.objective_perturbation import (
+        OUTPUT_NOISE_FACTOR,
+        effective_tolerance,
+        output_grid,
+        output_noise_units,
+    )
 
     events = _events(p.report)
     rho_i = p.report_rho / events
-    sigma_out = p.output_sigma if p.output_sigma is not None else OUTPUT_NOISE_FACTOR * p.tolerance / (
+    nominal = p.output_sigma if p.output_sigma is not None else OUTPUT_NOISE_FACTOR * p.tolerance / (
         p.regularization
     )
+    tau = effective_tolerance(p.tolerance, p.sigma)
+    sigma_out = output_noise_units(p.tolerance, p.regularization, p.sigma, nominal) * output_grid(
+        p.tolerance, p.regularization, p.sigma, nominal
+    ).granularity
     meta: dict[str, Any] = {
         "kind": p.report,
         "rho": p.report_rho,
         "events": events,
         "z": two_sided_z(rho_i),
-        "radius": ball_radius(p.tolerance, p.regularization, sigma_out, d, rho_i),
+        "radius": ball_radius(tau, p.regularization, sigma_out, d, rho_i),
+        "effective_tolerance": tau,
+        "output_noise_std": sigma_out,
         "neighbour_notion": "add_remove of the evaluated record (per-instance DP)",
     }
     if p.report == "data_dependent":
@@ -162,23 +190,55 @@ def report_metadata(p: ObjPertLogisticParams, d: int) -> dict[str, Any]:
     return meta
 
 
+def statistics_grids(p: ObjPertLogisticParams, d: int) -> tuple[Grid, Grid]:
+    """(γ_g, γ_H): the public grids of the released ĝ and of the GOE vector of Ĥ: the largest powers of two
+    ≤ σ₂·2^−20/√d and ≤ σ₃·2^−20/d (so the Hessian's rounding has spectral norm ≤ σ₃·2^−20)."""
+    assert p.report_gradient_sigma is not None
+    assert p.report_hessian_sigma is not None
+    g = math.frexp(p.report_gradient_sigma * 2.0**-20 / math.sqrt(d))[1] - 1
+    h = math.frexp(p.report_hessian_sigma * 2.0**-20 / d)[1] - 1
+    return Grid(g), Grid(h)
+
+
+def _units(sigma: float, grid: Grid) -> int:
+    return max(1, math.ceil(Fraction(sigma) / Fraction(grid.granularity)))
+
+
 def data_dependent_statistics(
-    p: ObjPertLogisticParams, x: np.ndarray, y: np.ndarray, fit: ObjPertFit, rng: np.random.Generator
+    p: ObjPertLogisticParams, x: np.ndarray, y: np.ndarray, fit: ObjPertFit, noise: Noise
 ) -> dict[str, Any]:
-    """ĝ = ∇J(θ̃; D) + N(0, σ₂²I) (Alg 10 at the approximate minimizer) and Ĥ = ∇²J(out; D) + GOE (Alg 11)."""
+    """ĝ = ∇J(θ̃; D) and Ĥ = ∇²J(out; D) released on public grids with exact discrete Gaussian noise:
+    ĝ = γ_g(round(∇J/γ_g) + Z), Z ~ N_Z(0, t_g²)^d; Ĥ through its GOE vector u = [H_ii/√2, H_ij (i<j)]:
+    û = γ_H(round(u/γ_H) + Z′), Z′ ~ N_Z(0, t_H²) i.i.d., and Ĥ_ii = √2·û_i, Ĥ_ij = û_ij (post-processing).
+    t_g = ⌈σ₂/γ_g⌉, t_H = ⌈σ₃/γ_H⌉ (standard deviations ≥ σ₂, σ₃)."""
     assert p.report_gradient_sigma is not None
     assert p.report_hessian_sigma is not None
     d = x.shape[1]
+    grid_g, grid_h = statistics_grids(p, d)
     theta = fit.approx_minimizer
     gradient = x.T @ logistic_d1(x @ theta, y) + p.regularization * theta
-    g_hat = gradient + rng.normal(0.0, p.report_gradient_sigma, size=d)
+    g_noise = discrete_gaussian_std(noise, _units(p.report_gradient_sigma, grid_g), d)
+    g_units = grid_g.to_units(gradient) + g_noise
+    g_hat = grid_g.from_units(g_units)
     w = logistic_d2(x @ fit.released)
     hessian = (x * w[:, None]).T @ x + p.regularization * np.eye(d)
-    z = rng.normal(0.0, 1.0, size=(d, d))
-    h_hat = hessian + p.report_hessian_sigma * (z + z.T) / math.sqrt(2.0)
+    upper = np.triu_indices(d, 1)
+    vector = np.concatenate([np.diag(hessian) / math.sqrt(2.0), hessian[upper]])
+    units = _units(p.report_hessian_sigma, grid_h)
+    v_hat = grid_h.from_units(grid_h.to_units(vector) + discrete_gaussian_std(noise, units, vector.size))
+    h_hat = np.zeros((d, d))
+    h_hat[upper] = v_hat[d:]
+    h_hat = h_hat + h_hat.T
+    h_hat[np.diag_indices(d)] = v_hat[:d] * math.sqrt(2.0)
     return {
         "gradient": [float(v) for v in g_hat],
+        "gradient_grid": grid_g.describe(),
         "hessian": [[float(v) for v in row] for row in h_hat],
+        "hessian_vector": [float(v) for v in v_hat],
+        "hessian_grid": {
+            **grid_h.describe(),
+            "note": "hessian_vector = [diag/√2, upper triangle] is on the grid; hessian is post-processing",
+        },
     }
 
 
@@ -298,7 +358,7 @@ def personalized_rdp(
         -np.log1p(-(norm**2 / 4.0) / lam)
         + alphas * s * s / 2.0
         + (math.log(2.0) + stats.norm.logcdf((alphas - 1.0) * s)) / (alphas - 1.0)
-        + amp_rdp(alphas, p.tolerance, lam, sigma_out)
+        + amp_grid_rdp(alphas, p.tolerance, lam, p.sigma, sigma_out)
     )
     if p.report == "data_dependent":
         assert p.report_gradient_sigma is not None

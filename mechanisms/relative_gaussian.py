@@ -82,6 +82,8 @@ import numpy as np
 
 from mechanisms.accounting.curve import RdpCurve
 from mechanisms.accounting.orders import validate_orders
+from mechanisms.noise import Grid, Noise
+from mechanisms.noise.learners import MAX_STD, discrete_gaussian_std
 
 Bound = Literal["theorem1", "exact"]
 
@@ -305,20 +307,156 @@ def rgm_rdp_curve(
     return RdpCurve(grid, values)
 
 
-# ----- the sampler ------------------------------------------------------------------------------------------
-def rgm_release(
+# ----- the RGM on a public grid (docs/privacy.md §10.5, Theorem RGM-GRID) -----------------------------------
+GRID_BITS = 24
+"""The release grid γ_g is the largest power of two ≤ σ·2^−GRID_BITS/√d: σ/γ_g ≥ 2^GRID_BITS·√d grid units."""
+_SCALE_SLACK = 2.0**-30  # relative margin on the computed variance (float error ≤ (d + 8)·2^−53, d ≤ 2^20)
+
+
+def rgm_grid(sigma: float, d: int) -> Grid:
+    """γ_g = the largest power of two ≤ σ·2^−24/√d (public: σ and d only)."""
+    sigma = _finite_nonnegative(sigma, "sigma")
+    d = _check_dimension(d)
+    if sigma == 0.0:
+        raise ValueError("the grid RGM needs sigma > 0")
+    size = sigma * 2.0**-GRID_BITS / math.sqrt(d) * (1.0 - 4 * _EPS)
+    return Grid(math.frexp(size)[1] - 1)
+
+
+def _grid_floor_units(d: int) -> float:
+    """A lower bound on σ/γ_g for every σ: 2^24·√d (rounded down)."""
+    return math.ldexp(math.sqrt(d), GRID_BITS) * (1.0 - 4 * _EPS)
+
+
+def _theta_tail(x: float) -> float:
+    """E(x) = 2e^{−2π²x}/(1 − e^{−2π²x}) ≥ 2Σ_{k≥1} e^{−2π²xk²}: the Poisson-summation bound on the relative
+    error of the discrete Gaussian normaliser of variance x (rounded up; 0 when it underflows, < 1e−300)."""
+    tail = math.exp(-2.0 * math.pi * math.pi * x)
+    if tail == 0.0:
+        return 0.0
+    return _up(2.0 * tail / -math.expm1(-2.0 * math.pi * math.pi * x), 16 * _EPS)
+
+
+def _discrete_correction(alpha: float, units: float) -> float:
+    """Per coordinate: D_α(N_Z(μ, s²)‖N_Z(μ′, s′²)) − D_α(N(μ, s²)‖N(μ′, s′²)) ≤
+    [log(1 + E(units²/α)) + (α−1)·log(1 + E(units²)) − α·log(1 − E(units²))]/(α−1), for s, s′ ≥ units and
+    the combined variance v = s²s′²/(αs′² − (α−1)s²) ≥ s²/α (docs/privacy.md §10.5, Lemma THETA)."""
+    e_v = _theta_tail(units * units / alpha)
+    e_s = _theta_tail(units * units)
+    if e_v == 0.0 and e_s == 0.0:
+        return 0.0
+    if not e_s < 1.0:
+        return math.inf
+    total = math.log1p(e_v) + (alpha - 1.0) * math.log1p(e_s) - alpha * math.log1p(-e_s)
+    return _up(total / (alpha - 1.0), 64 * _EPS)
+
+
+def grid_scale_ratio(d: int) -> float:
+    """q ≥ t²/v: the integer standard deviation t = ⌈√v̂·(1 + 2^−30)⌉ ≥ √v over-shoots the variance by at most
+    (1 + 2^−29 + 1/σ_u)², σ_u = σ/γ_g ≥ 2^24√d (v ≥ σ_u²)."""
+    return _up((1.0 + 2.0**-29 + 1.0 / _grid_floor_units(d)) ** 2, 16 * _EPS)
+
+
+def grid_rgm_bound(
+    alpha: float, eta: float, gamma: float, d: int, *, units: float, ratio: float, bound: Bound = "exact"
+) -> float:
+    """Theorem RGM-GRID (docs/privacy.md §10.5): D_α of the grid RGM for any neighbours, when every standard
+    deviation s (grid units) satisfies v ≤ s² ≤ ``ratio``·v, v ≥ ``units``² the per-coordinate variance
+    γ‖R‖² + σ² in grid units, σ² ≥ γR_rel²/η², and the means are R/γ_g rounded to integers.
+
+    w_q = ratio·(1+η)² − 1, ρ_q = 1 − (α−1)w_q (+∞ if ≤ 0), p = √(d(1+w_q))·√γ/(η·units):
+    αη²(1+p)²/(2γρ_q) + log term (``exact_epsilon``'s or Theorem 1's with w → w_q) + d·Poisson correction.
+    """
+    alpha = _check_order(alpha)
+    eta, gamma = _check_eta_gamma(eta, gamma)
+    d = _check_dimension(d)
+    if alpha <= 1.0:
+        raise ValueError("the grid RGM bound is stated for orders α > 1")
+    if not (units >= 1.0 and ratio >= 1.0 and math.isfinite(ratio)):
+        raise ValueError("units must be ≥ 1 and ratio ≥ 1")
+    w = _up(ratio * (1.0 + eta) * (1.0 + eta) - 1.0, 8 * _EPS)
+    t, rho = _t_and_rho(alpha, w)
+    if rho <= 0.0:
+        return math.inf
+    penalty = _up(math.sqrt(d * (1.0 + w)) * math.sqrt(gamma) / (eta * units), 16 * _EPS)
+    mean = _up(_mean_term(alpha, eta, gamma, rho) * (1.0 + penalty) * (1.0 + penalty), 8 * _EPS)
+    if bound == "theorem1":
+        log_term = _up(alpha * d * w * w * (1.0 + w) / (2.0 * rho))
+    else:
+        log_term = _up(0.5 * d * (_w_minus_log1p(w) + _up(w * _phi_minus_one(t, rho))))
+    correction = d * _discrete_correction(alpha, units)
+    return _up(mean + log_term + correction, 8 * _EPS)
+
+
+def grid_rgm_epsilon(alpha: float, eta: float, gamma: float, d: int, bound: Bound = "exact") -> float:
+    """Per-step RDP of ``rgm_release_grid`` on the default grid at order α, for any σ ≥ √γ·R_rel/η: the bound
+    of ``grid_rgm_bound`` at units = 2^24√d (σ/γ_g is at least that) and ratio = ``grid_scale_ratio(d)``.
+    A function of (α, η, γ, d) only (the σ-dependence is bounded by its worst case over σ's mantissa)."""
+    d = _check_dimension(d)
+    return grid_rgm_bound(
+        alpha, eta, gamma, d, units=_grid_floor_units(d), ratio=grid_scale_ratio(d), bound=bound
+    )
+
+
+def rgm_grid_curve(
+    orders: Sequence[float],
+    *,
+    eta: float,
+    gamma: float,
+    sigma: float,
+    r_rel: float,
+    d: int,
+    bound: Bound = "exact",
+) -> RdpCurve:
+    """The RDP curve of one ``rgm_release_grid`` release (``grid_rgm_epsilon`` at each order; no pure bound).
+
+    Needs η > 0, γ > 0 and σ² ≥ γR_rel²/η² (the baseline of ``rgm_gd.baseline_sigma``; ValueError
+    otherwise: the grid theorem is proved under that condition only). +∞ where ρ_q ≤ 0.
+    """
+    grid = validate_orders(orders)
+    eta, gamma = _check_eta_gamma(eta, gamma)
+    sigma = _finite_nonnegative(sigma, "sigma")
+    r_rel = _finite_nonnegative(r_rel, "r_rel")
+    d = _check_dimension(d)
+    if bound not in ("theorem1", "exact"):
+        raise ValueError(f"bound must be 'theorem1' or 'exact', got {bound!r}")
+    if not sigma * sigma * eta * eta * (1.0 - 8 * _EPS) >= gamma * r_rel * r_rel:
+        raise ValueError("the grid RGM needs sigma² ≥ γR_rel²/η² (use rgm_gd.baseline_sigma)")
+    if any(alpha <= 1.0 for alpha in grid):
+        raise ValueError("the grid RGM curve needs orders > 1")
+    return RdpCurve(grid, tuple(grid_rgm_epsilon(alpha, eta, gamma, d, bound) for alpha in grid))
+
+
+def grid_noise_units(value: np.ndarray, gamma: float, sigma: float, grid: Grid) -> int:
+    """t = ⌈√v̂·(1 + 2^−30)⌉, v̂ = (γ‖value‖² + σ²)/γ_g² in floats (relative error ≤ (d + 8)·2^−53): an
+    integer ≥ √v over-shooting by at most the factor of ``grid_scale_ratio``. SECRET (never released)."""
+    vector = np.asarray(value, dtype=float)
+    peak = float(np.max(np.abs(vector))) if vector.size else 0.0
+    scaled = np.ldexp(vector, -grid.exponent)  # exact: the value in grid units
+    with np.errstate(over="ignore"):
+        variance = gamma * float(np.dot(scaled, scaled)) + math.ldexp(sigma, -grid.exponent) ** 2
+    if not math.isfinite(variance) or not math.isfinite(peak):
+        raise ValueError("the noise variance overflows: bound the query output (e.g. by clipping)")
+    units = math.ceil(math.sqrt(variance) * (1.0 + _SCALE_SLACK))
+    if units > MAX_STD:
+        raise ValueError("the RGM noise scale exceeds 2^52 grid units")
+    return max(units, 1)
+
+
+def rgm_release_grid(
     value: np.ndarray,
     gamma: float,
     sigma: float,
-    rng: np.random.Generator,
+    noise: Noise,
     *,
+    grid: Grid | None = None,
     draws: int | None = None,
 ) -> np.ndarray:
-    """RGM_{γ,σ}: ``value + N(0, (γ‖value‖² + σ²)·I_d)``; γ‖value‖² + σ² is the per-coordinate VARIANCE.
+    """The RGM on a public grid: γ_g·(round(value/γ_g) + Z), Z ~ N_Z(0, t²)^d i.i.d., t = ``grid_noise_units``
+    (the per-coordinate variance γ‖value‖² + σ², in grid units, rounded up to an integer standard deviation).
 
-    ``value`` is the true query output R(x), a finite 1-D array. ``draws=k`` returns k independent releases
-    of the same value, shape (k, d) (for audits); the default returns one release, shape (d,).
-    γ = 0 is the plain Gaussian mechanism with standard deviation σ.
+    Every released number is an exact multiple of γ_g = ``grid`` (default ``rgm_grid(σ, d)``).
+    ``draws=k`` returns k independent releases of the same value, shape (k, d) (audits); else shape (d,).
     """
     vector = np.asarray(value, dtype=float)
     if vector.ndim != 1 or vector.size == 0:
@@ -327,18 +465,15 @@ def rgm_release(
         raise ValueError("value must be finite")
     gamma = _finite_nonnegative(gamma, "gamma")
     sigma = _finite_nonnegative(sigma, "sigma")
-    with np.errstate(over="ignore"):
-        variance = gamma * float(np.dot(vector, vector)) + sigma * sigma
-    if not math.isfinite(variance):
-        raise ValueError("the noise variance overflows: bound the query output (e.g. by clipping)")
-    std = math.sqrt(variance)
-    if draws is None:
-        noise = rng.standard_normal(vector.shape)
-    else:
-        if isinstance(draws, bool) or int(draws) != draws or draws < 1:
-            raise ValueError(f"draws must be an integer ≥ 1, got {draws!r}")
-        noise = rng.standard_normal((int(draws), vector.size))
-    result: np.ndarray = vector + std * noise
+    chosen = grid if grid is not None else rgm_grid(sigma, vector.size)
+    units = grid_noise_units(vector, gamma, sigma, chosen)
+    mean = chosen.to_units(vector)
+    count = 1 if draws is None else int(draws)
+    if draws is not None and (isinstance(draws, bool) or int(draws) != draws or draws < 1):
+        raise ValueError(f"draws must be an integer ≥ 1, got {draws!r}")
+    z = discrete_gaussian_std(noise, units, count * vector.size).reshape(count, vector.size)
+    released = chosen.from_units(mean[None, :] + z)
+    result: np.ndarray = released[0] if draws is None else released
     return result
 
 

@@ -70,16 +70,17 @@ from mechanisms.learning import (
     dimension,
     learner_task,
 )
+from mechanisms.noise import Noise
 from mechanisms.relative_gaussian import (
     Bound,
     RelativeSensitivity,
-    exact_epsilon,
+    grid_rgm_epsilon,
     project_to_ball,
-    rgm_rdp_curve,
-    rgm_release,
+    rgm_grid,
+    rgm_grid_curve,
+    rgm_release_grid,
     ridge_relative_sensitivity_split,
     ridge_theta_bound,
-    theorem1_epsilon,
 )
 
 Model = Literal["ridge", "logistic"]
@@ -88,7 +89,8 @@ LABEL_BOUND = 1.0  # Y: the design matrix's labels are scaled to [−1, 1] or ma
 _UP = 1.0 + 1e-12
 RIDGE_SPLIT = 3.0  # Young's κ of ``ridge_relative_sensitivity_split``: η = 2X²/(λn), R_rel = (2/√3)·D/n
 FLOAT_CEILING = 1e300  # public bounds must stay below this: 1e8 of headroom under the float maximum 1.8e308
-Z_MAX = 64.0  # |standard normal draw| bound used by the finiteness check (numpy's sampler stays below 14)
+Z_MAX = 1030.0  # |Z|·γ_g ≤ 513·t·γ_g ≤ 1030·√v: the exact sampler never returns |Z| > 513·t (t ≤ √v/γ_g + 1)
+MAX_UNITS = 2.0**50  # public bound on G/γ_g and (√γ·G + σ)/γ_g: means and noise scales stay in the int64 path
 
 
 # ----- the query and its relative sensitivity --------------------------------------------------------------
@@ -254,8 +256,9 @@ def baseline_sigma(gamma: float, sens: RelativeSensitivity) -> float:
 def step_curve(
     orders: Sequence[float], sens: RelativeSensitivity, gamma: float, sigma: float, d: int, bound: Bound
 ) -> RdpCurve:
-    """RDP curve of one RGM-GD step (``rgm_rdp_curve``): depends on public parameters only."""
-    return rgm_rdp_curve(orders, eta=sens.eta, gamma=gamma, sigma=sigma, r_rel=sens.r_rel, d=d, bound=bound)
+    """RDP curve of one RGM-GD step on the public grid (``rgm_grid_curve``, Theorem RGM-GRID of
+    docs/privacy.md §10.5): depends on public parameters only; needs σ ≥ √γ·R_rel/η (``baseline_sigma``)."""
+    return rgm_grid_curve(orders, eta=sens.eta, gamma=gamma, sigma=sigma, r_rel=sens.r_rel, d=d, bound=bound)
 
 
 def scale_curve(curve: RdpCurve, steps: int) -> RdpCurve:
@@ -273,28 +276,37 @@ def scale_curve(curve: RdpCurve, steps: int) -> RdpCurve:
 
 # ----- calibration ------------------------------------------------------------------------------------------
 def gamma_for_step(epsilon: float, alpha: float, eta: float, d: int, bound: Bound = "theorem1") -> float:
-    """The smallest γ (up to 1e-9 relative) with ε_step(α; η, γ, d) ≤ ``epsilon`` (σ² = γR_rel²/η²).
+    """The smallest γ (up to 1e-9 relative, bisection in log γ) with the grid per-step bound
+    ``grid_rgm_epsilon(α; η, γ, d) ≤ epsilon`` (σ² = γR_rel²/η²).
 
-    ε_step = αη²/(2γρ_α) + floor(α) (both bounds; the floor does not depend on γ), so
-    γ = αη²/(2ρ_α(ε − floor)) (note §2.7 for Theorem 1); then raised until the padded bound is ≤ ε.
-    Raises ValueError when ε ≤ floor(α) or α ≥ α_max(η) (the target is unreachable for any γ).
+    The bound is (αη²/(2ρ_q))·(1/√γ + c)² + floor(α) with c, floor independent of γ (docs/privacy.md §10.5),
+    decreasing in γ. Raises ValueError when ε ≤ its limit γ → ∞ or α is at or beyond the ceiling.
     """
-    fn = theorem1_epsilon if bound == "theorem1" else exact_epsilon
     if not (math.isfinite(epsilon) and epsilon > 0.0):
         raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
-    floor = fn(alpha, eta, 1e300, d)
-    if not math.isfinite(floor) or epsilon <= floor:
+
+    def value(gamma: float) -> float:
+        return grid_rgm_epsilon(alpha, eta, gamma, d, bound)
+
+    hi = 1e12
+    if not value(hi) <= epsilon:
         raise ValueError(
-            f"epsilon {epsilon!r} at order {alpha!r} is below the RGM floor {floor!r} (the norm-leak term "
-            "αdη²K/(2ρ_α), note §2.5) or the order is at or beyond α_max: no γ reaches it"
+            f"epsilon {epsilon!r} at order {alpha!r} is below the RGM floor (the norm-leak term "
+            "αdη²K/(2ρ_α), note §2.5) or the order is at or beyond α_max: no γ up to 1e12 reaches it"
         )
-    rho = 1.0 - eta * (alpha - 1.0) * (2.0 + eta)
-    gamma = alpha * eta * eta / (2.0 * rho * (epsilon - floor))
-    for _ in range(200):
-        if fn(alpha, eta, gamma, d) <= epsilon:
-            return gamma
-        gamma *= 1.0 + 1e-9
-    raise ValueError("could not calibrate gamma")  # pragma: no cover - the loop converges in a few rounds
+    lo = 1e-30
+    if value(lo) <= epsilon:
+        return lo
+    log_lo, log_hi = math.log(lo), math.log(hi)
+    while log_hi - log_lo > 1e-9:
+        mid = 0.5 * (log_lo + log_hi)
+        if value(math.exp(mid)) <= epsilon:
+            log_hi = mid
+        else:
+            log_lo = mid
+    gamma = math.exp(log_hi)
+    assert value(gamma) <= epsilon
+    return gamma
 
 
 def gamma_for_total(
@@ -430,6 +442,13 @@ def finiteness_problem(config: RgmGdConfig, n_rows: int, d: int) -> tuple[str, s
     coordinate = radius + tau * (big_g + Z_MAX * math.sqrt(variance))
     if not d * (2.0 * coordinate) * (2.0 * coordinate) <= FLOAT_CEILING:
         return "step_size", f"the step θ − τ·g̃ could overflow with step_size {tau!r}: lower step_size"
+    granularity = rgm_grid(config.sigma, d).granularity
+    scale_units = (math.sqrt(config.gamma) * big_g * (1.0 + 1e-9) + config.sigma) / granularity
+    if not (big_g * (1.0 + 1e-9) / granularity <= MAX_UNITS and scale_units <= MAX_UNITS):
+        return "gamma", (
+            "the gradient or its RGM noise scale would leave the exact sampler's range on the release grid "
+            "(2^50 grid units; the grid is σ·2^-24/√d): raise gamma (σ grows with it) or regularization"
+        )
     return None
 
 
@@ -454,7 +473,7 @@ def rgm_gd_train(
     config: RgmGdConfig,
     x: np.ndarray,
     y: np.ndarray,
-    rng: np.random.Generator,
+    noise: Noise,
     progress: ProgressFn = no_progress,
     *,
     theta0: np.ndarray | None = None,
@@ -479,6 +498,7 @@ def rgm_gd_train(
         raise ValueError(f"{problem[0]}: {problem[1]}")
     radius = config.projection_radius
     features, labels = bounded_records(features, labels, config.feature_bound, config.label_bound)
+    grid = rgm_grid(config.sigma, d)  # public: every noisy gradient is a multiple of its granularity
     released = np.zeros((config.steps + 1, d))  # θ₀ … θ_T (θ₀ is public)
     if theta0 is not None:
         released[0] = project_to_ball(np.asarray(theta0, dtype=float), radius)
@@ -486,7 +506,7 @@ def rgm_gd_train(
     t = 0
     for t in range(config.steps):
         gradient = full_gradient(released[t], features, labels, config.model, config.reg)
-        noisy = rgm_release(gradient, config.gamma, config.sigma, rng)
+        noisy = rgm_release_grid(gradient, config.gamma, config.sigma, noise, grid=grid)
         released[t + 1] = project_to_ball(released[t] - config.step_size * noisy, radius)
         progress((t + 1) / config.steps)
         if config.stop is not None and config.stop.should_stop(released[: t + 2], config.step_size):
@@ -676,7 +696,7 @@ class RgmGdMechanism:
         params: BaseModel,
         ctx: PublicContext,
         table: Table,
-        rng: np.random.Generator,
+        noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> Release:
         p = params_as(params, RgmGdParams)
@@ -686,7 +706,7 @@ class RgmGdMechanism:
         x, y = design_matrix(p, ctx, table, learner_task(p.model, p.task), p.row_norm)
         if x.shape[0] != ctx.n_rows:
             raise ValueError("the table's row count differs from the dataset's public row count")
-        result = rgm_gd_train(resolved.config, x, y, rng, progress)
+        result = rgm_gd_train(resolved.config, x, y, noise, progress)
         realized = scale_curve(resolved.step, result.steps_run)  # ex post: T_run·ε_step (stopping time)
         assert realized <= worst
         config = resolved.config
@@ -704,6 +724,13 @@ class RgmGdMechanism:
             "eta": resolved.sens.eta,
             "r_rel": resolved.sens.r_rel,
             "bound": p.bound,
+            "noisy_gradient_grid": {
+                **rgm_grid(config.sigma, resolved.d).describe(),
+                "noise": "discrete Gaussian in grid units, standard deviation an integer ≥ √(γ‖∇f‖² + σ²)/"
+                "granularity (secret, not released)",
+                "note": "each noisy gradient is a multiple of the granularity; theta and the iterates are "
+                "deterministic post-processing of them (projected steps)",
+            },
             "scale": "coefficients are on the design matrix of mechanisms.learning (features divided by "
             "their declared magnitude, rows clipped to row_norm)",
         }

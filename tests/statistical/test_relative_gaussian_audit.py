@@ -1,6 +1,6 @@
 """The RGM sampler's distribution, and a Monte Carlo privacy audit of one RGM step (note seed_004 §6).
 
-Distribution: the noise of ``rgm_release`` (release − value), divided by √(γ‖value‖² + σ²) computed here from
+Distribution: the noise of ``rgm_release_grid`` (release − value), divided by √(γ‖value‖² + σ²) computed from
 Def. 3 of the paper, must be N(0, 1) per coordinate: Kolmogorov–Smirnov at a false-alarm rate of 1e-6 with a
 fixed seed. The same test must reject a variance 30% off in either direction (power check) and the two
 std/variance misreadings (std = γ‖v‖² + σ²; the authors' code std = √γ‖v‖ + σ).
@@ -33,7 +33,14 @@ import pytest
 from scipy import stats
 
 from mechanisms.accounting import RdpCurve
-from mechanisms.relative_gaussian import exact_epsilon, rgm_rdp_curve, rgm_release, theorem1_epsilon
+from mechanisms.noise import Noise
+from mechanisms.relative_gaussian import (
+    exact_epsilon,
+    rgm_grid,
+    rgm_rdp_curve,
+    rgm_release_grid,
+    theorem1_epsilon,
+)
 
 pytestmark = pytest.mark.statistical
 
@@ -58,8 +65,12 @@ def _variance(value: np.ndarray) -> float:
 
 
 def _noise() -> list[np.ndarray]:
-    rng = np.random.default_rng(SEED)
-    return [rgm_release(value, GAMMA, SIGMA, rng, draws=DRAWS) - value for value in VALUES]
+    noise = Noise.seeded(SEED)
+    releases = [rgm_release_grid(value, GAMMA, SIGMA, noise, draws=DRAWS) for value in VALUES]
+    for value, release in zip(VALUES, releases, strict=True):  # exact support: multiples of the public grid
+        units = release / rgm_grid(SIGMA, value.size).granularity
+        assert np.array_equal(units, np.rint(units))
+    return [release - value for value, release in zip(VALUES, releases, strict=True)]
 
 
 def _ks_pvalue(scale: Callable[[np.ndarray], float]) -> float:
@@ -186,7 +197,9 @@ def true_divergence(alpha: float, variance: Callable[[np.ndarray], float]) -> fl
 
 
 def _rgm_sample(value: np.ndarray, rng: np.random.Generator, runs: int) -> np.ndarray:
-    return rgm_release(value, AUDIT_GAMMA, AUDIT_SIGMA, rng, draws=runs)
+    """The module's grid sampler (exact discrete Gaussian); ``rng`` only seeds its deterministic stream."""
+    noise = Noise.seeded(int(rng.integers(0, 2**62)))
+    return rgm_release_grid(value, AUDIT_GAMMA, AUDIT_SIGMA, noise, draws=runs)
 
 
 def _std_confused_sample(value: np.ndarray, rng: np.random.Generator, runs: int) -> np.ndarray:

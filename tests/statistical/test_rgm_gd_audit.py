@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from mechanisms.noise import Noise
 from mechanisms.relative_gaussian import theorem1_epsilon
 from mechanisms.rgm_gd import (
     RgmGdConfig,
@@ -73,13 +74,13 @@ class Variant:
 
 def _sample(variant: Variant) -> list[np.ndarray]:
     """RUNS transcripts θ₀ … θ_{T_run} on D from the module's sampler."""
-    rng = np.random.default_rng(SEED)
+    noise = Noise.seeded(SEED)
     stop = None if variant.peek else StopRule(TOLERANCE)
     steps = 1 if variant.peek else STEPS  # the peeking rule: "first record has x = 1" ⇒ stop after 1 step
     config = RgmGdConfig("ridge", REG, steps, TAU, variant.gamma, SIGMA, stop, radius=RADIUS)
     start = np.array([THETA0])
     paths = [
-        np.vstack([start, rgm_gd_train(config, X_D, Y_D, rng, theta0=start).iterates]) for _ in range(RUNS)
+        np.vstack([start, rgm_gd_train(config, X_D, Y_D, noise, theta0=start).iterates]) for _ in range(RUNS)
     ]
     assert max(float(np.max(np.abs(path))) for path in paths) < 0.5 * RADIUS  # projection never active
     return paths

@@ -24,6 +24,7 @@ from mechanisms import accuracy_first_erm as af
 from mechanisms.above_threshold import InteractiveAboveThreshold
 from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.base import PublicContext
+from mechanisms.noise import Noise
 from mechanisms.noise_reduction import LazyLaplaceNR
 from mechanisms.schema import DatasetSchema
 
@@ -107,9 +108,9 @@ def test_ridge_run_clips_intercept_rows_to_l1_and_noises_every_matrix_entry(
         captured["x"], captured["y"] = x.copy(), y.copy()
         return real_make_data(task, x, y)
 
-    def spy_start(delta: float, epsilons: Any, dim: int, rng_: np.random.Generator) -> dict[str, Any]:
+    def spy_start(delta: float, epsilons: Any, dim: int, noise: Noise) -> dict[str, Any]:
         captured["delta"], captured["dim"] = delta, dim
-        return real_start(delta, epsilons, dim, rng_)
+        return real_start(delta, epsilons, dim, noise)
 
     def spy_hypotheses(task: af.Task, noisy: np.ndarray, p_: int, n_: int, lam: float) -> np.ndarray:
         captured.setdefault("noisy", noisy[0].copy())
@@ -118,7 +119,7 @@ def test_ridge_run_clips_intercept_rows_to_l1_and_noises_every_matrix_entry(
     monkeypatch.setattr(af, "make_data", spy_make_data)
     monkeypatch.setattr(LazyLaplaceNR, "start", staticmethod(spy_start))
     monkeypatch.setattr(af, "hypotheses", spy_hypotheses)
-    af.AccuracyFirstRidge().run(params, ctx, _table(rng, n, p, "ridge"), np.random.default_rng(102))
+    af.AccuracyFirstRidge().run(params, ctx, _table(rng, n, p, "ridge"), Noise.seeded(102))
 
     x, y = captured["x"], captured["y"]
     d = p + 1
@@ -127,8 +128,15 @@ def test_ridge_run_clips_intercept_rows_to_l1_and_noises_every_matrix_entry(
     assert np.abs(x).sum(axis=1).max() > 0.999  # rows reach the sphere: the clip is active
     assert np.all(np.abs(y) <= 1.0)
     assert captured["dim"] == d * d + d
-    assert captured["delta"] >= 4.0
-    noise = captured["noisy"] - af.RidgeData.from_arrays(x, y).statistic()
+    problem, grid = af.AccuracyFirstRidge().problem(params, ctx)
+    plan = problem.plan(float(grid[0]))
+    gamma = plan.grid.granularity
+    # the noise reduction runs on the ℓ1 sensitivity in grid units: Δ_S/γ + d rounding steps (+ d/64 slack)
+    assert captured["delta"] == plan.units == int(4.0 * (1 + af.SLACK) / gamma + (d * d + d) * (1 + 1 / 64))
+    assert captured["delta"] >= 4.0 / gamma + d * d + d
+    statistic = af.RidgeData.from_arrays(x, y).statistic()
+    assert np.all(np.ldexp(captured["noisy"], -plan.grid.exponent) % 1.0 == 0.0)  # on the grid
+    noise = captured["noisy"] - plan.from_units(plan.to_units(statistic))
     mat = noise[: d * d].reshape(d, d)
     off = ~np.eye(d, dtype=bool)
     # independent noise on both triangles (a mirrored triangle would make this exactly 0 and double the
@@ -240,15 +248,15 @@ def test_iat_uses_the_charged_epsilon_and_query_sensitivity(
     seen: list[Any] = []
     real_iat = InteractiveAboveThreshold
 
-    def spy_iat(threshold: float, epsilon_a: float, delta: float, rng_: np.random.Generator) -> Any:
-        instance = real_iat(threshold, epsilon_a, delta, rng_)
+    def spy_iat(threshold: float, epsilon_a: float, delta: float, noise: Noise) -> Any:
+        instance = real_iat(threshold, epsilon_a, delta, noise)
         seen.append(instance)  # what the test actually runs with, not just what was asked for
         return instance
 
     monkeypatch.setattr("mechanisms.accuracy_first_erm.InteractiveAboveThreshold", spy_iat)
     mech = af.AccuracyFirstLogistic()
     worst = mech.worst_case(params, ctx)
-    release = mech.run(params, ctx, _table(rng, n, p, "logistic"), np.random.default_rng(105))
+    release = mech.run(params, ctx, _table(rng, n, p, "logistic"), Noise.seeded(105))
     problem, grid = mech.problem(params, ctx)
     assert len(seen) == 1
     iat = seen[0]

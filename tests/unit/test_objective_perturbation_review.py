@@ -26,6 +26,7 @@ from scipy import special, stats
 
 from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.base import ParamsError, PublicContext
+from mechanisms.noise import Noise
 from mechanisms.objective_perturbation import (
     Neighboring,
     ObjPertConfig,
@@ -129,7 +130,7 @@ def test_amp_term_is_the_gaussian_rdp_of_sensitivity_two_tau_over_lambda() -> No
         curve = objpert_curve(config, orders)
         base = objpert_rdp(orders, 2.0, 0.5, lam, factor * math.sqrt(2))
         assert np.all(np.asarray(curve.values) >= base + np.asarray(expected))
-        assert np.allclose(curve.values, base + np.asarray(expected), rtol=1e-10)
+        assert np.allclose(curve.values, base + np.asarray(expected), rtol=1e-3)  # + grid rounding/coupling
 
 
 def test_report_sensitivities_and_goe_vector_norm() -> None:
@@ -203,7 +204,9 @@ def test_failure_outcome_does_not_depend_on_one_row_replace_one() -> None:
     }
     params = ObjPertLogisticParams.model_validate({**base, "tolerance": tol})
     curve = ObjPertLogistic().worst_case(params, ctx)
-    assert curve.values[curve.orders.index(8.0)] < 0.5  # a modest, finite charge
+    # finite (at such a tiny τ the coupling slack κ of the lattice b dominates τ_eff and the AMP term grows:
+    # the request is refused below anyway)
+    assert math.isfinite(curve.values[curve.orders.index(8.0)])
     with pytest.raises(ParamsError, match="tolerance") as info:
         ObjPertLogistic().check(params, ctx)  # refused before the data is read
     assert info.value.field == "tolerance"
@@ -217,7 +220,7 @@ def test_failure_outcome_does_not_depend_on_one_row_replace_one() -> None:
 
     def failed(table: dict[str, np.ndarray], seed: int) -> bool:
         try:
-            ObjPertLogistic().run(params, ctx, table, np.random.default_rng(seed))
+            ObjPertLogistic().run(params, ctx, table, Noise.seeded(seed))
         except ObjPertDidNotConverge:
             return True
         return False

@@ -9,10 +9,11 @@ import pytest
 from scipy import stats
 
 from mechanisms.accounting import DEFAULT_ORDERS
+from mechanisms.noise import Noise
 from mechanisms.objective_perturbation import (
     ObjPertConfig,
     ObjPertLogisticParams,
-    amp_rdp,
+    amp_grid_rdp,
     fit_objpert,
     logistic_d1,
     logistic_d2,
@@ -115,8 +116,9 @@ def test_data_independent_report_vector_of_the_note() -> None:
         np.array([1.0]),
         lam=1.0,
         sigma=2.0,
-        z_b=two_sided_z(1e-6),
+        z_b=float(stats.norm.isf(0.5e-6)),  # b is the continuous Gaussian of the coupling: Φ⁻¹ is valid
     )
+    assert two_sided_z(1e-6) >= float(stats.norm.isf(0.5e-6))  # discrete noises use the subgaussian z
     assert terms["leverage"][0] == pytest.approx(0.229098, abs=1e-6)
     assert terms["fit"][0] == pytest.approx(0.027449, abs=1e-6)
     assert terms["gradient"][0] == pytest.approx(1.146135, abs=1e-6)
@@ -158,7 +160,7 @@ def test_coverage_of_public_and_data_dependent_reports(z: tuple[np.ndarray, floa
 
     Power: a report that drops the gradient term (treats b as 0) fails far more often.
     """
-    rho, lam, sigma, sigma2, sigma3 = 0.05, 1.0, 0.7, 0.3, 0.05
+    rho, lam, sigma, sigma2, sigma3 = 0.05, 1.0, 0.7, 0.3, 0.04
     trials = 1500
     rng = np.random.default_rng(2024)
     x, y = z
@@ -238,7 +240,9 @@ def test_personalized_rdp_is_below_the_worst_case() -> None:
     assert np.allclose(curves[3].values, worst.values, rtol=1e-11)
     for norm, curve in zip([0.3, 0.999], curves[1:3], strict=True):
         reference = objpert_rdp(DEFAULT_ORDERS, p.sigma, norm**2 / 4, p.regularization, norm)
-        reference = reference + amp_rdp(DEFAULT_ORDERS, p.tolerance, p.regularization, config.output_sigma)
+        reference = reference + amp_grid_rdp(
+            DEFAULT_ORDERS, p.tolerance, p.regularization, p.sigma, config.output_sigma
+        )
         assert np.all(np.asarray(curve.values) >= reference)
         assert np.allclose(curve.values, reference, rtol=1e-11)
 
@@ -247,6 +251,7 @@ def test_amp_release_coverage_with_the_ball() -> None:
     """AMP releases: the reported leverage+fit+gradient terms at ``out`` cover ε₁ at the exact θ^P, through
     the ball ‖θ^P − out‖ ≤ r (ρ = 0.05 split over 3 events), over repeated runs of the real learner."""
     rng = np.random.default_rng(99)
+    noise = Noise.seeded(99)
     n, d = 40, 2
     xs = rng.normal(size=(n, d))
     xs /= np.maximum(1, np.linalg.norm(xs, axis=1))[:, None]
@@ -258,7 +263,7 @@ def test_amp_release_coverage_with_the_ball() -> None:
     trials, failures, broken_failures = 600, 0, 0
     member_x, member_y = xs[0], float(ys[0])
     for _ in range(trials):
-        fit = fit_objpert(xs, ys, config, rng)
+        fit = fit_objpert(xs, ys, config, noise)
         theta_p = _exact_minimizer(xs, ys, config.lam, fit.b, fit.approx_minimizer)
         assert np.linalg.norm(theta_p - fit.approx_minimizer) <= config.tau / config.lam
         exact = exact_ex_post_loss(theta_p, xs, ys, member_x, member_y, config.lam, config.sigma, True)
@@ -283,6 +288,7 @@ def test_amp_release_coverage_with_the_ball() -> None:
 
 def test_evaluate_report_reads_only_the_release() -> None:
     rng = np.random.default_rng(3)
+    noise = Noise.seeded(3)
     xs = rng.normal(size=(200, 3))
     xs /= np.maximum(1, np.linalg.norm(xs, axis=1))[:, None]
     ys = np.where(xs[:, 0] > 0, 1.0, -1.0)
@@ -293,13 +299,13 @@ def test_evaluate_report_reads_only_the_release() -> None:
         report_hessian_sigma=1.0,
         report_rho=1e-6,
     )
-    fit = fit_objpert(xs, ys, p.config("add_remove"), rng)
+    fit = fit_objpert(xs, ys, p.config("add_remove"), noise)
     from mechanisms.per_instance import data_dependent_statistics
 
     output = {
         "theta": list(fit.released),
         "output_sigma": p.config("add_remove").output_sigma,
-        "report": {**report_metadata(p, 3), **data_dependent_statistics(p, xs, ys, fit, rng)},
+        "report": {**report_metadata(p, 3), **data_dependent_statistics(p, xs, ys, fit, noise)},
     }
     records = xs[:5]
     first = evaluate_report(p, output, records, ys[:5], DEFAULT_ORDERS)
@@ -372,6 +378,7 @@ def test_report_events_and_confidence_for_new_and_legacy_releases() -> None:
     """ĝ and Ĥ have their own events: data-dependent reports split ρ over 7 events. A release stored with the
     former 5-event split keeps its stored z, so its honest confidence is 1 − 7ρ/5."""
     rng = np.random.default_rng(8)
+    noise = Noise.seeded(8)
     xs = rng.normal(size=(100, 3))
     xs /= np.maximum(1, np.linalg.norm(xs, axis=1))[:, None]
     ys = np.where(xs[:, 0] > 0, 1.0, -1.0)
@@ -379,7 +386,7 @@ def test_report_events_and_confidence_for_new_and_legacy_releases() -> None:
         report="data_dependent", regularization=60.0, report_gradient_sigma=1.0, report_hessian_sigma=1.0,
         report_rho=1e-3,
     )
-    fit = fit_objpert(xs, ys, p.config("add_remove"), rng)
+    fit = fit_objpert(xs, ys, p.config("add_remove"), noise)
     from mechanisms.per_instance import DATA_DEPENDENT_EVENTS, data_dependent_statistics
 
     meta = report_metadata(p, 3)
@@ -388,7 +395,7 @@ def test_report_events_and_confidence_for_new_and_legacy_releases() -> None:
     output = {
         "theta": list(fit.released),
         "output_sigma": p.config("add_remove").output_sigma,
-        "report": {**meta, **data_dependent_statistics(p, xs, ys, fit, rng)},
+        "report": {**meta, **data_dependent_statistics(p, xs, ys, fit, noise)},
     }
     item = evaluate_report(p, output, xs[:1], ys[:1], DEFAULT_ORDERS)[0]
     assert item["confidence"] == 1.0 - 1e-3

@@ -25,6 +25,7 @@ import pytest
 from scipy import integrate, optimize, stats
 
 from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve
+from mechanisms.noise import Noise
 from mechanisms.relative_gaussian import (
     Bound,
     RelativeSensitivity,
@@ -32,8 +33,11 @@ from mechanisms.relative_gaussian import (
     alpha_max,
     clip_rows,
     exact_epsilon,
+    grid_noise_units,
+    grid_rgm_bound,
+    rgm_grid,
     rgm_rdp_curve,
-    rgm_release,
+    rgm_release_grid,
     ridge_gradient,
     ridge_relative_sensitivity,
     sigma2_lemma1_threshold,
@@ -817,31 +821,78 @@ def test_ridge_relative_sensitivity_adversarial(n: int, d: int, reg: float) -> N
 
 
 # ----- the sampler (deterministic checks; its distribution is tested in tests/statistical) ------------------
-def test_release_uses_the_variance_convention() -> None:
-    """With the same seed, release − value = sqrt(γ‖value‖² + σ²)·Z exactly: a variance, not a std."""
+def test_release_uses_the_variance_convention_on_the_grid() -> None:
+    """The grid release is γ_g·(round(value/γ_g) + Z), Z ~ N_Z(0, t²), t = ⌈√((γ‖v‖² + σ²)/γ_g²)·(1+2^-30)⌉:
+    a variance (not a std), every number an exact multiple of γ_g."""
     value = np.array([3.0, -4.0, 12.0])  # ‖value‖² = 169
     gamma, sigma = 0.02, 0.5
     variance = gamma * 169 + 0.25  # 3.63
-    out = rgm_release(value, gamma, sigma, np.random.default_rng(42))
-    z = np.random.default_rng(42).standard_normal(3)
-    np.testing.assert_allclose(out - value, math.sqrt(variance) * z, rtol=1e-12)
-    assert not np.allclose(out - value, variance * z)  # the std = variance confusion
-    assert not np.allclose(out - value, (math.sqrt(gamma) * 13 + sigma) * z)  # the authors' code's std
-    many = rgm_release(value, gamma, sigma, np.random.default_rng(42), draws=4)
-    assert many.shape == (4, 3)
-    np.testing.assert_allclose(
-        many - value, math.sqrt(variance) * np.random.default_rng(42).standard_normal((4, 3)), rtol=1e-12
-    )
+    grid = rgm_grid(sigma, 3)
+    assert grid.granularity <= sigma * 2.0**-24 / math.sqrt(3)
+    t = grid_noise_units(value, gamma, sigma, grid)
+    assert (t - 1) ** 2 * grid.granularity**2 < variance <= t**2 * grid.granularity**2
+    many = rgm_release_grid(value, gamma, sigma, Noise.seeded(42), draws=4000)
+    assert many.shape == (4000, 3)
+    units = many / grid.granularity
+    np.testing.assert_array_equal(units, np.rint(units))  # exact support
+    noise = many - value
+    assert float(np.var(noise)) == pytest.approx(variance, rel=0.06)
+    assert not float(np.var(noise)) == pytest.approx(variance**2, rel=0.3)  # the std = variance confusion
+    one = rgm_release_grid(value, gamma, sigma, Noise.seeded(42))
+    assert one.shape == (3,)
 
 
 def test_release_gamma_zero_is_gaussian_and_input_untouched() -> None:
     value = np.array([1.0, 2.0])
     before = value.copy()
-    out = rgm_release(value, 0.0, 2.0, np.random.default_rng(3))
-    np.testing.assert_allclose(out, value + 2.0 * np.random.default_rng(3).standard_normal(2), rtol=1e-12)
+    out = rgm_release_grid(value, 0.0, 2.0, Noise.seeded(3), draws=4000)
+    assert float(np.var(out - value)) == pytest.approx(4.0, rel=0.06)
     np.testing.assert_array_equal(value, before)
     assert out.dtype == np.float64
-    assert rgm_release(np.zeros(2), 1.0, 0.0, np.random.default_rng(0)).tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError, match="sigma"):
+        rgm_release_grid(np.zeros(2), 1.0, 0.0, Noise.seeded(0))  # the grid needs σ > 0
+
+
+@pytest.mark.parametrize("sigma_units", [6.0, 12.0, 30.0])
+def test_grid_bound_by_exact_summation(sigma_units: float) -> None:
+    """Theorem RGM-GRID checked by exact summation over the integer support (d = 1): random admissible
+    neighbours (relative sensitivity in the min form, σ² ≥ γR²/η²), means rounded, integer stds ⌈√v⌉;
+    the discrete Rényi divergence never exceeds ``grid_rgm_bound`` at any order (grid effects visible at
+    small σ_u); and Lemma THETA's correction is checked against exact sums for equal means."""
+    from scipy.special import logsumexp
+
+    def logpmf(z: np.ndarray, mu: float, s: float) -> np.ndarray:
+        k = np.arange(math.floor(mu - 40 * s), math.ceil(mu + 40 * s) + 1)
+        result: np.ndarray = -((z - mu) ** 2) / (2 * s * s) - logsumexp(-((k - mu) ** 2) / (2 * s * s))
+        return result
+
+    def divergence(alpha: float, mu1: float, s1: float, mu2: float, s2: float) -> float:
+        lo = math.floor(min(mu1 - 40 * s1, mu2 - 40 * s2))
+        hi = math.ceil(max(mu1 + 40 * s1, mu2 + 40 * s2))
+        z = np.arange(lo, hi + 1).astype(float)
+        return float(logsumexp(alpha * logpmf(z, mu1, s1) + (1 - alpha) * logpmf(z, mu2, s2)) / (alpha - 1))
+
+    rng = np.random.default_rng(int(sigma_units * 10))
+    checked = 0
+    for _ in range(60):
+        eta = float(10 ** rng.uniform(-2, -1))
+        gamma = float(10 ** rng.uniform(-2, 0))
+        r_rel = sigma_units * eta / math.sqrt(gamma)
+        sigma = sigma_units
+        ratio = (1 + 1 / sigma) ** 2 * (1 + 1e-12)
+        b = float(10 ** rng.uniform(-1, 1.5) * r_rel / eta) * rng.choice([-1.0, 1.0])
+        a = b + math.sqrt(eta * eta * b * b + r_rel * r_rel) * rng.uniform(0.5, 1.0) * rng.choice([-1.0, 1.0])
+        if (a - b) ** 2 > eta * eta * min(a * a, b * b) + r_rel * r_rel:
+            continue
+        s_a = math.ceil(math.sqrt(gamma * a * a + sigma * sigma))
+        s_b = math.ceil(math.sqrt(gamma * b * b + sigma * sigma))
+        for alpha in (1.25, 1.5, 2.0, 4.0):
+            bound = grid_rgm_bound(alpha, eta, gamma, 1, units=sigma, ratio=ratio)
+            if math.isfinite(bound):
+                assert divergence(alpha, round(a), s_a, round(b), s_b) <= bound
+                assert divergence(alpha, round(b), s_b, round(a), s_a) <= bound
+                checked += 1
+    assert checked > 40
 
 
 @pytest.mark.parametrize(
@@ -861,7 +912,7 @@ def test_release_rejects_bad_input(
     value: np.ndarray, gamma: float, sigma: float, draws: object, message: str
 ) -> None:
     with pytest.raises(ValueError, match=message):
-        rgm_release(value, gamma, sigma, np.random.default_rng(0), draws=draws)  # type: ignore[arg-type]
+        rgm_release_grid(value, gamma, sigma, Noise.seeded(0), draws=draws)  # type: ignore[arg-type]
 
 
 def test_clip_rows() -> None:

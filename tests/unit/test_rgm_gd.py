@@ -28,10 +28,12 @@ from mechanisms.dp_gd import (
     default_radius,
     dp_gd_curve,
 )
+from mechanisms.noise import Noise
 from mechanisms.relative_gaussian import (
     RelativeSensitivity,
     alpha_max,
     clip_rows,
+    grid_rgm_epsilon,
     project_to_ball,
     ridge_gradient,
     ridge_gradient_gap_bound,
@@ -192,9 +194,11 @@ def test_logistic_relative_sensitivity_random_and_adversarial(n: int, d: int, re
 )
 def test_gamma_for_step_note_vectors(eps: float, alpha: float, eta: float, d: int, expected: float) -> None:
     gamma = gamma_for_step(eps, alpha, eta, d)
-    assert gamma == pytest.approx(expected, rel=1e-8)
+    # the grid curve (docs/privacy.md §10, Theorem RGM-GRID) is a hair above Theorem 1: γ within 1e-5
+    assert expected <= gamma <= expected * (1 + 1e-4)
     assert theorem1_epsilon(alpha, eta, gamma, d) <= eps
-    assert theorem1_epsilon(alpha, eta, gamma * (1 - 1e-6), d) > eps
+    assert grid_rgm_epsilon(alpha, eta, gamma, d, "theorem1") <= eps
+    assert grid_rgm_epsilon(alpha, eta, gamma * (1 - 1e-6), d, "theorem1") > eps
     exact_gamma = gamma_for_step(eps, alpha, eta, d, "exact")
     assert exact_gamma < gamma  # the exact curve is tighter, so less noise is needed
 
@@ -226,7 +230,8 @@ def test_scale_curve_and_ceiling() -> None:
     sens = RelativeSensitivity(eta=0.01, r_rel=0.5)
     gamma = 1e-3
     one = step_curve(DEFAULT_ORDERS, sens, gamma, baseline_sigma(gamma, sens), 10, "theorem1")
-    assert one.at(2.0) == pytest.approx(0.1062570732, rel=1e-9)  # note §6.2, first row
+    # note §6.2, first row (0.1062570732), plus the grid's proven correction (relative < 1e-5)
+    assert 0.1062570732 <= one.at(2.0) <= 0.1062570732 * (1 + 1e-5)
     for alpha, value in zip(one.orders, one.values, strict=True):
         assert math.isinf(value) == (alpha >= alpha_max(0.01))
     forty = scale_curve(one, 40)
@@ -262,13 +267,13 @@ def test_training_converges_with_little_noise_and_reports_progress() -> None:
     a = x.T @ x / 2000 + reg * np.eye(5)
     exact = np.linalg.solve(a, x.T @ y / 2000)
     seen: list[float] = []
-    config = RgmGdConfig("ridge", reg, 300, 1.0 / float(np.linalg.eigvalsh(a).max()), 1e-14, 1e-10)
-    result = rgm_gd_train(config, x, y, np.random.default_rng(0), seen.append)
+    config = RgmGdConfig("ridge", reg, 300, 1.0 / float(np.linalg.eigvalsh(a).max()), 1e-14, 1e-5)
+    result = rgm_gd_train(config, x, y, Noise.seeded(0), seen.append)
     assert result.steps_run == 300
     assert not result.stopped_early
     assert len(seen) == 300
     assert seen[-1] == 1.0
-    np.testing.assert_allclose(result.theta, exact, atol=1e-6)
+    np.testing.assert_allclose(result.theta, exact, atol=1e-4)
 
 
 def test_noise_follows_the_gradient() -> None:
@@ -277,8 +282,8 @@ def test_noise_follows_the_gradient() -> None:
     reg, gamma, tau = 0.1, 0.04, 1.0
     errors = []
     for seed in range(200):
-        config = RgmGdConfig("ridge", reg, 1, tau, gamma, 1e-9)
-        theta1 = rgm_gd_train(config, x, y, np.random.default_rng(seed)).theta
+        config = RgmGdConfig("ridge", reg, 1, tau, gamma, 1e-6)
+        theta1 = rgm_gd_train(config, x, y, Noise.seeded(seed)).theta
         errors.append(-theta1 / tau - full_gradient(np.zeros(5), x, y, "ridge", reg))
     per_coordinate_var = float(np.var(np.asarray(errors)))
     expected = gamma * float(np.sum(full_gradient(np.zeros(5), x, y, "ridge", reg) ** 2))
@@ -297,7 +302,7 @@ def test_early_stop_is_charged_for_steps_run() -> None:
         stop_min_steps=4,
     )
     mechanism = RgmGdMechanism()
-    release = mechanism.run(params, ctx, _table(), np.random.default_rng(0))
+    release = mechanism.run(params, ctx, _table(), Noise.seeded(0))
     worst = mechanism.worst_case(params, ctx)
     assert release.output["steps_run"] == 4
     assert release.output["stopped_early"] is True
@@ -332,7 +337,7 @@ def test_rgm_mechanism_release_and_catalog() -> None:
         }
     )
     seen: list[float] = []
-    release = mechanism.run(params, ctx, _table(), np.random.default_rng(1), progress=seen.append)
+    release = mechanism.run(params, ctx, _table(), Noise.seeded(1), progress=seen.append)
     out = release.output
     assert out["columns"] == ["a", "b", "g=u", "g=v", "(intercept)"]
     assert len(out["theta"]) == 5
@@ -367,7 +372,7 @@ def test_rgm_logistic_runs() -> None:
     params = RgmGdParams(
         features=("a", "b"), label="c", model="logistic", regularization=0.1, steps=30, gamma=1e-3
     )
-    release = RgmGdMechanism().run(params, ctx, _table(), np.random.default_rng(2))
+    release = RgmGdMechanism().run(params, ctx, _table(), Noise.seeded(2))
     x_coef = release.output["theta"][0]
     assert x_coef > 0  # label c is driven by a
     sens = logistic_relative_sensitivity(N, 0.1, 1.0)
@@ -427,7 +432,7 @@ def test_dp_gd_mechanism_charges_and_releases() -> None:
     params = DpGdParams(features=("a", "b"), label="c", steps=25, noise_multiplier=4.0, return_iterates=True)
     mechanism = DpGdMechanism()
     seen: list[float] = []
-    release = mechanism.run(params, ctx, _table(), np.random.default_rng(0), progress=seen.append)
+    release = mechanism.run(params, ctx, _table(), Noise.seeded(0), progress=seen.append)
     expected = dp_gd_curve(
         DpGdConfig("logistic", 0.01, 25, 1 / 0.26, 1.0, 4.0), "replace_one", DEFAULT_ORDERS
     )
@@ -449,7 +454,7 @@ def test_dp_gd_mechanism_add_remove_needs_hint() -> None:
     assert info.value.field == "n_hint"
     hinted = params.model_copy(update={"n_hint": 390})
     mechanism.check(hinted, ctx)
-    release = mechanism.run(hinted, ctx, _table(), np.random.default_rng(0))
+    release = mechanism.run(hinted, ctx, _table(), Noise.seeded(0))
     assert release.output["normaliser"] == 390.0
     assert release.output["noise_std"] == 2.0  # Δ = C under add_remove
     assert release.realized.at(2.0) == pytest.approx(5 * 2.0 / (2 * 4.0))
@@ -693,7 +698,7 @@ def test_step_size_that_used_to_diverge_now_stays_in_the_ball() -> None:
     """The reviewer's service-level path (step_size = 1e6 from θ₀ = 0): admitted, every released iterate in
     the public ball, all steps run; the radius is released (public)."""
     params = _service_params(step_size=1e6, steps=30, return_iterates=True)
-    release = RgmGdMechanism().run(params, _ctx(), _table(), np.random.default_rng(3))
+    release = RgmGdMechanism().run(params, _ctx(), _table(), Noise.seeded(3))
     radius = release.output["radius"]
     assert radius == theta_bound("ridge", 0.1, 1.0)
     iterates = np.asarray(release.output["iterates"])
@@ -734,13 +739,13 @@ def test_no_data_dependent_failure_at_extreme_admitted_parameters() -> None:
         theta0 = direction * 10 ** rng.uniform(0, 300)
         for x in (np.outer(np.ones(n), direction) * x_max, -np.outer(np.ones(n), direction) * x_max):
             for label in (1.0, -1.0):
-                result = rgm_gd_train(config, x, np.full(n, label), np.random.default_rng(0), theta0=theta0)
+                result = rgm_gd_train(config, x, np.full(n, label), Noise.seeded(0), theta0=theta0)
                 assert result.steps_run == 3
                 assert np.all(np.isfinite(result.iterates))
                 norms = np.linalg.norm(result.iterates, axis=1)
                 assert np.max(norms) <= config.projection_radius * (1 + 1e-9)
         ran += 1
-    assert ran > 100
+    assert ran > 5  # most random extremes are refused at admission (public), and none of the rest fails
 
 
 def test_bounded_records_is_a_per_record_map_onto_the_declared_bounds() -> None:
@@ -755,7 +760,7 @@ def test_bounded_records_is_a_per_record_map_onto_the_declared_bounds() -> None:
     # non-finite records do not make training fail: the same run on D and on D with a broken record
     sens = relative_sensitivity("ridge", 6, 0.5, 1.0)
     config = RgmGdConfig("ridge", 0.5, 4, 0.5, 1e-2, baseline_sigma(1e-2, sens))
-    result = rgm_gd_train(config, x, y, np.random.default_rng(0))
+    result = rgm_gd_train(config, x, y, Noise.seeded(0))
     assert np.all(np.isfinite(result.iterates))
 
 
@@ -763,7 +768,7 @@ def test_dp_gd_mechanism_projection_radius_and_max_norm() -> None:
     ctx = _ctx()
     mechanism = DpGdMechanism()
     base = {"features": ("a", "b"), "label": "c", "steps": 10, "noise_multiplier": 2.0}
-    default = mechanism.run(DpGdParams.model_validate(base), ctx, _table(), np.random.default_rng(0))
+    default = mechanism.run(DpGdParams.model_validate(base), ctx, _table(), Noise.seeded(0))
     assert default.output["radius"] == default_radius("logistic", 0.01, 1.0, 1.0)
     assert default.output["radius"] >= 1.0 / 0.01
     unregularised = DpGdParams.model_validate({**base, "regularization": 0.0})
@@ -772,7 +777,7 @@ def test_dp_gd_mechanism_projection_radius_and_max_norm() -> None:
     assert info.value.field == "max_norm"
     bounded = unregularised.model_copy(update={"max_norm": 3.0, "step_size": 1e6, "return_iterates": True})
     mechanism.check(bounded, ctx)
-    release = mechanism.run(bounded, ctx, _table(), np.random.default_rng(1))
+    release = mechanism.run(bounded, ctx, _table(), Noise.seeded(1))
     assert release.output["radius"] == 3.0
     iterates = np.asarray(release.output["iterates"])
     assert np.all(np.isfinite(iterates))
@@ -882,7 +887,8 @@ def test_never_clipping_threshold(model: str) -> None:
             clipped = clipped_gradient_sum(
                 theta, x[1:], y[1:], loss, c_pub
             )  # the extreme row 0 sits on C_pub
-            assert np.allclose(clipped, per_record[1:].sum(axis=0), rtol=1e-12, atol=1e-12)
+            # the exact grid sum quantises rows (2^-14) and terms (C·2^-23): close, not bit-equal
+            assert np.allclose(clipped, per_record[1:].sum(axis=0), rtol=1e-3, atol=1e-3 * c_pub)
         assert worst > (0.999 if model == "ridge" else 0.5)
 
 

@@ -31,6 +31,7 @@ from scipy import optimize
 
 from mechanisms.accounting import DEFAULT_ORDERS, epsilon_at_delta
 from mechanisms.dp_gd import DpGdConfig, clipped_gradient_sum, dp_gd_curve, noise_multiplier_for
+from mechanisms.noise import Noise
 from mechanisms.relative_gaussian import (
     RelativeSensitivity,
     ridge_relative_sensitivity_split,
@@ -242,7 +243,7 @@ def test_stop_rule_sees_only_released_prefix() -> None:
     y = rng.uniform(-1, 1, 30)
     sens = relative_sensitivity("ridge", 30, 0.5, 1.0)
     config = RgmGdConfig("ridge", 0.5, 20, 0.5, 1e-3, baseline_sigma(1e-3, sens), Spy(0.3, 2, 3))
-    result = rgm_gd_train(config, x, y, np.random.default_rng(1))
+    result = rgm_gd_train(config, x, y, Noise.seeded(1))
     path = np.vstack([np.zeros((1, 2)), result.iterates])
     assert len(seen) == result.steps_run
     for k, arr in enumerate(seen):
@@ -260,7 +261,7 @@ def _overflow_pair() -> tuple[RgmGdConfig, tuple[np.ndarray, np.ndarray], tuple[
 
 def _fails(config: RgmGdConfig, data: tuple[np.ndarray, np.ndarray], theta0: np.ndarray) -> bool:
     try:
-        rgm_gd_train(config, data[0], data[1], np.random.default_rng(0), theta0=theta0)
+        rgm_gd_train(config, data[0], data[1], Noise.seeded(0), theta0=theta0)
     except ValueError:
         return True
     return False
@@ -291,7 +292,7 @@ def test_overflow_is_no_longer_reachable_from_theta0_zero_with_service_parameter
     radius = config.projection_radius
     for x in (np.array([[1.0], [1.0]]), np.array([[0.0], [1.0]])):
         steps: list[float] = []
-        result = rgm_gd_train(config, x, np.array([1.0, 1.0]), np.random.default_rng(0), steps.append)
+        result = rgm_gd_train(config, x, np.array([1.0, 1.0]), Noise.seeded(0), steps.append)
         assert len(steps) == 100
         assert result.steps_run == 100
         assert np.all(np.isfinite(result.iterates))
