@@ -4,9 +4,9 @@ through the real service before (numpy float sampler) and after (discrete Laplac
 * Samplers: ``mechanisms.noise.Noise.system()`` (OS CSPRNG), vectorised draws of ``--samples`` values, best of
   ``--repeats``; numpy's float samplers alongside for reference.
 * Latency: a fresh SQLite database and the app served in-process (``service.embedded.serve_in_thread``),
-  ``--requests`` sequential ``laplace`` count requests (ε = 1e-6) on a keep-alive client; p50/p90/p99. "Before"
-  runs the same measurement against another checkout of the code (``--before PATH``, e.g. a ``git worktree`` of
-  the commit before the change) in a subprocess with that checkout first on ``sys.path``.
+  ``--requests`` sequential ``laplace`` count requests (ε = 1e-6) on a keep-alive client; p50/p90/p99.
+  "Before" runs the same measurement against another checkout of the code (``--before PATH``, e.g. a
+  ``git worktree`` of the commit before the change) in a subprocess with that checkout first on ``sys.path``.
 
     .venv/bin/python benchmarks/fp_noise.py [--before /tmp/before] [--requests 400]
 """
@@ -101,7 +101,8 @@ def latency(requests: int) -> dict[str, Any]:
             )
             made.raise_for_status()
             dataset = made.json()["id"]
-            admin.put(f"/v1/datasets/{dataset}/budget", json={"epsilon": 1e6, "delta": 0.0}).raise_for_status()
+            budget = {"epsilon": 1e6, "delta": 0.0}
+            admin.put(f"/v1/datasets/{dataset}/budget", json=budget).raise_for_status()
             admin.post(f"/v1/datasets/{dataset}/grants", json={"analyst": "bench-analyst"}).raise_for_status()
             analyst = httpx.Client(
                 base_url=base, headers={"Authorization": f"Bearer {analyst_key}"}, timeout=30

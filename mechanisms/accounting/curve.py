@@ -54,8 +54,8 @@ def pure_dp_rdp_upper(alphas: np.ndarray, eps: np.ndarray) -> np.ndarray:
     """Upper bound on the Rényi divergence of order α of **any** ε-DP mechanism (discrete Laplace included).
 
     The largest D_α over pairs with e^{−ε} ≤ P/Q ≤ e^{ε} is randomized response's (Lemma RR,
-    docs/privacy.md §10.3): log((e^{αε} + e^{(1−α)ε})/(1 + e^{ε}))/(α−1). The discrete Laplace at an integer shift of one
-    step attains it (docs/privacy.md §10.3), so this, not Mironov's continuous Laplace formula, bounds grid
+    docs/privacy.md §10.3): log((e^{αε} + e^{(1−α)ε})/(1 + e^{ε}))/(α−1). The discrete Laplace at a one-step
+    shift attains it, so this, not Mironov's continuous Laplace formula, bounds grid
     releases. min with ε and αε²/2 as in ``laplace_rdp_upper``; float error covered by a margin.
     """
     a = alphas * eps
