@@ -20,6 +20,10 @@ labels: clipping alone bounds the sensitivity. ``n_norm`` must be public: the ro
 (``PublicContext.n_rows``); under add_remove the row count is private, so the caller passes a public
 estimate (the service mechanism asks for an ``n_hint`` parameter); a wrong hint only rescales the step.
 
+Finite precision (docs/privacy.md §10.4.4, Theorem DPGD-GRID): each record's clipped term is rounded to a
+public unit ω with its norm checked below C in integers, the step's sum is an exact integer vector (order-
+free), and the noise is an exact discrete Gaussian of ⌈zΔ/ω⌉ units; the iterates are post-processing.
+
 ``DpGdConfig.neighboring`` fixes the Δ the noise is calibrated to; ``dp_gd_curve`` charges the relation
 asked for against the noise actually used, T·α·Δ_asked²/(2(zΔ_noise)²), so a mismatch can only over-charge
 (replace_one noise is valid for both relations) and never under-charge.

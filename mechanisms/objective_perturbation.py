@@ -53,7 +53,10 @@ Exact ObjPert (no output noise) is not offered: an iterative solver has no exact
 Huber-SVM is not offered: its f'' is discontinuous, and the change-of-variables proof needs a twice
 differentiable f (the thesis leaves the piecewise-C² case "as an exercise", note §3.3).
 
-Limitation (documented, not fixed): numpy's floating-point Gaussian sampler, as in ``mechanisms.gaussian``.
+Finite precision (docs/privacy.md §10.4.4, Lemma COUPLE and Theorem OBJPERT-GRID): b is a discrete
+Gaussian on a fine public lattice (the quantile coupling of a continuous Gaussian, within 3γ_b per
+coordinate, so the solver's certificate holds for the continuous b with τ + κ), and the output is released
+on a public grid with exact discrete Gaussian noise (``mechanisms.noise``).
 """
 
 from __future__ import annotations

@@ -66,8 +66,9 @@ Corrections to the paper taken from the note, and why
 Numerics: every value returned by the bound functions is an upper bound on the exact real value (inputs
 rounded in the conservative direction, series with tail bounds where the direct formula cancels, then a
 relative pad of a few dozen ulps). Composition over steps, (ε, δ) conversion and PTR are not here.
-Sampling uses numpy's floating-point normal sampler (same documented limitation as ``mechanisms.gaussian``),
-and v(x), ‖R(x)‖ and the noise scale are secret: never release or log them (note §6.1 pitfall 2).
+Sampling is exact and grid-valued (``rgm_release_grid``: the mean rounded to a public grid, a discrete
+Gaussian with the scale rounded up; docs/privacy.md §10.4.4, Lemma THETA and Theorem RGM-GRID), and v(x),
+‖R(x)‖ and the noise scale are secret: never release or log them.
 """
 
 from __future__ import annotations
