@@ -133,8 +133,16 @@ class FairRunner:
                     continue
                 self._idle += 1
                 self._cond.notify_all()
+                deadline = time.monotonic() + self.poll_seconds
                 try:
-                    self._cond.wait(self.poll_seconds)
+                    # Sleep until a wake-up, the drain or the poll time: other threads' notify_all (sent so
+                    # that ``wake``/``drain`` waiters re-check) must not make idle threads query the database
+                    # again, or idle threads wake each other in a loop that competes with the writer.
+                    while self._wakeups == 0 and not self._draining.is_set():
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._cond.wait(remaining)
                 finally:
                     self._idle -= 1
                 if self._wakeups > 0:
