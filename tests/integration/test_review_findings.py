@@ -254,7 +254,7 @@ class TestOpenFindings:
         with sessions() as session:
             secret = SessionRepository(session).secret(row.request_id)
             assert secret is not None
-            threshold = json.loads(secret.state)["noisy_threshold"]
+            threshold = json.loads(secret.state)["noisy_threshold_units"]  # grid units (docs/privacy.md §10)
         buffer = io.StringIO()
         configure_logging("INFO", as_json=False, stream=buffer)
         try:

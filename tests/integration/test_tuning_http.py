@@ -68,6 +68,10 @@ PURE_PARAMS: dict[str, Any] = {
     "mode": "pure",
 }
 REQUEST_FIELDS = {
+    "phase",
+    "queue_position",
+    "eta_seconds",
+    "cancelled_by",
     "id",
     "dataset_id",
     "analyst",
