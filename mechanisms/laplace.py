@@ -11,7 +11,7 @@ Privacy: coordinate j of round(f/γ) moves by an integer m_j ≤ ⌊shift_j/γ +
 (exactly shift_j on γ = 1 for integer answers); the discrete Laplace at an integer shift m has privacy loss
 ≤ m/t for every outcome, so the release is (Σ m_j/t)-DP with t = ``dyadic_scale_up``(Σ m_j/ε) ≥ Σ m_j/ε:
 pure ε, charged as requested. Rényi curve: ``RdpCurve.pure_product`` over the per-coordinate pure epsilons
-m_j/t (randomized-response bound, Bun & Steinke 2016 Prop. 3.3), **not** Mironov's continuous-Laplace
+m_j/t (randomized-response bound, Lemma RR, docs/privacy.md §10.3), **not** Mironov's continuous-Laplace
 formula, which the discrete Laplace exceeds at large orders (tests/unit/test_noise.py pins this).
 
 Ex-post: the loss of every outcome is bounded by the same numbers, so realized = worst case.
@@ -19,7 +19,6 @@ Ex-post: the loss of every outcome is bounded by the same numbers, so realized =
 
 from __future__ import annotations
 
-import math
 from fractions import Fraction
 from functools import lru_cache
 from typing import ClassVar
@@ -28,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import PublicContext, Release, Table, params_as
-from mechanisms.noise import Noise
+from mechanisms.noise import Noise, float_up
 from mechanisms.queries import (
     AnyQuery,
     GridPlan,
@@ -47,17 +46,11 @@ class LaplaceParams(BaseModel):
     epsilon: StrictFloat = Field(gt=0, le=100, allow_inf_nan=False, description="pure-DP ε of this release")
 
 
-def _up(value: Fraction) -> float:
-    """The smallest float ≥ ``value``."""
-    result = float(value)
-    return result if Fraction(result) >= value else math.nextafter(result, math.inf)
-
-
 def laplace_curve(plan: GridPlan, scale: Fraction, epsilon: float, orders: tuple[float, ...]) -> RdpCurve:
     """The charge of one grid release: ``pure_product`` of the per-coordinate pure epsilons m_j/t (each
     rounded up), with the pure slot the requested ε (the exact loss Σ m_j/t ≤ ε by the choice of t, where
     ε is compared as ``charged_fraction``: the smaller of the float and its shortest decimal)."""
-    per_coordinate = [_up(Fraction(m) / scale) for m in plan.unit_shifts]
+    per_coordinate = [float_up(Fraction(m) / scale) for m in plan.unit_shifts]
     curve = RdpCurve.pure_product(per_coordinate, orders)
     # D_α ≤ D_∞ ≤ Σ m_j/t ≤ ε: capping at ε (read by the ledger as its decimal, ≥ the exact loss) is valid
     return RdpCurve(curve.orders, tuple(min(v, epsilon) for v in curve.values), epsilon)

@@ -46,7 +46,7 @@ import numpy as np
 
 from mechanisms.accounting import RdpCurve
 from mechanisms.accounting.curve import _pad_up
-from mechanisms.noise import Grid, Noise, dyadic_scale_up
+from mechanisms.noise import Grid, Noise, dyadic_scale_up, float_up
 from mechanisms.noise.reduction import RATE_DENOMINATOR, dlap_nr_advance, dlap_nr_path
 
 MAX_LEVELS = 10_000
@@ -128,7 +128,7 @@ def laplace_nr_scales(grid_sensitivity: float, epsilons: Sequence[float]) -> np.
 def laplace_nr_level_epsilons(grid_sensitivity: float, epsilons: Sequence[float]) -> list[float]:
     """The pure ε each level actually has, Δ_g·n_t/D rounded up (≤ the requested ε_t; informational)."""
     rates = laplace_nr_rates(grid_sensitivity, epsilons)
-    return [_float_up(Fraction(grid_sensitivity) * n / RATE_DENOMINATOR) for n in rates]
+    return [float_up(Fraction(grid_sensitivity) * n / RATE_DENOMINATOR) for n in rates]
 
 
 def laplace_nr_path(grid_sensitivity: float, epsilons: Sequence[float], dim: int, noise: Noise) -> np.ndarray:
@@ -222,12 +222,6 @@ def brownian_grid(l2_sensitivity: float, variances: Sequence[float], dim: int) -
     return Grid(exponent)
 
 
-def _float_up(value: Fraction) -> float:
-    """The smallest float ≥ ``value``."""
-    result = float(value)
-    return result if Fraction(result) >= value else math.nextafter(result, math.inf)
-
-
 def _sqrt_up(value: int) -> Fraction:
     """A rational ≥ √value (40 fractional bits)."""
     scaled = math.isqrt(value << 80)
@@ -257,7 +251,7 @@ def brownian_step_costs(unit_l2: float, variances: Sequence[float], dim: int, gr
         zip(_ratios(variances), brownian_step_variances(variances, grid), strict=True)
     ):
         shift = delta if j == 0 else (1 - r) * delta + root
-        costs.append(_float_up(shift * shift / (2 * s2)))
+        costs.append(float_up(shift * shift / (2 * s2)))
     return costs
 
 
@@ -269,7 +263,7 @@ def brownian_cumulative_costs(
     result = []
     for cost in brownian_step_costs(unit_l2, variances, dim, grid):
         total += Fraction(cost)
-        result.append(_float_up(total))
+        result.append(float_up(total))
     return result
 
 

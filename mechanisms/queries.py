@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
 from mechanisms.base import ParamsError, PublicContext
-from mechanisms.noise import Grid, dyadic_scale_up, laplace_grid
+from mechanisms.noise import Grid, dyadic_scale_up, float_up, laplace_grid
 from mechanisms.schema import CategoricalColumn, FloatColumn, IntColumn
 
 MAX_CONDITIONS = 20
@@ -158,15 +158,6 @@ def check_query(query: AnyQuery, ctx: PublicContext) -> None:
 
 
 # ----- sensitivity -------------------------------------------------------------------------------------
-def _ceil_float(exact: Fraction) -> float:
-    """The smallest float ≥ ``exact`` (+inf beyond the float range)."""
-    try:
-        rounded = float(exact)
-    except OverflowError:
-        return math.inf
-    return rounded if Fraction(rounded) >= exact else math.nextafter(rounded, math.inf)
-
-
 def _numeric(query: SumQuery | MeanQuery, ctx: PublicContext) -> FloatColumn | IntColumn:
     column = _column(ctx, query.column, "query.column")
     if isinstance(column, CategoricalColumn):
@@ -185,10 +176,10 @@ def _sum_shift(query: SumQuery, ctx: PublicContext) -> float:
     column = _numeric(query, ctx)
     low, high = Fraction(column.min), Fraction(column.max)
     if ctx.schema.neighboring == "add_remove":
-        return _ceil_float(max(abs(low), abs(high)))
+        return float_up(max(abs(low), abs(high)))
     if query.where:
-        return _ceil_float(max(high, Fraction(0)) - min(low, Fraction(0)))
-    return _ceil_float(high - low)
+        return float_up(max(high, Fraction(0)) - min(low, Fraction(0)))
+    return float_up(high - low)
 
 
 def _mean_shift(query: MeanQuery, ctx: PublicContext) -> float:
@@ -196,7 +187,7 @@ def _mean_shift(query: MeanQuery, ctx: PublicContext) -> float:
     if not _has_public_size(query, ctx) or ctx.n_rows is None:
         raise ParamsError("query.kind", MEAN_REFUSAL)
     column = _numeric(query, ctx)
-    return _ceil_float((Fraction(column.max) - Fraction(column.min)) / ctx.n_rows)
+    return float_up((Fraction(column.max) - Fraction(column.min)) / ctx.n_rows)
 
 
 def _histogram_shifts(ctx: PublicContext) -> tuple[float, ...]:
@@ -226,13 +217,13 @@ def shifts(query: AnyQuery, ctx: PublicContext) -> tuple[float, ...]:
 
 def l1(shift_values: Iterable[float]) -> float:
     """ℓ1 sensitivity: the sum of the shifts, rounded up."""
-    return _ceil_float(sum((Fraction(s) for s in shift_values), Fraction(0)))
+    return float_up(sum((Fraction(s) for s in shift_values), Fraction(0)))
 
 
 def l2(shift_values: Iterable[float]) -> float:
     """ℓ2 sensitivity: sqrt of the sum of squared shifts, rounded up."""
     squares = sum((Fraction(s) ** 2 for s in shift_values), Fraction(0))
-    root = math.sqrt(_ceil_float(squares))
+    root = math.sqrt(float_up(squares))
     return root if Fraction(root) ** 2 >= squares else math.nextafter(root, math.inf)
 
 
@@ -339,7 +330,7 @@ def magnitude_bound(query: AnyQuery, ctx: PublicContext) -> float | None:
         return None
     if isinstance(query, SumQuery):
         column = _numeric(query, ctx)
-        return _ceil_float(ctx.n_rows * max(abs(Fraction(column.min)), abs(Fraction(column.max))))
+        return float_up(ctx.n_rows * max(abs(Fraction(column.min)), abs(Fraction(column.max))))
     return float(ctx.n_rows)
 
 

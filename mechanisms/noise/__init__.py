@@ -13,6 +13,7 @@ from mechanisms.noise.exact import Noise
 from mechanisms.noise.grid import (
     Grid,
     dyadic_scale_up,
+    float_up,
     gaussian_grid,
     gaussian_on_grid,
     grid_l1_sensitivity,
@@ -25,6 +26,7 @@ __all__ = [
     "Grid",
     "Noise",
     "dyadic_scale_up",
+    "float_up",
     "gaussian_grid",
     "gaussian_on_grid",
     "grid_l1_sensitivity",

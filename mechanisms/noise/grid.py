@@ -94,21 +94,24 @@ def grid_l1_sensitivity(l1_sensitivity: float, dim: int, grid: Grid, integer_val
     """An upper bound on ‖round(f/γ) − round(f′/γ)‖₁ over neighbours (grid units)."""
     if integer_valued and grid.exponent == 0:
         return float(l1_sensitivity)
-    return _up(Fraction(l1_sensitivity) / Fraction(grid.granularity) + dim)
+    return float_up(Fraction(l1_sensitivity) / Fraction(grid.granularity) + dim)
 
 
 def grid_l2_sensitivity(l2_sensitivity: float, dim: int, grid: Grid, integer_valued: bool) -> float:
     """An upper bound on ‖round(f/γ) − round(f′/γ)‖₂ over neighbours (grid units)."""
     if integer_valued and grid.exponent == 0:
         return float(l2_sensitivity)
-    return math.nextafter(
-        _up(Fraction(l2_sensitivity) / Fraction(grid.granularity)) + math.sqrt(dim) * (1 + 2**-50), math.inf
-    )
+    units = float_up(Fraction(l2_sensitivity) / Fraction(grid.granularity))
+    return math.nextafter(units + math.sqrt(dim) * (1 + 2**-50), math.inf)
 
 
-def _up(value: Fraction) -> float:
-    result = float(value)
-    return math.nextafter(result, math.inf) if Fraction(result) < value else result
+def float_up(value: Fraction) -> float:
+    """The smallest float ≥ ``value`` (+inf beyond the float range): how exact rationals become charges."""
+    try:
+        result = float(value)
+    except OverflowError:
+        return math.inf
+    return result if Fraction(result) >= value else math.nextafter(result, math.inf)
 
 
 def dyadic_scale_up(value: float | Fraction, bits: int = 40) -> Fraction:
