@@ -10,7 +10,7 @@ Methods, for α ∈ {0.025, 0.05, 0.1, 0.2} and three test calibrations: paper_t
 issue's two) and exact_bound (ours: the paper's thresholds with the union bound replaced by the exact failure
 probability, for NR and doubling alike, so the comparison is like for like):
 * ``noise_reduction``: CovNR (ridge, Alg. 3) / OutputNR (logistic, Alg. 5) + InteractiveAboveThreshold,
-  ex-post ε = ε_A + ε_t (``mechanisms.accuracy_first_erm.accuracy_first``);
+  ex-post ε = ε_A + ε_t (``mechanisms.reduction.accuracy_first_erm.accuracy_first``);
 * ``doubling``: Algorithm 4 with independent noise per level, ε = k·ε_test + (2^k − 1)ε_1;
 * ``theory``: the one-shot mechanism at ε = E(α) (inverted utility theorem; no test, so no calibration).
 Reported per cell: mean ± std of the ex-post ε over the trials (failures included at their charge),
@@ -47,8 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from mechanisms import accuracy_first_erm as af  # noqa: E402
 from mechanisms.noise import Noise  # noqa: E402
+from mechanisms.reduction import accuracy_first_erm as af  # noqa: E402
 
 LAM, GAMMA = 0.005, 0.1
 PAPER = {("ridge", 0.05): {"noise_reduction": 2.303, "doubling": 6.205}}

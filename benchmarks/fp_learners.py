@@ -32,7 +32,7 @@ _RUNNER = r"""
 import json, sys, time
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-from mechanisms.dp_gd import DpGdConfig, dp_gd_train, default_radius
+from mechanisms.learners.dp_gd import DpGdConfig, dp_gd_train, default_radius
 setting = json.loads(sys.argv[2]); mode = sys.argv[3]; repeats = int(sys.argv[4])
 n, d, steps, loss = setting["n"], setting["d"], setting["steps"], setting["loss"]
 data = np.random.default_rng(0)

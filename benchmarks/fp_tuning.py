@@ -34,8 +34,8 @@ sys.path.insert(0, os.getcwd())
 
 from mechanisms.accounting import DEFAULT_ORDERS  # noqa: E402
 from mechanisms.base import PublicContext  # noqa: E402
-from mechanisms.schema import DatasetSchema  # noqa: E402
-from mechanisms.tuning import TuningParams, TuningSelect, sample_kept  # noqa: E402
+from mechanisms.data.schema import DatasetSchema  # noqa: E402
+from mechanisms.tuning.select import TuningParams, TuningSelect, sample_kept  # noqa: E402
 
 ROWS = 4_000
 

@@ -12,12 +12,12 @@ In the spirit of the thesis's chapter-4 tables (Redberg, Koskela & Wang 2023, Ta
   conversion (Balle et al. 2020, ``epsilon_at_delta_tight``, valid for these ex-ante curves) on a fine order
   grid; each method is calibrated until its converted ε ≤ the target.
 * methods (all data-independent calibrations, "honest" in the thesis's sense — no selection on the test set):
-  - **objpert** (``mechanisms.objective_perturbation``, AMP with τ = 1e-6, σ_out = 1000τ/λ): the thesis's
+  - **objpert** (``mechanisms.learners.objective_perturbation``, AMP with τ = 1e-6, σ_out = 1000τ/λ): the thesis's
     rule: σ = 1.3·σ_G (σ_G = the Gaussian mechanism's noise for (ε, δ) at sensitivity L), then the smallest
     λ > β whose curve converts to ≤ ε (note §3.6 item 4);
   - **outpert**: θ* = argmin Σℓ + (λ/2)‖θ‖² solved to ‖∇‖ ≤ τ, + N(0, s²I); ℓ2 sensitivity (L + 2τ)/λ
     (λ-strong convexity), λ = √n_public·0.5 (a data-independent rule), s calibrated to (ε, δ);
-  - **dp-gd** (``mechanisms.dp_gd``, full batch, clip C = √2, add/remove Δ = C, T = 100, step 1/(R²/4+reg),
+  - **dp-gd** (``mechanisms.learners.dp_gd``, full batch, clip C = √2, add/remove Δ = C, T = 100, step 1/(R²/4+reg),
     reg = 1e-3 on the mean-scale objective), z calibrated to (ε, δ) with the same conversion.
 * also a non-private reference (λ = 1e-3 logistic fit).
 
@@ -44,15 +44,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from mechanisms.accounting import RdpCurve, epsilon_at_delta_tight  # noqa: E402
-from mechanisms.dp_gd import DpGdConfig, dp_gd_curve, dp_gd_train  # noqa: E402
-from mechanisms.noise import Noise  # noqa: E402
-from mechanisms.objective_perturbation import (  # noqa: E402
+from mechanisms.learners.dp_gd import DpGdConfig, dp_gd_curve, dp_gd_train  # noqa: E402
+from mechanisms.learners.objective_perturbation import (  # noqa: E402
     ObjPertConfig,
     minimum_tolerance,
     objpert_curve,
     solve_to_tolerance,
     train_objpert_logistic,
 )
+from mechanisms.noise import Noise  # noqa: E402
 
 DELTA = 1e-5
 ORDERS = tuple(

@@ -9,9 +9,9 @@ N = 141 691 records and d = 22 features; ridge λ = 0.03; labels ±1 fitted by r
 * step size τ = 0.5/λ_max(A) for every method (the paper's choice; it reads the data, so in the service
   τ is a public parameter: here it is a benchmark setting, not a private computation), θ₀ = 0, T steps;
 * excess risk f(θ_t) − f* = ½(θ_t − θ*)ᵀA(θ_t − θ*) (exact for the quadratic), mean/min/max over seeds;
-* methods: non-private GD; RGM-GD (``mechanisms.rgm_gd``, the relative sensitivity rgm.gd charges:
+* methods: non-private GD; RGM-GD (``mechanisms.learners.rgm_gd``, the relative sensitivity rgm.gd charges:
   η = 2X²/(λn), R_rel = (2/√3)·D/n, D the gradient-gap bound) with Theorem 1 and with the exact curve;
-  clipped DP-GD (``mechanisms.dp_gd``, replace-one Δ = 2C) with C ∈ {c/10, c, 10c},
+  clipped DP-GD (``mechanisms.learners.dp_gd``, replace-one Δ = 2C) with C ∈ {c/10, c, 10c},
   c = max_i ‖∇ℓ_i(θ*)‖ (the paper's non-private choice), with C = X·Y = 1 (the largest per-example
   gradient norm at θ₀ = 0, public) and with C_pub = X(XB + Y) on the ball ‖θ‖ ≤ B
   (``never_clipping_threshold``: public, never clips there);
@@ -47,10 +47,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from mechanisms.accounting import DEFAULT_ORDERS, epsilon_at_delta  # noqa: E402
-from mechanisms.dp_gd import DpGdConfig, dp_gd_curve, dp_gd_train, noise_multiplier_for  # noqa: E402
-from mechanisms.noise import Noise  # noqa: E402
-from mechanisms.relative_gaussian import RelativeSensitivity  # noqa: E402
-from mechanisms.rgm_gd import (  # noqa: E402
+from mechanisms.learners.dp_gd import DpGdConfig, dp_gd_curve, dp_gd_train, noise_multiplier_for  # noqa: E402
+from mechanisms.learners.relative_gaussian import RelativeSensitivity  # noqa: E402
+from mechanisms.learners.rgm_gd import (  # noqa: E402
     RgmGdConfig,
     baseline_sigma,
     full_gradient,
@@ -64,6 +63,7 @@ from mechanisms.rgm_gd import (  # noqa: E402
     step_curve,
     theta_bound,
 )
+from mechanisms.noise import Noise  # noqa: E402
 
 REG = 0.03
 ALPHA, EPS_STEP = 2.0, 0.1

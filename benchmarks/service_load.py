@@ -534,8 +534,8 @@ def register_bench_mechanisms() -> None:
 
     from mechanisms.base import PublicContext, Release, Table
     from mechanisms.catalog import MECHANISMS
-    from mechanisms.laplace import Laplace
     from mechanisms.noise import Noise
+    from mechanisms.queries.laplace import Laplace
 
     seconds = float(os.environ.get("EXPOST_BENCH_BUSY", "0.2"))
 

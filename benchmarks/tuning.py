@@ -53,10 +53,10 @@ sys.path.insert(0, str(ROOT))
 
 from mechanisms.accounting import DEFAULT_ORDERS  # noqa: E402
 from mechanisms.base import PublicContext  # noqa: E402
+from mechanisms.data.schema import DatasetSchema  # noqa: E402
 from mechanisms.noise import Noise  # noqa: E402
-from mechanisms.schema import DatasetSchema  # noqa: E402
-from mechanisms.tuning import TuningParams, TuningSelect, noise_sd, pure_charges, sample_kept  # noqa: E402
-from mechanisms.tuning_candidates import LEARNERS, CandidateConfig, split_rows  # noqa: E402
+from mechanisms.tuning.candidates import LEARNERS, CandidateConfig, split_rows  # noqa: E402
+from mechanisms.tuning.select import TuningParams, TuningSelect, noise_sd, pure_charges, sample_kept  # noqa: E402
 
 TABLE1 = {  # N: (doubling precision, doubling answers, Alg3-Laplace precision, Alg3-Laplace answers)
     8000: (0.911, 14.77, 0.912, 20.37),
@@ -250,7 +250,7 @@ def choose_epsilon(
     mechanism = TuningSelect()
     worst = mechanism.worst_case(params, ctx).pure
     learner = LEARNERS["output_perturbation.logistic"]
-    from mechanisms.learning import FeatureSpec, design_matrix
+    from mechanisms.learners.features import FeatureSpec, design_matrix
 
     spec = FeatureSpec(features=tuple(f"x{j}" for j in range(FEATURES)), label="y")
     x, y = design_matrix(spec, ctx, table, "classification")

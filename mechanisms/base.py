@@ -22,8 +22,8 @@ import numpy as np
 from pydantic import BaseModel
 
 from mechanisms.accounting import RdpCurve
+from mechanisms.data.schema import DatasetSchema
 from mechanisms.noise import Noise
-from mechanisms.schema import DatasetSchema
 
 Table = Mapping[str, np.ndarray]
 

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from mechanisms.above_threshold import (
+from mechanisms.base import InteractiveMechanism, Mechanism
+from mechanisms.learners.dp_gd import DpGdMechanism
+from mechanisms.learners.rgm_gd import RgmGdMechanism
+from mechanisms.per_instance.objpert_logistic import ObjPertLogistic
+from mechanisms.queries.gaussian import Gaussian
+from mechanisms.queries.laplace import Laplace
+from mechanisms.reduction.accuracy_first import (
+    ACCURACY_FIRST_GAUSSIAN,
+    ACCURACY_FIRST_LAPLACE,
+    NR_GAUSSIAN_SESSION,
+    NR_LAPLACE_SESSION,
+)
+from mechanisms.reduction.accuracy_first_erm import AccuracyFirstLogistic, AccuracyFirstRidge
+from mechanisms.threshold.above_threshold import (
     DROPPING,
     GEOMETRIC,
     LAPLACE,
@@ -10,20 +23,7 @@ from mechanisms.above_threshold import (
     GeometricAboveThresholdBatch,
     LaplaceAboveThresholdBatch,
 )
-from mechanisms.accuracy_first import (
-    ACCURACY_FIRST_GAUSSIAN,
-    ACCURACY_FIRST_LAPLACE,
-    NR_GAUSSIAN_SESSION,
-    NR_LAPLACE_SESSION,
-)
-from mechanisms.accuracy_first_erm import AccuracyFirstLogistic, AccuracyFirstRidge
-from mechanisms.base import InteractiveMechanism, Mechanism
-from mechanisms.dp_gd import DpGdMechanism
-from mechanisms.gaussian import Gaussian
-from mechanisms.laplace import Laplace
-from mechanisms.objective_perturbation import ObjPertLogistic
-from mechanisms.rgm_gd import RgmGdMechanism
-from mechanisms.tuning import TuningSelect
+from mechanisms.tuning.select import TuningSelect
 
 MECHANISMS: dict[str, Mechanism] = {
     "laplace": Laplace(),

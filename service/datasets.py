@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session
 
 from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.base import PublicContext
-from mechanisms.schema import DatasetSchema
-from mechanisms.table import TableError, content_hash, load_csv
+from mechanisms.data.schema import DatasetSchema
+from mechanisms.data.table import TableError, content_hash, load_csv
 from service import budget, ledger
 from service.auth import Principal, Role, validate_name
 from service.db.models import DATASET_SCOPE, Dataset, Grant

@@ -2,10 +2,10 @@
 
 ``privacy_report`` takes a record supplied by the caller, encodes it with the request's public parameters
 and the dataset's public schema (the same per-row clipping as training), and evaluates the reporting
-function published with the release (``mechanisms.per_instance.evaluate_report``). It never reads the
+function published with the release (``mechanisms.per_instance.reports.evaluate_report``). It never reads the
 dataset, never charges, and returns nothing computed from the data beyond the stored DP release: the
 answer is a deterministic function of (release, request parameters, schema, record). True per-record
-losses (``mechanisms.per_instance.exact_ex_post_loss``) are not reachable from here (note §1.2).
+losses (``mechanisms.per_instance.reports.exact_ex_post_loss``) are not reachable from here (note §1.2).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import numpy as np
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from mechanisms.learning import design_matrix
-from mechanisms.objective_perturbation import ObjPertLogisticParams
-from mechanisms.per_instance import evaluate_report
-from mechanisms.schema import CategoricalColumn, IntColumn
+from mechanisms.data.schema import CategoricalColumn, IntColumn
+from mechanisms.learners.features import design_matrix
+from mechanisms.learners.objective_perturbation import ObjPertLogisticParams
+from mechanisms.per_instance.reports import evaluate_report
 from service.auth import Principal
 from service.datasets import dataset_by_id, public_context
 from service.errors import Conflict, InvalidInput, NotFound
@@ -30,7 +30,7 @@ REPORTING_MECHANISMS = frozenset({"objpert.logistic"})
 
 
 def _encode(value: Any, column: Any, field: str) -> float | int:
-    """One cell, validated and clipped to the declared bounds exactly as ``mechanisms.table`` does."""
+    """One cell, validated and clipped to the declared bounds exactly as ``mechanisms.data.table`` does."""
     if isinstance(column, CategoricalColumn):
         if not isinstance(value, str) or value not in column.values:
             raise InvalidInput(field, f"must be one of the declared values {list(column.values)!r}")

@@ -41,8 +41,8 @@ from sqlalchemy import select
 
 from mechanisms.accounting import UnitsVector
 from mechanisms.base import ProgressFn, PublicContext, Release, Table, no_progress
-from mechanisms.laplace import Laplace, LaplaceParams
 from mechanisms.noise import Noise
+from mechanisms.queries.laplace import Laplace, LaplaceParams
 from service.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

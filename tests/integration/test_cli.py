@@ -24,8 +24,8 @@ from typer.testing import CliRunner, Result
 
 from mechanisms.base import PublicContext, Release, Table
 from mechanisms.catalog import MECHANISMS
-from mechanisms.laplace import Laplace
 from mechanisms.noise import Noise
+from mechanisms.queries.laplace import Laplace
 from service.auth import Role
 from service.cli import app
 from service.client import ExpostClient

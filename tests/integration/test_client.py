@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, StepResult, Table, no_progress
 from mechanisms.catalog import INTERACTIVE, MECHANISMS
-from mechanisms.laplace import Laplace
 from mechanisms.noise import Noise
+from mechanisms.queries.laplace import Laplace
 from service.auth import Role
 from service.client import (
     AnalysisRequest,

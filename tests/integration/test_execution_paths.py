@@ -10,8 +10,8 @@ from pydantic import BaseModel
 
 from mechanisms.base import PublicContext, Release, Table
 from mechanisms.catalog import MECHANISMS
-from mechanisms.laplace import Laplace
 from mechanisms.noise import Noise
+from mechanisms.queries.laplace import Laplace
 from service.db.session import make_engine, make_sessionmaker
 from service.ledger import verify
 from tests.conftest import LiveServer, running_server, server_settings

@@ -25,8 +25,8 @@ from sqlalchemy import delete, select, update
 
 from mechanisms.base import PublicContext, Release, Table
 from mechanisms.catalog import MECHANISMS
-from mechanisms.laplace import Laplace
 from mechanisms.noise import Noise
+from mechanisms.queries.laplace import Laplace
 from service.auth import Role
 from service.config import Settings
 from service.db.models import AnalysisRequest, LedgerEntry, PrivacyFilter

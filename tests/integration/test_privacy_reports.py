@@ -2,7 +2,7 @@
 
 The endpoint evaluates the release's reporting function on the caller's record: no data access, no charge.
 It cannot return true per-record losses: its answer is reproduced exactly, in this process, from the
-stored release and the public parameters alone (``mechanisms.per_instance.evaluate_report``), with no
+stored release and the public parameters alone (``mechanisms.per_instance.reports.evaluate_report``), with no
 access to the dataset; and the budget and the ledger do not move.
 """
 
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from mechanisms.accounting import DEFAULT_ORDERS
-from mechanisms.objective_perturbation import ObjPertLogisticParams
-from mechanisms.per_instance import evaluate_report
+from mechanisms.learners.objective_perturbation import ObjPertLogisticParams
+from mechanisms.per_instance.reports import evaluate_report
 from service.auth import Role
 from tests.conftest import LiveServer
 from tests.integration.helpers import (

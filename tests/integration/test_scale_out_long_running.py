@@ -25,8 +25,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.base import ProgressFn, PublicContext, Release, Table, no_progress
 from mechanisms.catalog import MECHANISMS
-from mechanisms.laplace import Laplace
 from mechanisms.noise import Noise
+from mechanisms.queries.laplace import Laplace
 from service import budget, requests
 from service.auth import Principal, Role, create_key
 from service.datasets import TableCache, create_dataset, grant

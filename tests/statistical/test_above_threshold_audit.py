@@ -26,7 +26,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mechanisms.above_threshold import (
+from mechanisms.accounting import DEFAULT_ORDERS
+from mechanisms.base import PublicContext
+from mechanisms.data.schema import DatasetSchema
+from mechanisms.noise import Noise
+from mechanisms.queries.language import CountQuery, laplace_plan
+from mechanisms.threshold.above_threshold import (
     DROPPING,
     GEOMETRIC,
     LAPLACE,
@@ -34,11 +39,6 @@ from mechanisms.above_threshold import (
     geometric_array,
     kept_array,
 )
-from mechanisms.accounting import DEFAULT_ORDERS
-from mechanisms.base import PublicContext
-from mechanisms.noise import Noise
-from mechanisms.queries import CountQuery, laplace_plan
-from mechanisms.schema import DatasetSchema
 
 pytestmark = pytest.mark.statistical
 

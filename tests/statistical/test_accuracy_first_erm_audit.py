@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mechanisms import accuracy_first_erm as af
-from mechanisms.above_threshold import IatCalibration, ThresholdGrid, iat_reference_calibration
 from mechanisms.noise import Noise
+from mechanisms.reduction import accuracy_first_erm as af
+from mechanisms.threshold.above_threshold import IatCalibration, ThresholdGrid, iat_reference_calibration
 
 pytestmark = pytest.mark.statistical
 

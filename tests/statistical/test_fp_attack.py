@@ -29,14 +29,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mechanisms.above_threshold import DroppingAboveThresholdBatch
 from mechanisms.accounting import DEFAULT_ORDERS, laplace_scale
 from mechanisms.base import Mechanism, PublicContext
-from mechanisms.gaussian import Gaussian, gaussian_plan
-from mechanisms.laplace import Laplace
+from mechanisms.data.schema import DatasetSchema
 from mechanisms.noise import Grid, Noise
-from mechanisms.queries import GridPlan, evaluate_units, laplace_plan
-from mechanisms.schema import DatasetSchema
+from mechanisms.queries.gaussian import Gaussian, gaussian_plan
+from mechanisms.queries.language import GridPlan, evaluate_units, laplace_plan
+from mechanisms.queries.laplace import Laplace
+from mechanisms.threshold.above_threshold import DroppingAboveThresholdBatch
 
 pytestmark = pytest.mark.statistical
 

@@ -24,9 +24,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mechanisms.above_threshold import InteractiveAboveThreshold, iat_scales
 from mechanisms.accounting import DEFAULT_ORDERS
-from mechanisms.accuracy_first import (
+from mechanisms.base import PublicContext
+from mechanisms.data.schema import DatasetSchema
+from mechanisms.noise import Grid, Noise
+from mechanisms.noise.reduction import RATE_DENOMINATOR, discrete_laplace_rates, stay_coins
+from mechanisms.reduction.accuracy_first import (
     ACCURACY_FIRST_GAUSSIAN,
     ACCURACY_FIRST_LAPLACE,
     NR_GAUSSIAN_SESSION,
@@ -36,10 +39,7 @@ from mechanisms.accuracy_first import (
     RelativeTarget,
     _relative_pass,
 )
-from mechanisms.base import PublicContext
-from mechanisms.noise import Grid, Noise
-from mechanisms.noise.reduction import RATE_DENOMINATOR, discrete_laplace_rates, stay_coins
-from mechanisms.noise_reduction import (
+from mechanisms.reduction.noise_reduction import (
     LazyLaplaceNR,
     brownian_cumulative_costs,
     brownian_step,
@@ -48,7 +48,7 @@ from mechanisms.noise_reduction import (
     laplace_nr_rates,
     laplace_nr_scales,
 )
-from mechanisms.schema import DatasetSchema
+from mechanisms.threshold.above_threshold import InteractiveAboveThreshold, iat_scales
 
 pytestmark = pytest.mark.statistical
 

@@ -20,7 +20,12 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from mechanisms.objective_perturbation import logistic_d1, logistic_d2, objpert_rdp, solve_to_tolerance
+from mechanisms.learners.objective_perturbation import (
+    logistic_d1,
+    logistic_d2,
+    objpert_rdp,
+    solve_to_tolerance,
+)
 
 pytestmark = pytest.mark.statistical
 

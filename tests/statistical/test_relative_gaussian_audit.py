@@ -33,14 +33,14 @@ import pytest
 from scipy import stats
 
 from mechanisms.accounting import RdpCurve
-from mechanisms.noise import Noise
-from mechanisms.relative_gaussian import (
+from mechanisms.learners.relative_gaussian import (
     exact_epsilon,
     rgm_grid,
     rgm_rdp_curve,
     rgm_release_grid,
     theorem1_epsilon,
 )
+from mechanisms.noise import Noise
 
 pytestmark = pytest.mark.statistical
 

@@ -36,9 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from mechanisms.noise import Noise
-from mechanisms.relative_gaussian import theorem1_epsilon
-from mechanisms.rgm_gd import (
+from mechanisms.learners.relative_gaussian import theorem1_epsilon
+from mechanisms.learners.rgm_gd import (
     RgmGdConfig,
     StopRule,
     baseline_sigma,
@@ -47,6 +46,7 @@ from mechanisms.rgm_gd import (
     relative_sensitivity,
     rgm_gd_train,
 )
+from mechanisms.noise import Noise
 
 pytestmark = pytest.mark.statistical
 

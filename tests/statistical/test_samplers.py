@@ -21,11 +21,11 @@ from scipy import stats
 
 from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.base import Mechanism, PublicContext
-from mechanisms.gaussian import Gaussian
-from mechanisms.laplace import Laplace
+from mechanisms.data.schema import DatasetSchema
 from mechanisms.noise import Noise
-from mechanisms.queries import evaluate_units, plan_grid
-from mechanisms.schema import DatasetSchema
+from mechanisms.queries.gaussian import Gaussian
+from mechanisms.queries.language import evaluate_units, plan_grid
+from mechanisms.queries.laplace import Laplace
 
 pytestmark = pytest.mark.statistical
 
@@ -178,7 +178,7 @@ def test_discrete_gaussian(variance: Fraction, size: int) -> None:
 
 def test_geometric_fold_of_the_discrete_laplace() -> None:
     """The AboveThreshold geometric draw (folded discrete Laplace) has the exact Geom_{e^{−1/t}} law."""
-    from mechanisms.above_threshold import geometric_array, geometric_scale
+    from mechanisms.threshold.above_threshold import geometric_array, geometric_scale
 
     draws = geometric_array(Noise.seeded(SEED), 0.3, 100_000)
     rate = float(1 / geometric_scale(0.3))

@@ -1,4 +1,4 @@
-"""Sampler checks and a Monte Carlo privacy audit of ex-post tuning (mechanisms/tuning.py; note §7.1–7.9).
+"""Sampler checks and a Monte Carlo privacy audit of ex-post tuning (mechanisms/tuning/select.py; note §7.1–7.9).
 
 Samplers (exact, ``mechanisms/noise/tuning.py``): the geometric latent's pmf (χ² at three ε′, including
 ε′ = 1e-3 where k ~ 10³, and the mean), the law of the whole keep mask for both latents against its exact
@@ -37,7 +37,7 @@ from mechanisms.noise.tuning import (
     exp_neg_bounds,
     keep_given_latent,
 )
-from mechanisms.tuning import (
+from mechanisms.tuning.select import (
     algorithm3,
     draw_latent,
     expected_runs,

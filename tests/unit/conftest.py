@@ -9,8 +9,8 @@ import pytest
 
 from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.base import PublicContext
-from mechanisms.schema import DatasetSchema
-from mechanisms.table import LoadedTable, load_csv
+from mechanisms.data.schema import DatasetSchema
+from mechanisms.data.table import LoadedTable, load_csv
 
 SCHEMA_JSON: dict[str, Any] = {
     "columns": [

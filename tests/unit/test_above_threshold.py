@@ -1,4 +1,4 @@
-"""AboveThreshold sessions (mechanisms/above_threshold.py): parameters, samplers, exact losses, state.
+"""AboveThreshold sessions (mechanisms/threshold/above_threshold.py): parameters, samplers, exact losses, state.
 
 Exact losses (seed-003 note §7.3): the output distribution of Ghazi et al. Algorithm 1 is computed in
 closed form for small instances (threshold noise truncated at K with tail mass e^{−ε′(K+1)} ≤ 1e−40,
@@ -23,7 +23,13 @@ import pytest
 from pydantic import BaseModel, ValidationError
 from scipy import stats
 
-from mechanisms.above_threshold import (
+from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve
+from mechanisms.base import ParamsError, PublicContext, best_affordable_cost, with_cost
+from mechanisms.catalog import INTERACTIVE, MECHANISMS
+from mechanisms.data.schema import DatasetSchema
+from mechanisms.noise import Noise
+from mechanisms.queries.language import CountQuery, SumQuery, laplace_plan
+from mechanisms.threshold.above_threshold import (
     DROPPING,
     GEOMETRIC,
     LAPLACE,
@@ -41,12 +47,6 @@ from mechanisms.above_threshold import (
     kept,
     kept_array,
 )
-from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve
-from mechanisms.base import ParamsError, PublicContext, best_affordable_cost, with_cost
-from mechanisms.catalog import INTERACTIVE, MECHANISMS
-from mechanisms.noise import Noise
-from mechanisms.queries import CountQuery, SumQuery, laplace_plan
-from mechanisms.schema import DatasetSchema
 
 ALPHA = 1e-6  # false-alarm rate of every distribution test here
 FLOAT_TOL = 1e-12  # float error of the exact sums (relative ~1e-15 on probabilities ≥ 1e-12)

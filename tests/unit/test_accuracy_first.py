@@ -1,4 +1,4 @@
-"""Accuracy-first statistics and noise-reduction sessions (mechanisms/accuracy_first.py).
+"""Accuracy-first statistics and noise-reduction sessions (mechanisms/reduction/accuracy_first.py).
 
 Parameters, the checks (relative with the ŷ > 0 fix, absolute with confidence, private through
 InteractiveAboveThreshold), charges (realized ≤ worst case, exact values), the session protocol (start
@@ -19,10 +19,14 @@ import pytest
 from pydantic import BaseModel, ValidationError
 from scipy import stats
 
-from mechanisms.above_threshold import iat_paper_calibration
 from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve
 from mechanisms.accounting.curve import _pad_up
-from mechanisms.accuracy_first import (
+from mechanisms.base import InteractiveMechanism, Mechanism, ParamsError, PublicContext
+from mechanisms.catalog import INTERACTIVE, MECHANISMS
+from mechanisms.data.schema import DatasetSchema
+from mechanisms.noise import Noise
+from mechanisms.queries.language import CountQuery, HistogramQuery
+from mechanisms.reduction.accuracy_first import (
     ACCURACY_FIRST_GAUSSIAN,
     ACCURACY_FIRST_LAPLACE,
     NOT_REACHABLE,
@@ -35,12 +39,8 @@ from mechanisms.accuracy_first import (
     _relative_pass,
     output_dim,
 )
-from mechanisms.base import InteractiveMechanism, Mechanism, ParamsError, PublicContext
-from mechanisms.catalog import INTERACTIVE, MECHANISMS
-from mechanisms.noise import Noise
-from mechanisms.noise_reduction import brownian_cumulative_costs, brownian_grid, laplace_nr_scales
-from mechanisms.queries import CountQuery, HistogramQuery
-from mechanisms.schema import DatasetSchema
+from mechanisms.reduction.noise_reduction import brownian_cumulative_costs, brownian_grid, laplace_nr_scales
+from mechanisms.threshold.above_threshold import iat_paper_calibration
 
 SCHEMA = DatasetSchema.model_validate(
     {

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from mechanisms import accuracy_first_erm as af
 from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.base import (
     LongRunningMechanism,
@@ -27,9 +26,10 @@ from mechanisms.base import (
     with_cost,
 )
 from mechanisms.catalog import MECHANISMS
-from mechanisms.learning import design_matrix
+from mechanisms.data.schema import DatasetSchema
+from mechanisms.learners.features import design_matrix
 from mechanisms.noise import Noise
-from mechanisms.schema import DatasetSchema
+from mechanisms.reduction import accuracy_first_erm as af
 
 ROOT = Path(__file__).resolve().parents[2]
 N, LAM, GAMMA, T = 100_000, 0.005, 0.1, 1000

@@ -1,4 +1,4 @@
-"""Reviewer's regression tests for accuracy-first ERM (mechanisms/accuracy_first_erm.py).
+"""Reviewer's regression tests for accuracy-first ERM (mechanisms/reduction/accuracy_first_erm.py).
 
 They pin what the privacy review verified (docs/privacy.md §8.2):
 - the ridge statistic is the full p×p matrix plus Xᵀy, each entry with its own noise (no mirrored
@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mechanisms import accuracy_first_erm as af
-from mechanisms.above_threshold import InteractiveAboveThreshold
 from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.base import PublicContext
+from mechanisms.data.schema import DatasetSchema
 from mechanisms.noise import Noise
-from mechanisms.noise_reduction import LazyLaplaceNR
-from mechanisms.schema import DatasetSchema
+from mechanisms.reduction import accuracy_first_erm as af
+from mechanisms.reduction.noise_reduction import LazyLaplaceNR
+from mechanisms.threshold.above_threshold import InteractiveAboveThreshold
 
 
 # ----- helpers -------------------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def test_iat_uses_the_charged_epsilon_and_query_sensitivity(
         seen.append(instance)  # what the test actually runs with, not just what was asked for
         return instance
 
-    monkeypatch.setattr("mechanisms.accuracy_first_erm.InteractiveAboveThreshold", spy_iat)
+    monkeypatch.setattr("mechanisms.reduction.accuracy_first_erm.InteractiveAboveThreshold", spy_iat)
     mech = af.AccuracyFirstLogistic()
     worst = mech.worst_case(params, ctx)
     release = mech.run(params, ctx, _table(rng, n, p, "logistic"), Noise.seeded(105))

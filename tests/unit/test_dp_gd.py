@@ -1,4 +1,4 @@
-"""Clipped Gaussian DP-GD (mechanisms/dp_gd.py): curve, clipping bound, noise scale, convergence."""
+"""Clipped Gaussian DP-GD (mechanisms/learners/dp_gd.py): curve, clipping bound, noise scale, convergence."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from scipy import optimize, stats
 
 from mechanisms.accounting import DEFAULT_ORDERS, epsilon_at_delta
-from mechanisms.dp_gd import (
+from mechanisms.learners.dp_gd import (
     DpGdConfig,
     Loss,
     Neighboring,
@@ -393,7 +393,7 @@ def _scaled_pmf(scale: float, support: np.ndarray) -> np.ndarray:
 def test_clipped_sum_units_are_exact_position_free_and_within_the_sensitivity(loss: Loss) -> None:
     """The integer sum does not depend on the order of the records (every per-record term is computed from
     its own record only, and integer sums are exact), and neighbours differ by < Δ/ω exactly."""
-    from mechanisms.dp_gd import _clipped_sum_units, _records
+    from mechanisms.learners.dp_gd import _clipped_sum_units, _records
 
     x, y = _data(3001, 7, 31, loss)
     rng = np.random.default_rng(32)
@@ -419,7 +419,7 @@ def test_clipped_sum_units_are_exact_position_free_and_within_the_sensitivity(lo
 
 def test_every_noisy_sum_is_a_multiple_of_the_published_granularity() -> None:
     """Exact support: with zero features the noisy sums are ω·Z; the iterates recover them exactly."""
-    from mechanisms.dp_gd import released_noise_std, term_unit
+    from mechanisms.learners.dp_gd import released_noise_std, term_unit
 
     d, n, tau, clip, z = 50, 10, 0.25, 0.7, 1.3
     config = DpGdConfig("logistic", 0.0, 3, tau, clip, z)
@@ -435,7 +435,7 @@ def test_every_noisy_sum_is_a_multiple_of_the_published_granularity() -> None:
 
 def test_grid_charge_is_the_old_charge_and_bounds_the_noise() -> None:
     """The charge T·α·Δ²/(2(zΔ)²) is unchanged and the noise actually added has std t·ω ≥ zΔ."""
-    from mechanisms.dp_gd import released_noise_std
+    from mechanisms.learners.dp_gd import released_noise_std
 
     config = DpGdConfig("logistic", 0.1, 10, 0.5, 1.0, 1.1)
     curve = dp_gd_curve(config, "replace_one", DEFAULT_ORDERS)

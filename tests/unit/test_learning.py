@@ -7,8 +7,8 @@ import pytest
 
 from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.base import ParamsError, PublicContext
-from mechanisms.learning import FeatureSpec, check_features, design_matrix, dimension
-from mechanisms.schema import DatasetSchema
+from mechanisms.data.schema import DatasetSchema
+from mechanisms.learners.features import FeatureSpec, check_features, design_matrix, dimension
 
 SCHEMA = DatasetSchema.model_validate(
     {

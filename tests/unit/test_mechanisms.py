@@ -14,11 +14,19 @@ from pydantic import BaseModel, ValidationError
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import Mechanism, ParamsError, PublicContext, best_affordable_cost
 from mechanisms.catalog import MECHANISMS
-from mechanisms.gaussian import Gaussian, GaussianParams
-from mechanisms.laplace import Laplace, LaplaceParams
+from mechanisms.data.table import LoadedTable
 from mechanisms.noise import Grid, Noise, dyadic_scale_up
-from mechanisms.queries import CountQuery, MeanQuery, SumQuery, is_integer_valued, l1, plan_grid, shifts
-from mechanisms.table import LoadedTable
+from mechanisms.queries.gaussian import Gaussian, GaussianParams
+from mechanisms.queries.language import (
+    CountQuery,
+    MeanQuery,
+    SumQuery,
+    is_integer_valued,
+    l1,
+    plan_grid,
+    shifts,
+)
+from mechanisms.queries.laplace import Laplace, LaplaceParams
 
 LAPLACE = Laplace()
 GAUSSIAN = Gaussian()

@@ -33,7 +33,7 @@ from mechanisms.noise import (
     grid_l2_sensitivity,
     laplace_grid,
 )
-from mechanisms.queries import FLOAT_SLACK, unit_shift
+from mechanisms.queries.language import FLOAT_SLACK, unit_shift
 
 mpmath.mp.dps = 60
 

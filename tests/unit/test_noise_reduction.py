@@ -1,5 +1,5 @@
-"""Noise-reduction samplers and charges (mechanisms/noise_reduction.py) and Ligett et al.'s
-InteractiveAboveThreshold (mechanisms/above_threshold.py, Lemma 2.8 section).
+"""Noise-reduction samplers and charges (mechanisms/reduction/noise_reduction.py) and Ligett et al.'s
+InteractiveAboveThreshold (mechanisms/threshold/above_threshold.py, Lemma 2.8 section).
 
 Distribution tests and privacy audits are in tests/statistical/test_noise_reduction_audit.py; here: shapes,
 validation, the JSON state, exact charge values, the note's closed-form test vectors (T7, T12, §4.5).
@@ -14,14 +14,6 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from mechanisms.above_threshold import (
-    InteractiveAboveThreshold,
-    iat_charge,
-    iat_paper_calibration,
-    iat_reference_calibration,
-    iat_scales,
-    interactive_above_threshold,
-)
 from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve
 from mechanisms.noise import Grid, Noise
 from mechanisms.noise.reduction import (
@@ -30,7 +22,7 @@ from mechanisms.noise.reduction import (
     exp_neg_coins,
     ratio_coins,
 )
-from mechanisms.noise_reduction import (
+from mechanisms.reduction.noise_reduction import (
     LazyBrownianNR,
     LazyLaplaceNR,
     brownian_cumulative_costs,
@@ -45,6 +37,14 @@ from mechanisms.noise_reduction import (
     laplace_nr_rates,
     laplace_nr_scales,
     units_to_values,
+)
+from mechanisms.threshold.above_threshold import (
+    InteractiveAboveThreshold,
+    iat_charge,
+    iat_paper_calibration,
+    iat_reference_calibration,
+    iat_scales,
+    interactive_above_threshold,
 )
 
 EPS = (0.1, 0.4, 1.0)

@@ -31,18 +31,22 @@ import pytest
 from scipy import stats
 
 from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve
-from mechanisms.accuracy_first import (
+from mechanisms.base import PublicContext
+from mechanisms.data.schema import DatasetSchema
+from mechanisms.noise import Grid, Noise
+from mechanisms.noise.reduction import RATE_DENOMINATOR, dlap_nr_advance
+from mechanisms.reduction.accuracy_first import (
     ACCURACY_FIRST_GAUSSIAN,
     ACCURACY_FIRST_LAPLACE,
     NR_GAUSSIAN_SESSION,
     NR_LAPLACE_SESSION,
     AccuracyFirst,
 )
-from mechanisms.base import PublicContext
-from mechanisms.noise import Grid, Noise
-from mechanisms.noise.reduction import RATE_DENOMINATOR, dlap_nr_advance
-from mechanisms.noise_reduction import brownian_cumulative_costs, brownian_step, brownian_step_variances
-from mechanisms.schema import DatasetSchema
+from mechanisms.reduction.noise_reduction import (
+    brownian_cumulative_costs,
+    brownian_step,
+    brownian_step_variances,
+)
 
 D = RATE_DENOMINATOR
 

@@ -16,11 +16,10 @@ from scipy import integrate, optimize, stats
 
 from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve
 from mechanisms.base import ParamsError, PublicContext
-from mechanisms.noise import Noise
-from mechanisms.objective_perturbation import (
+from mechanisms.data.schema import DatasetSchema
+from mechanisms.learners.objective_perturbation import (
     ObjPertConfig,
     ObjPertDidNotConverge,
-    ObjPertLogistic,
     ObjPertLogisticParams,
     StoppingBounds,
     amp_rdp,
@@ -39,7 +38,8 @@ from mechanisms.objective_perturbation import (
     solve_to_tolerance,
     train_objpert_logistic,
 )
-from mechanisms.schema import DatasetSchema
+from mechanisms.noise import Noise
+from mechanisms.per_instance.objpert_logistic import ObjPertLogistic
 
 TABLE_ORDERS = (1.5, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 # note §3.5, Thm 4.3.2 test vectors: (σ, β, λ, L) -> ε(α) at TABLE_ORDERS

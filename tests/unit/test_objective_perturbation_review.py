@@ -26,12 +26,11 @@ from scipy import special, stats
 
 from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.base import ParamsError, PublicContext
-from mechanisms.noise import Noise
-from mechanisms.objective_perturbation import (
+from mechanisms.data.schema import DatasetSchema
+from mechanisms.learners.objective_perturbation import (
     Neighboring,
     ObjPertConfig,
     ObjPertDidNotConverge,
-    ObjPertLogistic,
     ObjPertLogisticParams,
     StoppingBounds,
     amp_rdp,
@@ -43,7 +42,9 @@ from mechanisms.objective_perturbation import (
     objpert_rdp,
     solve_to_tolerance,
 )
-from mechanisms.per_instance import (
+from mechanisms.noise import Noise
+from mechanisms.per_instance.objpert_logistic import ObjPertLogistic
+from mechanisms.per_instance.reports import (
     DATA_DEPENDENT_EVENTS,
     ex_post_terms,
     exact_ex_post_loss,
@@ -51,7 +52,6 @@ from mechanisms.per_instance import (
     report_sensitivities,
     two_sided_z,
 )
-from mechanisms.schema import DatasetSchema
 
 EPS = float(np.finfo(np.float64).eps)
 
@@ -368,7 +368,7 @@ def test_data_dependent_report_covers_the_transcript_including_g_hat() -> None:
 
 
 def test_intercept_is_inside_the_radius_and_lambda_must_exceed_r_squared_over_four() -> None:
-    from mechanisms.learning import design_matrix
+    from mechanisms.learners.features import design_matrix
 
     ctx = PublicContext(SCHEMA, 3, DEFAULT_ORDERS)
     base = {"features": ["a"], "label": "label", "sigma": 1.0}

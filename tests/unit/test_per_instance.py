@@ -9,8 +9,7 @@ import pytest
 from scipy import stats
 
 from mechanisms.accounting import DEFAULT_ORDERS
-from mechanisms.noise import Noise
-from mechanisms.objective_perturbation import (
+from mechanisms.learners.objective_perturbation import (
     ObjPertConfig,
     ObjPertLogisticParams,
     amp_grid_rdp,
@@ -23,7 +22,8 @@ from mechanisms.objective_perturbation import (
     perturbed_objective,
     solve_to_tolerance,
 )
-from mechanisms.per_instance import (
+from mechanisms.noise import Noise
+from mechanisms.per_instance.reports import (
     evaluate_report,
     ex_post_terms,
     exact_ex_post_loss,
@@ -300,7 +300,7 @@ def test_evaluate_report_reads_only_the_release() -> None:
         report_rho=1e-6,
     )
     fit = fit_objpert(xs, ys, p.config("add_remove"), noise)
-    from mechanisms.per_instance import data_dependent_statistics
+    from mechanisms.per_instance.reports import data_dependent_statistics
 
     output = {
         "theta": list(fit.released),
@@ -387,7 +387,7 @@ def test_report_events_and_confidence_for_new_and_legacy_releases() -> None:
         report_rho=1e-3,
     )
     fit = fit_objpert(xs, ys, p.config("add_remove"), noise)
-    from mechanisms.per_instance import DATA_DEPENDENT_EVENTS, data_dependent_statistics
+    from mechanisms.per_instance.reports import DATA_DEPENDENT_EVENTS, data_dependent_statistics
 
     meta = report_metadata(p, 3)
     assert meta["events"] == DATA_DEPENDENT_EVENTS == 7

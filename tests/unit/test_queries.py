@@ -13,7 +13,9 @@ from pydantic import TypeAdapter, ValidationError
 
 from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.base import ParamsError, PublicContext
-from mechanisms.queries import (
+from mechanisms.data.schema import DatasetSchema, FloatColumn
+from mechanisms.data.table import LoadedTable
+from mechanisms.queries.language import (
     MEAN_REFUSAL,
     AnyQuery,
     CountQuery,
@@ -25,8 +27,6 @@ from mechanisms.queries import (
     l2,
     shifts,
 )
-from mechanisms.schema import DatasetSchema, FloatColumn
-from mechanisms.table import LoadedTable
 
 QUERY = TypeAdapter(Query)
 MakeCtx = Callable[..., PublicContext]

@@ -25,8 +25,7 @@ import pytest
 from scipy import integrate, optimize, stats
 
 from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve
-from mechanisms.noise import Noise
-from mechanisms.relative_gaussian import (
+from mechanisms.learners.relative_gaussian import (
     Bound,
     RelativeSensitivity,
     alpha_lo,
@@ -44,6 +43,7 @@ from mechanisms.relative_gaussian import (
     sigma2_required,
     theorem1_epsilon,
 )
+from mechanisms.noise import Noise
 
 PREC = 60
 

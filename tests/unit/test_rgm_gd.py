@@ -1,4 +1,4 @@
-"""RGM gradient descent (mechanisms/rgm_gd.py): sensitivity, calibration, charges, stopping, the mechanisms.
+"""RGM gradient descent (mechanisms/learners/rgm_gd.py): sensitivity, calibration, charges, stopping, the mechanisms.
 
 The logistic relative-sensitivity bound (derived, docs/privacy.md §8.3.3) is checked on random and
 adversarially optimised neighbouring datasets; the ridge bound has its own tests in test_relative_gaussian.py.
@@ -20,7 +20,8 @@ from scipy import optimize
 from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve, epsilon_at_delta
 from mechanisms.base import ParamsError, PublicContext, best_affordable_cost
 from mechanisms.catalog import MECHANISMS
-from mechanisms.dp_gd import (
+from mechanisms.data.schema import DatasetSchema
+from mechanisms.learners.dp_gd import (
     DpGdConfig,
     DpGdMechanism,
     DpGdParams,
@@ -28,8 +29,7 @@ from mechanisms.dp_gd import (
     default_radius,
     dp_gd_curve,
 )
-from mechanisms.noise import Noise
-from mechanisms.relative_gaussian import (
+from mechanisms.learners.relative_gaussian import (
     RelativeSensitivity,
     alpha_max,
     clip_rows,
@@ -42,7 +42,7 @@ from mechanisms.relative_gaussian import (
     ridge_theta_bound,
     theorem1_epsilon,
 )
-from mechanisms.rgm_gd import (
+from mechanisms.learners.rgm_gd import (
     RgmGdConfig,
     RgmGdMechanism,
     RgmGdParams,
@@ -65,7 +65,7 @@ from mechanisms.rgm_gd import (
     step_curve,
     theta_bound,
 )
-from mechanisms.schema import DatasetSchema
+from mechanisms.noise import Noise
 from tests.unit.test_relative_gaussian import _pair_quantities, _random_batch, _sup_ratio_over_theta
 
 SCHEMA = {

@@ -30,14 +30,13 @@ import pytest
 from scipy import optimize
 
 from mechanisms.accounting import DEFAULT_ORDERS, epsilon_at_delta
-from mechanisms.dp_gd import DpGdConfig, clipped_gradient_sum, dp_gd_curve, noise_multiplier_for
-from mechanisms.noise import Noise
-from mechanisms.relative_gaussian import (
+from mechanisms.learners.dp_gd import DpGdConfig, clipped_gradient_sum, dp_gd_curve, noise_multiplier_for
+from mechanisms.learners.relative_gaussian import (
     RelativeSensitivity,
     ridge_relative_sensitivity_split,
     ridge_theta_bound,
 )
-from mechanisms.rgm_gd import (
+from mechanisms.learners.rgm_gd import (
     Model,
     RgmGdConfig,
     StopRule,
@@ -49,6 +48,7 @@ from mechanisms.rgm_gd import (
     scale_curve,
     step_curve,
 )
+from mechanisms.noise import Noise
 
 
 # ----- ridge: exact sup over θ (own oracle) ------------------------------------------------------------
@@ -301,7 +301,7 @@ def test_overflow_is_no_longer_reachable_from_theta0_zero_with_service_parameter
 
 def test_baseline_sigma_satisfies_the_sigma_condition_at_every_order() -> None:
     """σ² = γR_rel²/η² (rounded up) ⇒ α_lo = 1: no order is charged below Theorem 1's σ² condition."""
-    from mechanisms.relative_gaussian import alpha_lo
+    from mechanisms.learners.relative_gaussian import alpha_lo
 
     rng = np.random.default_rng(9)
     for _ in range(2000):

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from mechanisms.schema import CategoricalColumn, DatasetSchema, FloatColumn, IntColumn
+from mechanisms.data.schema import CategoricalColumn, DatasetSchema, FloatColumn, IntColumn
 
 
 def test_parses_the_documented_json(schema_json: dict[str, Any]) -> None:

@@ -7,8 +7,8 @@ import hashlib
 import numpy as np
 import pytest
 
-from mechanisms.schema import DatasetSchema
-from mechanisms.table import LoadedTable, TableError, content_hash, load_csv
+from mechanisms.data.schema import DatasetSchema
+from mechanisms.data.table import LoadedTable, TableError, content_hash, load_csv
 
 
 def test_types_and_clipped_values(table: LoadedTable) -> None:

@@ -1,4 +1,4 @@
-"""Ex-post hyperparameter tuning (mechanisms/tuning.py): the note's test vectors and the mechanism seam.
+"""Ex-post hyperparameter tuning (mechanisms/tuning/select.py): the note's test vectors and the mechanism seam.
 
 Vectors from notes/seed_003_expost_tuning.md: §7.1 (closed forms of τ_i and P(⊥)), §7.2 (exact ex-post
 loss of pure Algorithm 3 on randomized response), §7.3 (Algorithm 2's ⊥), §7.4 (Theorem 13 formula),
@@ -17,9 +17,16 @@ from scipy.integrate import quad
 
 from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.base import LongRunningMechanism, ParamsError, PublicContext
+from mechanisms.data.schema import DatasetSchema
 from mechanisms.noise import Noise
-from mechanisms.schema import DatasetSchema
-from mechanisms.tuning import (
+from mechanisms.tuning.candidates import (
+    LEARNERS,
+    CandidateConfig,
+    PublicShape,
+    output_perturbation_l2,
+    solve_erm,
+)
+from mechanisms.tuning.select import (
     TuningParams,
     TuningSelect,
     algorithm2,
@@ -31,13 +38,6 @@ from mechanisms.tuning import (
     rdp_charges,
     sample_kept,
     theorem13_value,
-)
-from mechanisms.tuning_candidates import (
-    LEARNERS,
-    CandidateConfig,
-    PublicShape,
-    output_perturbation_l2,
-    solve_erm,
 )
 
 SHAPE = PublicShape(n_train=1600, n_hold=400, d=5)
@@ -720,7 +720,7 @@ def test_padding_cannot_be_turned_off() -> None:
 @pytest.mark.parametrize("learner", ["output_perturbation.logistic", "objpert.logistic"])
 def test_service_runs_every_candidate_whatever_k(learner: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Over many draws of k (kept counts 0 … n), every candidate runs, in list order, once per request."""
-    import mechanisms.tuning as tuning_module
+    import mechanisms.tuning.select as tuning_module
 
     target = LEARNERS[learner]
     original = target.fit_and_score
@@ -756,8 +756,8 @@ def test_service_runs_every_candidate_whatever_k(learner: str, monkeypatch: pyte
 
 
 def test_erm_minimisers_are_solved_before_the_latent_is_drawn(monkeypatch: pytest.MonkeyPatch) -> None:
-    import mechanisms.tuning as tuning_module
-    import mechanisms.tuning_candidates as candidates_module
+    import mechanisms.tuning.candidates as candidates_module
+    import mechanisms.tuning.select as tuning_module
 
     events: list[str] = []
     original_solve, original_sample = candidates_module.solve_erm, tuning_module.sample_kept
@@ -796,8 +796,8 @@ def test_erm_solver_sends_a_heartbeat_per_newton_iteration() -> None:
 # ----- objpert candidates: the public float-rounding guard (minimum_tolerance) ------------------------------
 @pytest.mark.parametrize(("n", "reg"), [(2_000, 10.0), (50_000, 1.0), (500_000, 1.0), (500_000, 1000.0)])
 def test_objpert_candidate_tolerance_clears_the_public_minimum(n: int, reg: float) -> None:
-    from mechanisms.objective_perturbation import minimum_tolerance, objpert_curve
-    from mechanisms.tuning_candidates import OBJPERT_TOLERANCE, objpert_candidate_config
+    from mechanisms.learners.objective_perturbation import minimum_tolerance, objpert_curve
+    from mechanisms.tuning.candidates import OBJPERT_TOLERANCE, objpert_candidate_config
 
     params = _params(
         learner="objpert.logistic", mode="rdp", order=8.0, epsilons=[1.0, 2.0], regularization=[reg]
@@ -821,8 +821,8 @@ def test_objpert_candidate_tolerance_clears_the_public_minimum(n: int, reg: floa
 
 def test_objpert_candidate_fits_with_the_planned_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
     """50 000 rows at λ = 1 (every run failed before the guard): the fit uses the plan's τ and converges."""
-    import mechanisms.tuning_candidates as candidates_module
-    from mechanisms.tuning_candidates import objpert_candidate_config
+    import mechanisms.tuning.candidates as candidates_module
+    from mechanisms.tuning.candidates import objpert_candidate_config
 
     seen: list[Any] = []
     original = candidates_module.fit_objpert

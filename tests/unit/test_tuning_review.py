@@ -1,4 +1,4 @@
-"""Privacy review of ``tuning.select`` (mechanisms/tuning.py, mechanisms/tuning_candidates.py).
+"""Privacy review of ``tuning.select`` (mechanisms/tuning/select.py, mechanisms/tuning/candidates.py).
 
 What is pinned here (all exact or deterministic; each test well under 10 s):
 
@@ -35,11 +35,18 @@ from scipy.integrate import quad
 
 from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.base import ParamsError, PublicContext
+from mechanisms.data.schema import DatasetSchema
+from mechanisms.learners.objective_perturbation import ObjPertConfig, minimum_tolerance
 from mechanisms.noise import Noise
-from mechanisms.objective_perturbation import ObjPertConfig, minimum_tolerance
-from mechanisms.schema import DatasetSchema
-from mechanisms.tuning import TuningParams, TuningSelect, algorithm3, pure_charges, rdp_charges, sample_kept
-from mechanisms.tuning_candidates import SOLVER_TOLERANCE, objpert_sigma, solve_erm
+from mechanisms.tuning.candidates import SOLVER_TOLERANCE, objpert_sigma, solve_erm
+from mechanisms.tuning.select import (
+    TuningParams,
+    TuningSelect,
+    algorithm3,
+    pure_charges,
+    rdp_charges,
+    sample_kept,
+)
 
 
 def _q1(eps: float) -> float:
@@ -254,7 +261,7 @@ def test_service_default_hides_the_run_count() -> None:
     with pytest.raises(ParamsError):  # and it cannot be turned off
         TuningSelect().check(_params(pad_to_worst_case_time=False), _ctx(1000))
     # the service runs every candidate whatever the latent: the work is n, not the kept count
-    import mechanisms.tuning_candidates as tc
+    import mechanisms.tuning.candidates as tc
 
     learner = tc.LEARNERS["output_perturbation.logistic"]
     original = learner.fit_and_score
@@ -286,7 +293,7 @@ def test_service_default_hides_the_run_count() -> None:
 
 # ----- failure channel -----------------------------------------------------------------------------------
 def test_logistic_erm_solver_converges_far_inside_its_cap_on_separable_data() -> None:
-    import mechanisms.tuning_candidates as tc
+    import mechanisms.tuning.candidates as tc
 
     rng = np.random.default_rng(0)
     calls = [0]
@@ -326,8 +333,8 @@ def test_tuning_refuses_objpert_whose_certified_stop_is_unreachable() -> None:
     accepted and every objpert candidate runs with a τ whose certified stop is reachable on every dataset
     (0.99τ ≥ 10 × the public rounding slack, i.e. τ ≥ ``minimum_tolerance``), in the curve and in the fit.
     Where no τ can work (n·d/λ beyond float64 precision) the request is refused with a ParamsError."""
-    from mechanisms.objective_perturbation import objpert_curve
-    from mechanisms.tuning_candidates import LEARNERS, PublicShape, objpert_candidate_config
+    from mechanisms.learners.objective_perturbation import objpert_curve
+    from mechanisms.tuning.candidates import LEARNERS, PublicShape, objpert_candidate_config
 
     params = _params(learner="objpert.logistic", mode="rdp", order=8.0, epsilons=[1.0], regularization=[1.0])
     ctx = _ctx(50_000)

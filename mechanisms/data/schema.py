@@ -2,7 +2,7 @@
 
 Everything here is **public**: mechanisms derive sensitivities from the declared bounds and categories and
 never from the data (DESIGN §4, rule 1). The data is clipped to the declared bounds on load
-(``mechanisms.table``), so a bound is a promise the data cannot break.
+(``mechanisms.data.table``), so a bound is a promise the data cannot break.
 
 JSON shape::
 

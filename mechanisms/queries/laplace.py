@@ -1,7 +1,7 @@
 """The Laplace mechanism on a query (count, sum, mean, histogram), released on a public grid.
 
 Construction (docs/mechanisms/laplace.md, docs/privacy.md §10): the answer f(D) is rounded to a public
-grid γ = 2^k (``mechanisms.queries.plan_grid``: γ = 1 and no rounding for integer answers, i.e. counts,
+grid γ = 2^k (``mechanisms.queries.language.plan_grid``: γ = 1 and no rounding for integer answers, i.e. counts,
 histograms and sums over int columns; otherwise the largest 2^k ≤ 2^-10·Δ₁/d), and the release is
 γ·(round(f/γ) + Z) with Z discrete Laplace, P(z) ∝ exp(−|z|/t), drawn exactly from the OS CSPRNG
 (``Noise.discrete_laplace``; Canonne, Kamath, Steinke 2020, Algorithm 2). Every released number is an exact
@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import PublicContext, Release, Table, params_as
 from mechanisms.noise import Noise, float_up
-from mechanisms.queries import (
+from mechanisms.queries.language import (
     AnyQuery,
     GridPlan,
     Query,

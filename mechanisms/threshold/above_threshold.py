@@ -30,7 +30,7 @@ Samplers (docs/privacy.md §10, finite precision): every draw is exact and comes
 CSPRNG). Geom_{e^{−ε}} on {0, 1, …} is folded from one discrete Laplace draw Z of scale t = 1/ε rounded up
 (``dyadic_scale_up``): Z if Z ≥ 0, else −Z − 1 (P ∝ e^{−z/t}(1 + e^{−1/t}), a geometric law). The drop step
 is an exact Bernoulli(exp(−ε̂_i·k)) with ε̂_i the candidate's own rational pure level. Dropping candidates
-are released on their public grid (as ``mechanisms.laplace``); the classic Laplace session compares
+are released on their public grid (as ``mechanisms.queries.laplace``); the classic Laplace session compares
 integers on a grid (round(f/γ) + ν ≥ round(T/γ) + ρ with discrete Laplace ρ, ν). Rounding the scales up
 makes each actual parameter ≤ the charged one, and every theorem's charge is increasing in its parameters,
 so the charges below are unchanged (the derivation is in docs/mechanisms/above_threshold.md §8).
@@ -51,8 +51,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve
 from mechanisms.accounting.curve import _pad_up, sum_up
 from mechanisms.base import ParamsError, PublicContext, Release, StepResult, Table, params_as
+from mechanisms.data.schema import MAX_EXACT_INT, IntColumn
 from mechanisms.noise import Grid, Noise, dyadic_scale_up, laplace_grid
-from mechanisms.queries import (
+from mechanisms.queries.language import (
     RANGE_BITS,
     AnyQuery,
     CountQuery,
@@ -69,8 +70,7 @@ from mechanisms.queries import (
     shifts,
     unit_shift,
 )
-from mechanisms.queries import check_query as check_query_on_schema
-from mechanisms.schema import MAX_EXACT_INT, IntColumn
+from mechanisms.queries.language import check_query as check_query_on_schema
 
 MAX_QUERIES = 10_000
 MIN_EPSILON = 1e-9
@@ -732,7 +732,7 @@ class LaplaceAboveThresholdBatch(BatchAboveThreshold, session=LAPLACE):
 
 
 # ----- Ligett et al.'s InteractiveAboveThreshold (accuracy-first stopping) ---------------------------------
-# API (used by mechanisms.accuracy_first and the accuracy-first ERM learners):
+# API (used by mechanisms.reduction.accuracy_first and the accuracy-first ERM learners):
 #
 #   iat_paper_calibration(query_sensitivity, width, failure, levels, target=0.0) -> IatCalibration
 #   iat_reference_calibration(query_sensitivity, width, failure, levels, target=0.0) -> IatCalibration

@@ -96,7 +96,7 @@ def _check_sensitivity(value: float, what: str) -> float:
 # ----- Laplace noise reduction -----------------------------------------------------------------------------
 def _charged(epsilon: float) -> Fraction:
     """The exact ε a pure charge of ``epsilon`` stands for: the smaller of its binary value and its shortest
-    decimal (which the ledger reads; ``mechanisms.queries.charged_fraction``)."""
+    decimal (which the ledger reads; ``mechanisms.queries.language.charged_fraction``)."""
     return min(Fraction(epsilon), Fraction(repr(float(epsilon))))
 
 

@@ -10,7 +10,7 @@ What is bounded, exactly
 ------------------------
 Cor 2.3.2 (note §1.3) gives the ex-post loss of **exact** ObjPert at its minimizer θ^P:
     ε₁ = | −log(1 ± f''μ(x)) + f'²‖x‖²/(2σ²) ± f'·bᵀx/σ² |,  μ(x) = xᵀH⁻¹x,  H = ∇²J(θ^P; D),
-with f', f'' at (xᵀθ^P; y). The service releases AMP (``mechanisms.objective_perturbation``):
+with f', f'' at (xᵀθ^P; y). The service releases AMP (``mechanisms.learners.objective_perturbation``):
 out = θ̃ + w with ‖θ̃ − θ^P‖ ≤ τ/λ and w ~ N(0, σ_out² I). No ex-post formula exists for the marginal of
 ``out`` (note §1.7 pitfall 4), so the report bounds the ex-post loss of the transcript (θ^P, out[, ĝ, Ĥ]),
 of which the release is a post-processing: ε₁ at θ^P plus the Gaussian output step's ex-post loss
@@ -68,23 +68,26 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from scipy import linalg, special, stats
 
 from mechanisms.accounting import RdpCurve
-from mechanisms.noise import Grid, Noise, grid_l2_sensitivity
-from mechanisms.noise.learners import discrete_gaussian_std
-from mechanisms.objective_perturbation import (
+from mechanisms.learners.objective_perturbation import (
+    OUTPUT_NOISE_FACTOR,
     Neighboring,
+    ObjPertFit,
+    ObjPertLogisticParams,
     amp_grid_rdp,
+    effective_tolerance,
     logistic_d1,
     logistic_d2,
+    output_grid,
+    output_noise_units,
 )
-
-if TYPE_CHECKING:
-    from mechanisms.objective_perturbation import ObjPertFit, ObjPertLogisticParams
+from mechanisms.noise import Grid, Noise, grid_l2_sensitivity
+from mechanisms.noise.learners import discrete_gaussian_std
 
 PUBLIC_EVENTS = 3
 #: ball, b, e along x, GOE norm, w, e along ĝ's shift, GOE along Ĥ's shift
@@ -157,12 +160,6 @@ def report_curve(
 
 def report_metadata(p: ObjPertLogisticParams, d: int) -> dict[str, Any]:
     """The public constants of the reporting function (functions of the parameters only)."""
-    from mechanisms.objective_perturbation import (
-        OUTPUT_NOISE_FACTOR,
-        effective_tolerance,
-        output_grid,
-        output_noise_units,
-    )
 
     events = _events(p.report)
     rho_i = p.report_rho / events

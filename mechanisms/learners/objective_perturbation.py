@@ -2,7 +2,7 @@
 
 Source: Redberg's thesis, read through ``notes/seed_000_redberg_thesis.md`` (cited "note §x"): chapter 4
 (Redberg, Koskela & Wang 2023) for the privacy bounds, chapter 2 for the per-instance reports
-(``mechanisms.per_instance``).
+(``mechanisms.per_instance.reports``).
 
 Mechanism (note §3.2–3.3, Alg 7 with C = L, i.e. approximate minima perturbation without clipping)
 -----------------------------------------------------------------------------------------------------
@@ -11,7 +11,7 @@ Mechanism (note §3.2–3.3, Alg 7 with C = L, i.e. approximate minima perturbat
     out = θ̃ + N(0, σ_out² I_d)
 
 Assumptions, all enforced from public information (note §3.2): GLM loss; rows ‖x_i‖ ≤ R by per-row
-clipping (``mechanisms.learning.design_matrix``, the intercept column included **before** clipping, so
+clipping (``mechanisms.learners.features.design_matrix``, the intercept column included **before** clipping, so
 the bias is inside the radius: the note's "β := sup f''·R², L := sup|f'|·R"); labels ±1; Θ = R^d
 (unconstrained); logistic f is convex, |f'| ≤ 1, 0 ≤ f'' ≤ 1/4, so L = R and β = R²/4; **λ > β** strictly.
 The logistic loss never needs clipping here (|f'|‖x‖ ≤ R = L), so Alg 7's ℓ_C = ℓ.
@@ -65,16 +65,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, ClassVar, Literal
+from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
+from pydantic import ConfigDict, Field, StrictFloat, StrictInt, model_validator
 from scipy import linalg, special, stats
 
 from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve
 from mechanisms.accounting.orders import validate_orders
-from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
-from mechanisms.learning import FeatureSpec, check_features, design_matrix, dimension
+from mechanisms.base import ParamsError, ProgressFn, PublicContext, no_progress
+from mechanisms.learners.features import FeatureSpec
 from mechanisms.noise import Grid, Noise
 from mechanisms.noise.learners import discrete_gaussian_std
 
@@ -558,7 +558,7 @@ def train_objpert_logistic(
 ) -> tuple[np.ndarray, RdpCurve]:
     """A reusable DP base learner (e.g. for tuning): (released θ, its data-independent RDP curve).
 
-    ``x`` rows must already satisfy ‖x_i‖ ≤ config.row_norm (``mechanisms.learning.design_matrix``) and
+    ``x`` rows must already satisfy ‖x_i‖ ≤ config.row_norm (``mechanisms.learners.features.design_matrix``) and
     ``y`` ∈ {±1}. The curve is the worst case (= the realized charge) on ``orders`` (default grid).
     """
     curve = objpert_curve(config, orders if orders is not None else DEFAULT_ORDERS)
@@ -659,7 +659,7 @@ def public_row_bound(p: ObjPertLogisticParams, ctx: PublicContext) -> int:
     return p.max_rows
 
 
-def _round_up(value: float, digits: int = 3) -> float:
+def round_up_shown(value: float, digits: int = 3) -> float:
     """``value`` rounded up to ``digits`` significant digits (a minimum shown in a message is admissible)."""
     if not (math.isfinite(value) and value > 0):
         return value
@@ -668,92 +668,3 @@ def _round_up(value: float, digits: int = 3) -> float:
     return shown if shown >= value else math.nextafter(value, math.inf)
 
 
-class ObjPertLogistic:
-    """Objective perturbation (approximate minimizer + output noise) for logistic regression."""
-
-    name: ClassVar[str] = "objpert.logistic"
-    summary: ClassVar[str] = (
-        "Logistic regression by objective perturbation (Rényi DP, Redberg et al. 2023) with an optional "
-        "per-instance privacy report."
-    )
-    params_model: ClassVar[type[BaseModel]] = ObjPertLogisticParams
-    cost_parameter: ClassVar[str] = "sigma"
-    cost_increases_with_parameter: ClassVar[bool] = False
-    long_running: ClassVar[bool] = True
-    progress_is_public: ClassVar[bool] = False  # the number of solver rounds depends on the data
-
-    def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        p = params_as(params, ObjPertLogisticParams)
-        check_features(p, ctx, "classification")
-        d = dimension(p, ctx)
-        n_bound = public_row_bound(p, ctx)
-        # public: the certified stop must be reachable on every dataset (docs/privacy.md §8.4.2)
-        needed = minimum_tolerance(p.regularization, p.sigma, p.row_norm, d, n_bound)
-        if p.tolerance < needed:
-            raise ParamsError(
-                "tolerance",
-                f"must be ≥ {_round_up(needed)!r} (10× the solver's float64 rounding slack at these public "
-                "bounds); raise tolerance or regularization, or lower max_rows",
-            )
-        if p.report == "data_dependent":
-            from mechanisms.per_instance import data_dependent_requirements
-
-            reason = data_dependent_requirements(p, d)
-            if reason is not None:
-                raise ParamsError("report_hessian_sigma", reason)
-
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        from mechanisms.per_instance import report_curve
-
-        p = params_as(params, ObjPertLogisticParams)
-        config = p.config(ctx.schema.neighboring)
-        curve = objpert_curve(config, ctx.orders)
-        if p.report == "data_dependent":
-            curve = curve + report_curve(p, ctx.schema.neighboring, ctx.orders, dimension(p, ctx))
-        return curve
-
-    def run(
-        self,
-        params: BaseModel,
-        ctx: PublicContext,
-        table: Table,
-        noise: Noise,
-        progress: ProgressFn = no_progress,
-    ) -> Release:
-        from mechanisms.per_instance import data_dependent_statistics, report_metadata
-
-        p = params_as(params, ObjPertLogisticParams)
-        self.check(p, ctx)
-        worst = self.worst_case(p, ctx)
-        progress(0.0)
-        x, y = design_matrix(p, ctx, table, "classification", row_norm=p.row_norm)
-        # n̄ = max(n, public bound) inside: sound even if the data has more rows than declared (then, and only
-        # then, the failure channel depends on n; documented on the mechanism page)
-        config = p.config(ctx.schema.neighboring, public_row_bound(p, ctx))
-        fit = fit_objpert(x, y, config, noise, progress)
-        output: dict[str, Any] = {
-            "theta": [float(v) for v in fit.released],
-            "loss": "logistic",
-            "regularization": p.regularization,
-            "sigma": p.sigma,
-            "tolerance": p.tolerance,
-            "output_sigma": config.output_sigma,
-            "output_grid": {
-                **output_grid(config.tau, config.lam, config.sigma, config.output_sigma).describe(),
-                "noise_std": output_noise_units(config.tau, config.lam, config.sigma, config.output_sigma)
-                * output_grid(config.tau, config.lam, config.sigma, config.output_sigma).granularity,
-                "noise": "discrete Gaussian in grid units; theta is an exact multiple of the granularity",
-            },
-            "effective_tolerance": effective_tolerance(config.tau, config.sigma),
-            "row_norm": p.row_norm,
-            "lipschitz": config.lipschitz,
-            "beta": config.beta,
-        }
-        if p.report != "none":
-            output["report"] = report_metadata(p, fit.released.shape[0])
-        if p.report == "data_dependent":
-            output["report"].update(data_dependent_statistics(p, x, y, fit, noise))
-        progress(1.0)
-        realized = worst
-        assert realized <= worst
-        return Release(output=output, realized=realized)

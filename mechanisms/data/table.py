@@ -27,7 +27,7 @@ from itertools import compress
 
 import numpy as np
 
-from mechanisms.schema import CategoricalColumn, DatasetSchema, FloatColumn, IntColumn
+from mechanisms.data.schema import CategoricalColumn, DatasetSchema, FloatColumn, IntColumn
 
 
 class TableError(ValueError):

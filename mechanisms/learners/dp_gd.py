@@ -1,7 +1,7 @@
 """Clipped Gaussian DP gradient descent (full batch): the standard baseline, pure numerics.
 
 Algorithm (Abadi et al. 2016 with the full batch; Song, Chaudhuri, Sarwate 2013), on a design matrix X
-(rows ‖x_i‖ ≤ 1 by ``mechanisms.learning.design_matrix``; not needed for privacy) and labels y:
+(rows ‖x_i‖ ≤ 1 by ``mechanisms.learners.features.design_matrix``; not needed for privacy) and labels y:
 
     θ₀ = 0;  for t = 0 … T−1:
         g_t = Σ_i clip(∇ℓ_i(θ_t), C) + N(0, (z·Δ)² I_d),   clip(v, C) = v·min(1, C/‖v‖)
@@ -39,7 +39,7 @@ overflowed to ∞ at a huge θ met a clip factor 0 and produced NaN for D and a 
 ``radius`` (the service sets it, ``default_radius`` or the public ``max_norm``) projects the iterates onto
 a public ball — post-processing of the released noisy sum — and ``finiteness_problem`` checks from public
 values that no update can overflow. The float sum of the n terms and the float Gaussian sampler (as in
-``mechanisms.gaussian``) remain the usual floating-point caveats.
+``mechanisms.queries.gaussian``) remain the usual floating-point caveats.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, model
 from mechanisms.accounting.curve import RdpCurve, _pad_up
 from mechanisms.accounting.orders import validate_orders
 from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
-from mechanisms.learning import (
+from mechanisms.learners.features import (
     FeatureSpec,
     check_features,
     column_names,
@@ -64,9 +64,9 @@ from mechanisms.learning import (
     dimension,
     learner_task,
 )
+from mechanisms.learners.relative_gaussian import project_to_ball, ridge_theta_bound
 from mechanisms.noise import Noise
 from mechanisms.noise.learners import MAX_STD, discrete_gaussian_std
-from mechanisms.relative_gaussian import project_to_ball, ridge_theta_bound
 
 Loss = Literal["logistic", "squared"]
 Neighboring = Literal["replace_one", "add_remove"]
@@ -497,7 +497,7 @@ class DpGdParams(FeatureSpec):
     )
     task: Literal["regression", "classification"] | None = Field(
         default=None,
-        description="label handling (mechanisms.learning); default: classification for logistic, "
+        description="label handling (mechanisms.learners.features); default: classification for logistic, "
         "regression for ridge. Logistic needs classification.",
     )
     regularization: StrictFloat = Field(
@@ -669,7 +669,7 @@ class DpGdMechanism:
                 "the iterates are deterministic post-processing of those sums",
             },
             "normaliser": n_norm,
-            "scale": "coefficients are on the design matrix of mechanisms.learning (features divided by "
+            "scale": "coefficients are on the design matrix of mechanisms.learners.features (features divided by "
             "their declared magnitude, rows clipped to row_norm)",
         }
         if p.return_iterates:

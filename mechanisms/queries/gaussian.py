@@ -1,7 +1,7 @@
 """The Gaussian mechanism on a query (count, sum, mean, histogram), released on a public grid.
 
 Construction (docs/mechanisms/gaussian.md, docs/privacy.md §10): the answer f(D) is rounded to a public
-grid γ = 2^k (``mechanisms.queries.plan_grid``: γ = 1 and no rounding for counts, histograms and sums over
+grid γ = 2^k (``mechanisms.queries.language.plan_grid``: γ = 1 and no rounding for counts, histograms and sums over
 int columns; otherwise the largest 2^k ≤ 2^-10·Δ₂/√d) and the release is γ·(round(f/γ) + Z) with Z the
 discrete Gaussian N_Z(0, s²), P(z) ∝ exp(−z²/(2s²)), drawn exactly from the OS CSPRNG
 (``Noise.discrete_gaussian``; Canonne, Kamath, Steinke 2020, Algorithm 3). The scale parameter s² in grid
@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import PublicContext, Release, Table, params_as
 from mechanisms.noise import Noise, dyadic_scale_up
-from mechanisms.queries import (
+from mechanisms.queries.language import (
     MAX_SCALE_BITS,
     GridPlan,
     Query,

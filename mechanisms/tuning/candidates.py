@@ -42,14 +42,14 @@ Pure learners add discrete Laplace noise of scale ≥ sensitivity/ε; RDP learne
 released score (count/m, or −γ·units/m) is a deterministic post-processing of the noisy integer.
 
 ``dp_gd.logistic`` / ``dp_gd.ridge`` (RDP only; refused in pure mode)
-    Clipped full-batch Gaussian gradient descent (``mechanisms.dp_gd``): T steps at noise multiplier z are
+    Clipped full-batch Gaussian gradient descent (``mechanisms.learners.dp_gd``): T steps at noise multiplier z are
     (α, Tα/(2z²))-RDP. The drop parameter c = ε is matched at the **calibration order** α*: z is the
     smallest value with ``dp_gd_curve(...)(α*) ≤ ε``, and the score's discrete Gaussian σ = Δ·√(α*/(2ε))
     (slightly raised). Both curves are linear in α, so the candidate is (α, ≤ ε)-RDP exactly for α ≤ α*;
     at higher orders its RDP exceeds its drop parameter and the tuning charge is +∞ there.
 
 ``objpert.logistic`` (RDP only; refused in pure mode)
-    Objective perturbation with output noise (``mechanisms.objective_perturbation``, its replace-one curve:
+    Objective perturbation with output noise (``mechanisms.learners.objective_perturbation``, its replace-one curve:
     Thm 4.3.2 with L → 2L plus the AMP term), σ chosen by bisection as the smallest value whose curve at α*
     is ≤ ε (refused if −log(1 − β/λ) + AMP alone exceeds ε). ``regularization`` is the sum-scale λ > 1/4.
     Its curve is not linear in α, so validity is checked order by order (``rdp_charges``' mask).
@@ -75,8 +75,14 @@ import numpy as np
 
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import ProgressFn, no_progress
-from mechanisms.dp_gd import DpGdConfig, dp_gd_curve, dp_gd_train
-from mechanisms.learning import Task
+from mechanisms.learners.dp_gd import DpGdConfig, dp_gd_curve, dp_gd_train
+from mechanisms.learners.features import Task
+from mechanisms.learners.objective_perturbation import (
+    ObjPertConfig,
+    fit_objpert,
+    minimum_tolerance,
+    objpert_curve,
+)
 from mechanisms.noise import (
     Grid,
     Noise,
@@ -88,7 +94,6 @@ from mechanisms.noise import (
     laplace_on_grid,
 )
 from mechanisms.noise.tuning import discrete_laplace_rows
-from mechanisms.objective_perturbation import ObjPertConfig, fit_objpert, minimum_tolerance, objpert_curve
 
 LearnerName = Literal[
     "output_perturbation.logistic",
@@ -638,7 +643,7 @@ def objpert_candidate_config(epsilon: float, reg: float, order: float, d: int, n
 
 
 class ObjPert(_GaussianScored):
-    """Objective perturbation (``mechanisms.objective_perturbation``, AMP variant) for logistic regression,
+    """Objective perturbation (``mechanisms.learners.objective_perturbation``, AMP variant) for logistic regression,
     calibrated so its RDP at α* is ≤ ε; discrete-Gaussian held-out score. RDP only.
 
     ``regularization`` is λ of the **sum-scale** objective Σ f + (λ/2)‖θ‖², and must exceed β = 1/4.

@@ -615,7 +615,7 @@ def ridge_gradient_gap_bound(reg: float, feature_bound: float, label_bound: floa
 
     Returns min(2X(XB + Y), max(2XY, grid maximum + L·h)), rounded up. Cached (public inputs only).
     4.389 at λ = 0.03, X = Y = 1 (the triangle inequality gives 7.774, the explicit neighbours of
-    ``mechanisms.rgm_gd.ridge_r_rel_floor`` reach 4.378).
+    ``mechanisms.learners.rgm_gd.ridge_r_rel_floor`` reach 4.378).
     """
     reg = _finite_nonnegative(reg, "reg")
     x_max = _finite_nonnegative(feature_bound, "feature_bound")

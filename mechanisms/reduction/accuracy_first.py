@@ -1,7 +1,7 @@
 """Accuracy-first statistics: noise reduction over a grid, stopped at the first release meeting a target.
 
-Service-facing adapters over ``mechanisms.noise_reduction`` (samplers, charges) and Ligett et al.'s
-InteractiveAboveThreshold (``mechanisms.above_threshold``). Documentation with request examples:
+Service-facing adapters over ``mechanisms.reduction.noise_reduction`` (samplers, charges) and Ligett et al.'s
+InteractiveAboveThreshold (``mechanisms.threshold.above_threshold``). Documentation with request examples:
 docs/mechanisms/noise_reduction.md; proofs: docs/privacy.md §8.1.
 
 One-shot mechanisms (``Mechanism``):
@@ -38,7 +38,7 @@ read.
 ``check = "private"``: the check reads the data, through InteractiveAboveThreshold (Ligett et al. Lemma 2.8)
 on the query f_t(D) = min_j(r·|y_j| − |ŷ_{t,j} − y_j|) (relative; sensitivity (1 + r)·max_j γ·m_j) or
 a − max_j |ŷ_{t,j} − y_j| (absolute; sensitivity max_j γ·m_j), y the grid answer γ·round(v/γ), passing
-when f_t + Lap(4Δ_q/ε_A) ≥ W + Lap(2Δ_q/ε_A) (on the IAT's own grid, ``mechanisms.above_threshold``).
+when f_t + Lap(4Δ_q/ε_A) ≥ W + Lap(2Δ_q/ε_A) (on the IAT's own grid, ``mechanisms.threshold.above_threshold``).
 Charge ε_A + (level charge) at the pass, ε_A + (last level charge) without a pass. ε_A and W are given
 explicitly or by a labelled calibration (paper-theorem or reference-code) with width α and
 failure γ. For the Brownian family the pure ε_A is added to the RDP curve at every order (proof in
@@ -66,29 +66,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from scipy import special
 
-from mechanisms.above_threshold import (
-    IatCalibration,
-    InteractiveAboveThreshold,
-    iat_paper_calibration,
-    iat_reference_calibration,
-)
 from mechanisms.accounting import RdpCurve
 from mechanisms.accounting.curve import _pad_up
 from mechanisms.base import ParamsError, PublicContext, Release, StepResult, Table, params_as
+from mechanisms.data.schema import CategoricalColumn, IntColumn
 from mechanisms.noise import Grid, Noise
-from mechanisms.noise_reduction import (
-    MAX_LEVELS,
-    LazyBrownianNR,
-    LazyLaplaceNR,
-    brownian_grid,
-    brownian_nr_charge,
-    brownian_step,
-    laplace_nr_charge,
-    laplace_nr_path,
-    laplace_nr_scales,
-    units_to_values,
-)
-from mechanisms.queries import (
+from mechanisms.queries.language import (
     MAX_SCALE_BITS,
     AnyQuery,
     GridPlan,
@@ -105,7 +88,24 @@ from mechanisms.queries import (
     shifts,
     unit_shift,
 )
-from mechanisms.schema import CategoricalColumn, IntColumn
+from mechanisms.reduction.noise_reduction import (
+    MAX_LEVELS,
+    LazyBrownianNR,
+    LazyLaplaceNR,
+    brownian_grid,
+    brownian_nr_charge,
+    brownian_step,
+    laplace_nr_charge,
+    laplace_nr_path,
+    laplace_nr_scales,
+    units_to_values,
+)
+from mechanisms.threshold.above_threshold import (
+    IatCalibration,
+    InteractiveAboveThreshold,
+    iat_paper_calibration,
+    iat_reference_calibration,
+)
 
 MAX_PATH_ENTRIES = 4_000_000
 """levels × output coordinates of an eager one-shot walk (memory bound; larger requests use a session)."""

@@ -2,7 +2,7 @@
 
 Source: Ghazi, Kamath, Knop, Kumar, Manurangsi, Zhang, "Private hyperparameter tuning with ex-post
 guarantee", read through ``notes/seed_003_expost_tuning.md`` (cited "note §x"). The service mechanism
-``tuning.select`` built on these functions lives in ``mechanisms.tuning_candidates`` (base learners) and at
+``tuning.select`` built on these functions lives in ``mechanisms.tuning.candidates`` (base learners) and at
 the bottom of this module (``TuningSelect``). Docs: docs/mechanisms/tuning.md, docs/privacy.md §8.5.
 
 Algorithm 3 (best-of with random dropping, note §3.3)
@@ -68,10 +68,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, mode
 
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
-from mechanisms.learning import FeatureSpec, check_features, column_names, design_matrix, dimension
+from mechanisms.learners.features import FeatureSpec, check_features, column_names, design_matrix, dimension
 from mechanisms.noise import Noise
 from mechanisms.noise.tuning import exponential_race, geometric_latent, keep_given_latent
-from mechanisms.tuning_candidates import (
+from mechanisms.tuning.candidates import (
     LEARNERS,
     CandidateConfig,
     LearnerName,

@@ -1,7 +1,7 @@
 """Private full-batch gradient descent with the Relative Gaussian Mechanism on every step (RGM-GD).
 
 Source: Hendrikx, Mangold, Bellet (AISTATS 2024), eq. (7), read through ``seed_004_relative_gaussian.md``
-(cited "note §x"); the RGM and its curves are ``mechanisms.relative_gaussian``. The soundness argument is
+(cited "note §x"); the RGM and its curves are ``mechanisms.learners.relative_gaussian``. The soundness argument is
 written out in docs/privacy.md §8.3.
 
 Algorithm (replace-one neighbours, n public; K = {‖θ‖ ≤ r} a public ball)::
@@ -11,7 +11,7 @@ Algorithm (replace-one neighbours, n public; K = {‖θ‖ ≤ r} a public ball)
         θ_{t+1} = Π_K(θ_t − τ·g̃_t)                               (projection: post-processing of g̃_t)
         stop after step t if the stopping rule, evaluated on the released θ₀ … θ_{t+1} only, says so
 
-f(θ; D) = (1/n)Σ ℓ(x_iᵀθ, y_i) + (λ/2)‖θ‖² on the design matrix of ``mechanisms.learning`` (rows ‖x_i‖ ≤ X,
+f(θ; D) = (1/n)Σ ℓ(x_iᵀθ, y_i) + (λ/2)‖θ‖² on the design matrix of ``mechanisms.learners.features`` (rows ‖x_i‖ ≤ X,
 labels |y_i| ≤ Y = 1), with ℓ the squared loss ½(x_iᵀθ − y_i)² ("ridge") or the logistic loss
 log(1 + e^{−y_i x_iᵀθ}) with y_i = ±1 ("logistic").
 
@@ -61,8 +61,8 @@ from mechanisms.accounting.conversion import epsilon_at_delta
 from mechanisms.accounting.curve import RdpCurve, _pad_up
 from mechanisms.accounting.orders import validate_orders
 from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
-from mechanisms.dp_gd import safe_row_norms
-from mechanisms.learning import (
+from mechanisms.learners.dp_gd import safe_row_norms
+from mechanisms.learners.features import (
     FeatureSpec,
     check_features,
     column_names,
@@ -70,8 +70,7 @@ from mechanisms.learning import (
     dimension,
     learner_task,
 )
-from mechanisms.noise import Noise
-from mechanisms.relative_gaussian import (
+from mechanisms.learners.relative_gaussian import (
     Bound,
     RelativeSensitivity,
     grid_rgm_epsilon,
@@ -82,9 +81,10 @@ from mechanisms.relative_gaussian import (
     ridge_relative_sensitivity_split,
     ridge_theta_bound,
 )
+from mechanisms.noise import Noise
 
 Model = Literal["ridge", "logistic"]
-LABEL_BOUND = 1.0  # Y: the design matrix's labels are scaled to [−1, 1] or mapped to ±1 (mechanisms.learning)
+LABEL_BOUND = 1.0  # Y: the design matrix's labels are scaled to [−1, 1] or mapped to ±1 (mechanisms.learners.features)
 
 _UP = 1.0 + 1e-12
 RIDGE_SPLIT = 3.0  # Young's κ of ``ridge_relative_sensitivity_split``: η = 2X²/(λn), R_rel = (2/√3)·D/n
@@ -544,7 +544,7 @@ class RgmGdParams(FeatureSpec):
     )
     task: Literal["regression", "classification"] | None = Field(
         default=None,
-        description="label handling (mechanisms.learning): labels scaled to [-1, 1] or mapped to ±1; "
+        description="label handling (mechanisms.learners.features): labels scaled to [-1, 1] or mapped to ±1; "
         "default: regression for ridge, classification for logistic (which requires it)",
     )
     regularization: StrictFloat = Field(
@@ -731,7 +731,7 @@ class RgmGdMechanism:
                 "note": "each noisy gradient is a multiple of the granularity; theta and the iterates are "
                 "deterministic post-processing of them (projected steps)",
             },
-            "scale": "coefficients are on the design matrix of mechanisms.learning (features divided by "
+            "scale": "coefficients are on the design matrix of mechanisms.learners.features (features divided by "
             "their declared magnitude, rows clipped to row_norm)",
         }
         if p.return_iterates:

@@ -53,7 +53,7 @@ discrete Laplace noise reduction (``LazyLaplaceNR``, pure Δ_g·x_t ≤ ε_t per
 The models θ^t are post-processing of those grid vectors, and the released coefficients are truncated toward
 zero onto a public model grid (``coefficient_grid``: γ_S for logistic, where θ^t is the noisy statistic
 itself; 2^⌊log2 M⌋−40 for ridge), so every released number is a multiple of the published granularity. The
-test is the grid InteractiveAboveThreshold (``mechanisms.above_threshold``; only the level is released).
+test is the grid InteractiveAboveThreshold (``mechanisms.threshold.above_threshold``; only the level is released).
 Charges are unchanged (pure ε_A + ε_t). Timing is not claimed (rejection samplers run variable time).
 """
 
@@ -70,7 +70,15 @@ import numpy as np
 from pydantic import BaseModel, Field, StrictFloat, StrictInt, model_validator
 from scipy import integrate, optimize
 
-from mechanisms.above_threshold import (
+from mechanisms.accounting import RdpCurve
+from mechanisms.accounting.curve import _pad_up, sum_up
+from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
+from mechanisms.learners.features import FeatureSpec, check_features, design_matrix, dimension
+from mechanisms.learners.features import Task as LearningTask
+from mechanisms.noise import Grid, Noise, dyadic_scale_up, laplace_grid
+from mechanisms.queries.language import charged_fraction, unit_shift
+from mechanisms.reduction.noise_reduction import LazyLaplaceNR, laplace_nr_rates
+from mechanisms.threshold.above_threshold import (
     IatCalibration,
     InteractiveAboveThreshold,
     ThresholdGrid,
@@ -78,14 +86,6 @@ from mechanisms.above_threshold import (
     iat_paper_calibration,
     iat_reference_calibration,
 )
-from mechanisms.accounting import RdpCurve
-from mechanisms.accounting.curve import _pad_up, sum_up
-from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
-from mechanisms.learning import FeatureSpec, check_features, design_matrix, dimension
-from mechanisms.learning import Task as LearningTask
-from mechanisms.noise import Grid, Noise, dyadic_scale_up, laplace_grid
-from mechanisms.noise_reduction import LazyLaplaceNR, laplace_nr_rates
-from mechanisms.queries import charged_fraction, unit_shift
 
 Task = Literal["ridge", "logistic"]
 Calibration = Literal["paper_theorem", "reference_code", "exact_bound"]
@@ -251,7 +251,7 @@ def snap(thetas: np.ndarray, grid: Grid) -> np.ndarray:
     return result
 
 
-# ----- the test: Ligett's InteractiveAboveThreshold (mechanisms.above_threshold; note §2.2, C2/C3, P11) ----
+# ----- the test: Ligett's InteractiveAboveThreshold (mechanisms.threshold.above_threshold; note §2.2, C2/C3, P11) ----
 def iat_calibration(
     calibration: Calibration, delta_q: float, alpha: float, gamma: float, levels: int
 ) -> IatCalibration:
@@ -266,7 +266,7 @@ def iat_calibration(
     return calibrate(delta_q, alpha, gamma, levels, target=-alpha)
 
 
-# The exact-bound calibration (ours; an adapter on top of mechanisms.above_threshold). Theorem A.1 bounds
+# The exact-bound calibration (ours; an adapter on top of mechanisms.threshold.above_threshold). Theorem A.1 bounds
 # the failure by a union bound over the threshold and the T query noises. The exact probability of the
 # event it controls is a one-dimensional integral: if a level with excess > α is accepted at t, then
 # f_t < −α and f_t + ν_t ≥ W + ρ, so ν_t − ρ > W + α =: c. Pre-drawing ν_1..ν_T (same law),

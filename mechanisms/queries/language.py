@@ -23,8 +23,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
 from mechanisms.base import ParamsError, PublicContext
+from mechanisms.data.schema import CategoricalColumn, FloatColumn, IntColumn
 from mechanisms.noise import Grid, dyadic_scale_up, float_up, laplace_grid
-from mechanisms.schema import CategoricalColumn, FloatColumn, IntColumn
 
 MAX_CONDITIONS = 20
 MAX_IN_VALUES = 10_000

@@ -22,7 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from mechanisms.base import ParamsError, PublicContext, Table
-from mechanisms.schema import CategoricalColumn
+from mechanisms.data.schema import CategoricalColumn
 
 Task = Literal["regression", "classification"]
 

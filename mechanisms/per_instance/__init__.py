@@ -1,0 +1,1 @@
+"""per_instance"""
