@@ -18,7 +18,7 @@ COPY pyproject.toml README.md ./
 COPY mechanisms ./mechanisms
 COPY service ./service
 COPY migrations ./migrations
-# service/db/migrate.py finds the Alembic scripts beside the installed packages (site-packages/migrations).
+# service/store/migrate.py finds the Alembic scripts beside the installed packages (site-packages/migrations).
 RUN pip wheel --no-deps --wheel-dir /wheels . \
  && pip install /wheels/*.whl \
  && cp -r migrations "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/migrations" \

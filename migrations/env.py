@@ -1,4 +1,4 @@
-"""Alembic environment: the URL comes from the Config built in service.db.migrate (or EXPOST_DATABASE_URL)."""
+"""Alembic environment: the URL comes from the Config built in service.store.migrate (or EXPOST_DATABASE_URL)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from alembic import context
 from sqlalchemy import create_engine
 
 from service.config import get_settings
-from service.db.models import Base, UTCDateTime
+from service.store.models import Base, UTCDateTime
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or get_settings().database_url

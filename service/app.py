@@ -1,159 +1,118 @@
-"""The FastAPI application factory."""
+"""The composition root: builds the runtime (engine, sessions, executor, writer, reaper) and the FastAPI
+application around it. Nothing imports this module except the entry points (CLI, embedded server, tests);
+everything below receives what it needs as arguments.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from types import FrameType
 from typing import Any
 
 import structlog
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError
-from sqlalchemy.exc import TimeoutError as SqlAlchemyTimeout
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi import FastAPI
 
 from service import metrics
+from service.api.middleware import ObservabilityMiddleware
+from service.api.problems import install_error_handlers, install_openapi
+from service.api.ratelimit import GuardMiddleware
+from service.api.routers import dashboard, datasets, health, keys, limits, mechanisms, requests, sessions
+from service.api.routers.reports import router as reports_router
+from service.api.schemas import ERROR_RESPONSES
+from service.auth import KeyCache
 from service.config import Settings, get_settings
-from service.context import AppContext
-from service.db.migrate import ensure_migrated
-from service.errors import PROBLEM_JSON, ServiceError, ServiceUnavailable
+from service.datasets import TableCache
 from service.logs import configure_logging, failure_fields
-from service.middleware import ObservabilityMiddleware
-from service.ratelimit import GuardMiddleware
-from service.routers import dashboard, datasets, health, keys, limits, mechanisms, requests, sessions
-from service.routers.reports import router as reports_router
-from service.schemas import ERROR_RESPONSES, Problem
+from service.runs.executor import Executor, InProcessExecutor
+from service.runs.queue import QueueExecutor
+from service.runs.runtime import Runtime
+from service.runs.sessions import expire_sessions
+from service.runs.worker import SHUTDOWN_REASON, reap_expired, run_next, stop_runs
+from service.runs.writer import WriteBatcher
+from service.store.engine import make_engine, make_sessionmaker
+from service.store.migrate import ensure_migrated
 
 log = structlog.get_logger("expost")
 
 
-def problem_response(
-    status: int, body: dict[str, Any], headers: dict[str, str] | None = None
-) -> JSONResponse:
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
-
-
-def _field(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc]
-    if parts and parts[0] in ("body", "query", "path", "header"):
-        parts = parts[1:] if parts[0] == "body" else parts
-    return ".".join(parts) or "body"
-
-
-def install_openapi(app: FastAPI) -> None:
-    """The generated document, with the Problem schema that ERROR_RESPONSES refers to."""
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            document = FastAPI.openapi(app)  # generates and caches app.openapi_schema
-            problem = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
-            schemas = document.setdefault("components", {}).setdefault("schemas", {})
-            schemas.update(problem.pop("$defs", {}))
-            schemas["Problem"] = problem
-            app.openapi_schema = document
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ServiceError)
-    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return problem_response(exc.status, exc.problem(request.url.path), headers=exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"field": "body" if e["type"] == "json_invalid" else _field(tuple(e["loc"])), "reason": e["msg"]}
-            for e in exc.errors()
-        ]
-        first = errors[0] if errors else {"field": "body", "reason": "invalid"}
-        return problem_response(
-            422,
-            {
-                "type": "/problems/invalid-input",
-                "title": "Invalid input",
-                "status": 422,
-                "detail": f"{first['field']}: {first['reason']}",
-                "instance": request.url.path,
-                "errors": errors,
-            },
+def build_runtime(settings: Settings) -> Runtime:
+    """Engine, sessions, table cache, the executor of ``settings.executor`` and the group-commit writer."""
+    engine = make_engine(settings.database_url, settings.pool_size)
+    sessions = make_sessionmaker(engine)
+    tables = TableCache(settings.data_dir)
+    executor: Executor
+    if settings.executor == "queue":
+        executor = QueueExecutor(settings)
+    else:
+        executor = InProcessExecutor(
+            lambda on_claim: run_next(
+                sessions, tables, settings.lease_seconds, settings.heartbeat_seconds,
+                on_claim=on_claim, queue=settings.queue_name,
+            ),
+            lambda claimed: stop_runs(sessions, claimed, SHUTDOWN_REASON),
+            settings.worker_threads,
+            settings.poll_seconds,
         )
+    return Runtime(settings, engine, sessions, tables, executor, WriteBatcher(sessions))
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code == 413:  # a chunked body over the limit: the same problem as a declared one
-            return problem_response(
-                413,
-                {
-                    "type": "/problems/payload-too-large",
-                    "title": "Payload too large",
-                    "status": 413,
-                    "detail": str(exc.detail),
-                    "instance": request.url.path,
-                    "errors": [{"field": "body", "reason": str(exc.detail)}],
-                },
-            )
-        return problem_response(
-            exc.status_code,
-            {
-                "type": "about:blank",
-                "title": str(exc.detail),
-                "status": exc.status_code,
-                "detail": str(exc.detail),
-                "instance": request.url.path,
-            },
-            headers=getattr(exc, "headers", None),
-        )
 
-    @app.exception_handler(OperationalError)
-    @app.exception_handler(SqlAlchemyTimeout)
-    async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
-        # The database is unreachable, restarting or overloaded: a transient 503 the client may retry
-        # (POSTs with the same Idempotency-Key); every transaction is atomic, so nothing was half-written.
-        log.warning("database unavailable", path=request.url.path, **failure_fields(exc))
-        detail = "the database is unavailable; retry later (with the same Idempotency-Key)"
-        unavailable = ServiceUnavailable(detail)
-        return problem_response(503, unavailable.problem(request.url.path), headers={"Retry-After": "1"})
+def start_reaper(runtime: Runtime) -> threading.Thread:
+    """Every ``reaper_interval_seconds``: charge runs whose worker was lost, close expired sessions."""
 
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.error("unhandled error", path=request.url.path, **failure_fields(exc))
-        return problem_response(
-            500,
-            {
-                "type": "/problems/internal-error",
-                "title": "Internal error",
-                "status": 500,
-                "detail": "an unexpected error occurred; it was logged",
-                "instance": request.url.path,
-            },
-        )
+    def loop() -> None:
+        while not runtime.stop.is_set():
+            try:
+                reap_expired(runtime.sessions, runtime.settings.max_queue_seconds)
+                expire_sessions(runtime.sessions)
+            except Exception as exc:
+                log.error("reaper pass failed", **failure_fields(exc))
+            runtime.stop.wait(runtime.settings.reaper_interval_seconds)
+
+    thread = threading.Thread(target=loop, name="expost-reaper", daemon=True)
+    thread.start()
+    return thread
+
+
+def install_signal_handlers(runtime: Runtime) -> None:
+    """Chain SIGTERM/SIGINT to :meth:`Runtime.drain` (before uvicorn's own handler stops the server), so
+    the grace period starts at the signal. Only possible in the main thread (``expost serve``)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+
+        def handler(signum: int, frame: FrameType | None, previous: Any = previous) -> None:
+            runtime.drain()
+            if callable(previous):
+                previous(signum, frame)
+
+        signal.signal(sig, handler)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     configure_logging(settings.log_level, settings.log_json)
-    import os
-    import sys
-
     if os.environ.get("EXPOST_SWITCH"):
         sys.setswitchinterval(float(os.environ["EXPOST_SWITCH"]))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ctx = AppContext.build(settings)
-        ensure_migrated(ctx.engine, settings.database_url)
-        app.state.ctx = ctx
-        ctx.start_reaper()
-        ctx.install_signal_handlers()  # SIGTERM: drain at once, then uvicorn stops; close() ends the runs
-        log.info("expost started", database=ctx.engine.url.render_as_string(hide_password=True))
+        runtime = build_runtime(settings)
+        ensure_migrated(runtime.engine, settings.database_url)
+        app.state.runtime = runtime
+        app.state.keys = KeyCache(runtime.sessions, settings.auth_cache_seconds)
+        start_reaper(runtime)
+        install_signal_handlers(runtime)  # SIGTERM: drain at once, then uvicorn stops; close() ends the runs
+        log.info("expost started", database=runtime.engine.url.render_as_string(hide_password=True))
         try:
             yield
         finally:
-            ctx.close()
+            runtime.close()
 
     app = FastAPI(
         title="expost",

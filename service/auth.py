@@ -5,15 +5,16 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
-from service.db.models import DATASET_SCOPE, ApiKey
-from service.db.repositories import KeyRepository
 from service.errors import Conflict, InvalidInput
+from service.store.models import DATASET_SCOPE, ApiKey
+from service.store.repositories import KeyRepository
 
 KEY_PREFIX = "xp_"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}$")
@@ -63,3 +64,24 @@ def create_key(session: Session, name: str, role: Role) -> str:
 def principal_for(session: Session, key: str) -> Principal | None:
     found = KeyRepository(session).by_hash(hash_key(key))
     return None if found is None else Principal(found.name, Role(found.role))
+
+
+class KeyCache:
+    """Authenticates keys by hash, caching each answer for ``ttl`` seconds (0: no cache)."""
+
+    def __init__(self, sessions: sessionmaker[Session], ttl: float) -> None:
+        self.sessions, self.ttl = sessions, ttl
+        self._principals: dict[str, tuple[Principal, float]] = {}
+
+    def authenticate(self, key: str) -> Principal | None:
+        digest, now = hash_key(key), time.monotonic()
+        cached = self._principals.get(digest)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        with self.sessions() as session:
+            principal = principal_for(session, key)
+        if principal is not None and self.ttl > 0:
+            if len(self._principals) > 10_000:
+                self._principals.clear()
+            self._principals[digest] = (principal, now + self.ttl)
+        return principal

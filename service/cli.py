@@ -2,7 +2,7 @@
 
 Local commands (they open the database named by ``EXPOST_DATABASE_URL``): serve, migrate, worker,
 keys create, datasets add, ledger verify, demo. Remote commands (they talk to a server over HTTP with
-:mod:`service.client`, ``--url``/``EXPOST_URL`` and ``--key``/``EXPOST_KEY``): request
+:mod:`expost_client`, ``--url``/``EXPOST_URL`` and ``--key``/``EXPOST_KEY``): request
 submit/get/cancel/estimate, session open/ask/close/get, budget set/show, grant.
 
 Remote commands print rich tables by default and the server's raw JSON with ``--json`` (with ``--json``
@@ -30,7 +30,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from service.client import (
+from expost_client import (
     AnalysisRequest,
     Budget,
     BudgetExhaustedError,
@@ -40,7 +40,7 @@ from service.client import (
     ExpostTimeoutError,
     InvalidInputError,
 )
-from service.client import Session as AnalysisSession
+from expost_client import Session as AnalysisSession
 from service.config import get_settings
 from service.logs import configure_logging
 
@@ -72,8 +72,8 @@ class KeyRole(StrEnum):
 
 
 def _sessions() -> sessionmaker[Session]:
-    from service.db.migrate import NotMigrated, ensure_migrated
-    from service.db.session import make_engine, make_sessionmaker
+    from service.store.engine import make_engine, make_sessionmaker
+    from service.store.migrate import NotMigrated, ensure_migrated
 
     settings = get_settings()
     engine = make_engine(settings.database_url)
@@ -88,7 +88,7 @@ def _sessions() -> sessionmaker[Session]:
 @app.command()
 def migrate() -> None:
     """Upgrade the database schema to the latest revision."""
-    from service.db.migrate import upgrade
+    from service.store.migrate import upgrade
 
     settings = get_settings()
     upgrade(settings.database_url)
@@ -116,7 +116,7 @@ def serve(
         log_level="warning",
         access_log=False,
         # SIGTERM: stop accepting, drain (POSTs waiting for a release answer 202 at once), let runs finish
-        # within the grace period, then stop them (AppContext.close); this only bounds slow connections.
+        # within the grace period, then stop them (Runtime.close); this only bounds slow connections.
         timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_seconds)),
     )
 
@@ -146,8 +146,8 @@ def worker(
     import threading
     import time
 
-    from service.requests import reap_expired
-    from service.sessions import expire_sessions
+    from service.runs.sessions import expire_sessions
+    from service.runs.worker import reap_expired
 
     settings = get_settings()
     configure_logging(settings.log_level, settings.log_json)
@@ -169,7 +169,7 @@ def worker(
         signal.signal(sig, on_signal)
     consumer = None
     if consume:
-        from service.queue import QueueWorker
+        from service.runs.queue import QueueWorker
 
         consumer = QueueWorker(settings, threads)
         consumer.start()
@@ -244,7 +244,7 @@ def datasets_add(
 @ledger_app.command("verify")
 def ledger_verify() -> None:
     """Check every hash chain and rebuild every filter's totals from the ledger; exit 1 on any mismatch."""
-    from service.ledger import verify
+    from service.filter.ledger import verify
 
     with _sessions()() as session:
         report = verify(session)
@@ -307,10 +307,10 @@ def demo(
     ),
 ) -> None:
     """Create two demo datasets with budgets (ε=1, δ=1e-6) and admin/analyst/viewer keys (idempotent)."""
-    from service import budget
     from service.auth import Role, create_key
     from service.datasets import create_dataset, grant
-    from service.db.models import DATASET_SCOPE
+    from service.filter import budget
+    from service.store.models import DATASET_SCOPE
 
     sessions = _sessions()
     if keys_file.exists():
@@ -377,7 +377,7 @@ Try (in another terminal):
 """)
 
 
-# ----- remote commands: talk to a server over HTTP with service.client ------------------------------------
+# ----- remote commands: talk to a server over HTTP with expost_client -------------------------------------
 
 request_app = typer.Typer(help="Analysis requests on a server (analyst)", no_args_is_help=True)
 session_app = typer.Typer(help="Interactive sessions on a server (analyst)", no_args_is_help=True)

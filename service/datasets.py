@@ -18,11 +18,12 @@ from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.base import PublicContext
 from mechanisms.data.schema import DatasetSchema
 from mechanisms.data.table import TableError, content_hash, load_csv
-from service import budget, ledger
 from service.auth import Principal, Role, validate_name
-from service.db.models import DATASET_SCOPE, Dataset, Grant
-from service.db.repositories import DatasetRepository, FilterRepository, KeyRepository
 from service.errors import InvalidInput, NotFound
+from service.filter import budget, ledger
+from service.filter.ledger import LedgerEvent
+from service.store.models import DATASET_SCOPE, Dataset, Grant
+from service.store.repositories import DatasetRepository, FilterRepository, KeyRepository
 
 
 def parse_schema(raw: Any) -> DatasetSchema:
@@ -68,7 +69,7 @@ def create_dataset(
     ledger.append(
         session,
         head,
-        "dataset",
+        LedgerEvent.DATASET,
         actor,
         # Only public facts: the ledger (and its hashes) is readable by viewers, so it must carry no
         # function of the data such as the file's hash or, under add_remove, the row count.
@@ -148,7 +149,7 @@ def grant(session: Session, dataset: Dataset, analyst: str, actor: str) -> bool:
         return False
     datasets.add_grant(Grant(dataset_id=dataset.id, analyst=analyst, created_at=datetime.now(UTC)))
     filters.add(budget.new_filter(dataset.id, analyst, len(dataset.orders) + 1))
-    ledger.append(session, head, "grant", actor, {"analyst": analyst})
+    ledger.append(session, head, LedgerEvent.GRANT, actor, {"analyst": analyst})
     return True
 
 

@@ -3,7 +3,7 @@
 ``EXPOST_LOG_JSON=true`` renders every line as one JSON object (production); otherwise a console format
 (development). structlog events and standard-library records (uvicorn, SQLAlchemy, Alembic) share the
 same handler and renderer, and both carry the context bound with ``structlog.contextvars``: for each HTTP
-request the middleware (service/middleware.py) binds ``http_request_id`` (the ``X-Request-ID``) and
+request the middleware (service/api/middleware.py) binds ``http_request_id`` (the ``X-Request-ID``) and
 ``method``, and every line written while the request is handled gets its ``route`` template.
 (``request_id`` is the id of an analysis request, ``rq_…``, where a line is about one.)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import structlog
@@ -32,13 +32,11 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from sqlalchemy import event, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import UnitsVector, units_to_epsilon
 from service.errors import BudgetExhausted, NoBudget
-
-if TYPE_CHECKING:
-    from service.context import AppContext
+from service.store.models import AnalysisRequest, RequestState
 
 log = structlog.get_logger("expost.metrics")
 
@@ -181,24 +179,22 @@ class DatabaseGauges:
     """Reservations held (running requests and open sessions) per dataset, and open sessions per
     mechanism, from the ``requests`` table. ``refresh`` runs in a worker thread before each scrape."""
 
-    def __init__(self, context: Callable[[], AppContext | None]) -> None:
-        self._context = context
+    def __init__(self, sessions: Callable[[], sessionmaker[Session] | None]) -> None:
+        self._sessions = sessions
         self._lock = threading.Lock()
         self._rows: list[tuple[str, str, str, int]] | None = None
 
     def refresh(self) -> None:
-        from service.db.models import AnalysisRequest
-
-        ctx = self._context()
-        if ctx is None:
+        sessions = self._sessions()
+        if sessions is None:
             return
         query = (
             select(AnalysisRequest.dataset_id, AnalysisRequest.kind, AnalysisRequest.mechanism, func.count())
-            .where(AnalysisRequest.state == "running")
+            .where(AnalysisRequest.state == RequestState.RUNNING)
             .group_by(AnalysisRequest.dataset_id, AnalysisRequest.kind, AnalysisRequest.mechanism)
         )
         try:
-            with ctx.sessions() as session:
+            with sessions() as session:
                 rows = [(str(d), str(k), str(m), int(n)) for d, k, m, n in session.execute(query)]
         except Exception:
             log.warning("metrics: could not read reservations from the database", exc_info=True)
@@ -257,14 +253,14 @@ def process_exited() -> None:
 
 def asgi_app(app: Any) -> ASGIApp:
     """The ``/metrics`` endpoint of ``app``: the process registry (or, with PROMETHEUS_MULTIPROC_DIR,
-    every process's files) plus the database gauges of ``app.state.ctx``."""
+    every process's files) plus the database gauges read through ``app.state.runtime``'s sessions."""
     registry = CollectorRegistry()
     path = multiprocess_dir()
     if path is not None:
         MultiProcessCollector(registry, path)  # type: ignore[no-untyped-call]
     else:
         registry.register(_Forward())
-    database = DatabaseGauges(lambda: getattr(app.state, "ctx", None))
+    database = DatabaseGauges(lambda: getattr(getattr(app.state, "runtime", None), "sessions", None))
     registry.register(database)
     exposition: ASGIApp = make_asgi_app(registry)
 

@@ -23,9 +23,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.auth import Role, create_key
 from service.config import Settings
-from service.db.migrate import upgrade
-from service.db.session import make_engine, make_sessionmaker
 from service.embedded import serve_in_thread
+from service.store.engine import make_engine, make_sessionmaker
+from service.store.migrate import upgrade
 
 POSTGRES_URL = os.environ.get("EXPOST_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() == "true"

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from service import requests as lifecycle
 from service.auth import Principal, Role
 from service.errors import BudgetExhausted
-from service.refusals import record_refusal, refusal_row
+from service.filter.refusals import record_refusal, refusal_row
+from service.runs import admission, settlement
 from tests.conftest import LiveServer
 from tests.integration.helpers import World, assert_problem, db_session, get_budget, make_world
 
@@ -57,16 +57,16 @@ def reserved_request(server: LiveServer, world: World, epsilon: float) -> Iterat
     analyst = Principal(world.analyst_name, Role.analyst)
     params = {"query": {"kind": "count"}, "epsilon": epsilon}
     with db_session(server.settings.database_url) as session:
-        validated = lifecycle.validate(session, analyst, world.dataset_id, "laplace", params)
+        validated = admission.validate(session, analyst, world.dataset_id, "laplace", params)
     with db_session(server.settings.database_url) as session:
-        request, created = lifecycle.admit(session, analyst, validated, None, lease=3600)
+        request, created = admission.admit(session, analyst, validated, None, lease=3600)
         assert created
-        ref = lifecycle.RequestRef.of(request)
+        ref = settlement.RequestRef.of(request)
     try:
         yield ref.id
     finally:
         with db_session(server.settings.database_url) as session:
-            assert lifecycle.abort(session, ref, "test over: the data was never read")
+            assert settlement.abort(session, ref, "test over: the data was never read")
 
 
 class TestActivity:
@@ -204,7 +204,7 @@ class TestRefusals:
         problem = BudgetExhausted("refused", filter="dataset", binding_alpha="pure", requested={"pure": 1.0})
         analyst = Principal("a", Role.analyst)
         for params in ({}, {"x": float("nan")}):
-            record_refusal(Broken(), analyst, "ds_x", "request", "laplace", params, problem)  # type: ignore[arg-type]
+            record_refusal(Broken().sessions, analyst, "ds_x", "request", "laplace", params, problem)  # type: ignore[arg-type]
         # Params that are not plain JSON are not stored (the row still is).
         row = refusal_row(analyst, "ds_x", "request", "laplace", {"x": float("nan")}, problem)
         assert row.params is None

@@ -17,9 +17,9 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from service.auth import Role
-from service.db.migrate import upgrade
-from service.db.models import AnalysisRequest, AnalysisSession
-from service.db.session import is_sqlite, make_engine, make_sessionmaker
+from service.store.engine import is_sqlite, make_engine, make_sessionmaker
+from service.store.migrate import upgrade
+from service.store.models import AnalysisRequest, AnalysisSession
 from tests.conftest import LiveServer, fresh_postgres_database
 
 CSV = b"age,income,region\n" + b"".join(

@@ -219,7 +219,7 @@ class Cluster:
             "dramatiq_restart_delay": "500",
             **{f"EXPOST_{k.upper()}": v for k, v in settings.items()},
         }
-        from service.db.migrate import upgrade
+        from service.store.migrate import upgrade
 
         upgrade(database_url)  # in this process: a CLI start costs seconds on a loaded 2-core machine
         return cls(workdir, database_url, env)
@@ -288,7 +288,7 @@ class Cluster:
 
     def setup_world(self, base: str, epsilon: float = 1000.0, datasets: int = 1) -> World:
         from service.auth import Role, create_key
-        from service.db.session import make_engine, make_sessionmaker
+        from service.store.engine import make_engine, make_sessionmaker
 
         engine = make_engine(self.database_url)
         try:
@@ -364,8 +364,8 @@ def cluster(workdir: Path, database_url: str, **settings: str) -> Iterator[Clust
 
 
 def wait_until_settled(database_url: str, dataset_ids: list[str], timeout: float) -> None:
-    from service.db.models import AnalysisRequest
-    from service.db.session import make_engine, make_sessionmaker
+    from service.store.engine import make_engine, make_sessionmaker
+    from service.store.models import AnalysisRequest
 
     engine = make_engine(database_url)
     try:
@@ -387,11 +387,11 @@ def wait_until_settled(database_url: str, dataset_ids: list[str], timeout: float
 
 def assert_books_balance(cluster: Cluster, dataset_ids: list[str], cli: bool = True) -> Counter[str]:
     """The checks of the module docstring; returns the count of requests per final state. ``cli=False``
-    runs the verification of ``expost ledger verify`` (``service.ledger.verify``) in this process instead
+    runs the verification of ``expost ledger verify`` (``service.filter.ledger.verify``) in this process instead
     of starting the CLI (which takes seconds on a loaded machine)."""
-    from service.db.models import AnalysisRequest, LedgerEntry, PrivacyFilter
-    from service.db.session import make_engine, make_sessionmaker
-    from service.ledger import verify
+    from service.filter.ledger import verify
+    from service.store.engine import make_engine, make_sessionmaker
+    from service.store.models import AnalysisRequest, LedgerEntry, PrivacyFilter
 
     if cli:
         verified = cluster.cli("ledger", "verify")

@@ -47,7 +47,8 @@ from schemathesis.specs.openapi.checks import (
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from service.db.models import (
+from service.store.engine import make_engine
+from service.store.models import (
     AnalysisRequest,
     AnalysisSession,
     ApiKey,
@@ -57,7 +58,6 @@ from service.db.models import (
     PrivacyFilter,
     SecretState,
 )
-from service.db.session import make_engine
 from tests.conftest import LiveServer
 from tests.integration.helpers import SCHEMA, World, assert_problem, make_world
 

@@ -13,8 +13,8 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from service.auth import Role
-from service.db.models import AnalysisRequest, ApiKey, Dataset, Grant, LedgerEntry, PrivacyFilter
-from service.db.session import make_engine
+from service.store.engine import make_engine
+from service.store.models import AnalysisRequest, ApiKey, Dataset, Grant, LedgerEntry, PrivacyFilter
 from tests.conftest import LiveServer, running_server
 from tests.integration.helpers import (
     CSV,

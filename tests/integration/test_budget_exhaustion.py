@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from mechanisms.accounting import UNITS_PER_EPSILON
-from service.db.models import DATASET_SCOPE
-from service.db.repositories import FilterRepository
-from service.db.session import make_engine, make_sessionmaker
+from service.store.engine import make_engine, make_sessionmaker
+from service.store.models import DATASET_SCOPE
+from service.store.repositories import FilterRepository
 from tests.conftest import LiveServer
 from tests.integration.helpers import make_world
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import threading
 
-from service import requests
 from service.auth import Principal, Role
-from service.db.session import make_engine, make_sessionmaker
+from service.runs import admission, settlement, worker
+from service.store.engine import make_engine, make_sessionmaker
 from tests.conftest import LiveServer
 from tests.integration.helpers import make_world
 
@@ -24,27 +24,27 @@ def test_a_claim_waits_for_an_abort_that_has_checked_the_lease(live_server: Live
     try:
         analyst = Principal(world.analyst_name, Role.analyst)
         with sessions() as session:
-            validated = requests.validate(
+            validated = admission.validate(
                 session, analyst, world.dataset_id, "laplace", {"query": {"kind": "count"}, "epsilon": 0.1}
             )
         with sessions() as session:
-            request, _ = requests.admit(session, analyst, validated, None, 60)
-        ref = requests.RequestRef.of(request)
+            request, _ = admission.admit(session, analyst, validated, None, 60)
+        ref = settlement.RequestRef.of(request)
         claimed: list[bool] = []
         with sessions() as session, session.begin():
-            locked = requests._lock_running(session, ref)  # the abort's check, holding its locks
+            locked = settlement.lock_running(session, ref)  # the abort's check, holding its locks
             assert locked is not None
             assert locked[1].lease_owner is None
             claimer = threading.Thread(
                 target=lambda: claimed.append(
-                    requests.claim(sessions, request.id, "racing-worker", 60)
+                    worker.claim(sessions, request.id, "racing-worker", 60)
                 )
             )
             claimer.start()
             claimer.join(1.0)
             assert claimer.is_alive(), "the claim did not wait for the abort's transaction"
             filters, row = locked
-            requests._end_reservation(session, filters, row, None, "abort", {"reason": "test"})
+            settlement.end_reservation(session, filters, row, None, {"reason": "test"})
             row.state, row.error = "aborted", "test"
         claimer.join(30)
         assert claimed == [False], "a claim after the abort must fail: the request never runs"

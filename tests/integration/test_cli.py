@@ -22,13 +22,13 @@ import pytest
 from pydantic import BaseModel
 from typer.testing import CliRunner, Result
 
+from expost_client import ExpostClient
 from mechanisms.base import PublicContext, Release, Table
 from mechanisms.catalog import MECHANISMS
 from mechanisms.noise import Noise
 from mechanisms.queries.laplace import Laplace
 from service.auth import Role
 from service.cli import app
-from service.client import ExpostClient
 from service.embedded import free_port
 from tests.conftest import LiveServer, running_server, server_settings
 from tests.integration.helpers import CSV, SCHEMA

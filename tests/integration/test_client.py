@@ -1,4 +1,4 @@
-"""service.client (sync and async) against a real server on SQLite and PostgreSQL.
+"""expost_client (clients/python; sync and async) against a real server on SQLite and PostgreSQL.
 
 Every client method runs at least once against the live server; the retry tests lose a response after the
 server has answered it, so the retry must replay the same request (same Idempotency-Key) and the budget
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -24,13 +26,7 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from mechanisms.accounting import RdpCurve
-from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, StepResult, Table, no_progress
-from mechanisms.catalog import INTERACTIVE, MECHANISMS
-from mechanisms.noise import Noise
-from mechanisms.queries.laplace import Laplace
-from service.auth import Role
-from service.client import (
+from expost_client import (
     AnalysisRequest,
     AsyncExpostClient,
     AuthError,
@@ -47,6 +43,12 @@ from service.client import (
     RetryPolicy,
     ServerError,
 )
+from mechanisms.accounting import RdpCurve
+from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, StepResult, Table, no_progress
+from mechanisms.catalog import INTERACTIVE, MECHANISMS
+from mechanisms.noise import Noise
+from mechanisms.queries.laplace import Laplace
+from service.auth import Role
 from tests.conftest import LiveServer, running_server, server_settings
 from tests.integration.helpers import CSV, SCHEMA
 
@@ -118,13 +120,125 @@ def ledger_events(world: ClientWorld, request_id: str) -> list[str]:
 # ----- the import contract ----------------------------------------------------------------------------------
 
 
-def test_the_client_imports_neither_fastapi_nor_sqlalchemy() -> None:
+ROOT = Path(__file__).resolve().parents[2]
+CLIENT_DIST = ROOT / "clients" / "python"
+# Top-level modules of the server and its dependencies: importing the client must load none of them. (Not
+# rich: httpx itself imports it for its command line when it happens to be installed.)
+SERVER_MODULES = (
+    "service", "mechanisms", "fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg",
+    "dramatiq", "redis", "limits", "typer", "structlog", "prometheus_client", "numpy", "scipy",
+)
+
+
+def test_importing_the_client_loads_no_server_module() -> None:
     code = (
-        "import sys, service.client; "
-        "heavy = [m for m in sys.modules if m.split('.')[0] in ('fastapi', 'sqlalchemy', 'starlette')]; "
+        "import sys, expost_client; "
+        f"heavy = sorted(m for m in sys.modules if m.split('.')[0] in {SERVER_MODULES!r}); "
         "print(heavy); sys.exit(1 if heavy else 0)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def client_only_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The interpreter of a plain virtualenv (no system site-packages) where only ``pip install
+    clients/python`` ran: the analysts' setup, without any of the server's dependencies."""
+    where = tmp_path_factory.mktemp("client-only")
+    source = where / "src"  # a copy: pip builds in the source tree, which must stay clean
+    shutil.copytree(CLIENT_DIST, source, ignore=shutil.ignore_patterns("*.egg-info", "build", "__pycache__"))
+    venv = where / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    done = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", str(source)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return python
+
+
+CLIENT_ONLY_SCRIPT = """
+import asyncio, importlib.metadata, importlib.util, json, sys
+from expost_client import AsyncExpostClient, BudgetExhaustedError, ExpostClient
+
+url, key, dataset_id, server_modules = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+with ExpostClient(url, key) as client:
+    committed = client.submit(dataset_id, "laplace", {"query": {"kind": "count"}, "epsilon": 0.1})
+    try:
+        client.submit(dataset_id, "laplace", {"query": {"kind": "count"}, "epsilon": 5.0})
+        refusal = None
+    except BudgetExhaustedError as refused:
+        refusal = refused.summary()
+
+
+async def fetch():
+    async with AsyncExpostClient(url, key) as client:
+        return (await client.get_request(committed.id)).state
+
+
+print(json.dumps({
+    "state": committed.state,
+    "polled": asyncio.run(fetch()),
+    "refusal": refusal,
+    "requires": importlib.metadata.requires("expost-client"),
+    "installed": sorted(
+        d.metadata["Name"].lower().replace("_", "-") for d in importlib.metadata.distributions()
+    ),
+    "importable": [m for m in server_modules if importlib.util.find_spec(m) is not None],
+    "loaded": sorted({m.split(".")[0] for m in sys.modules} & set(server_modules)),
+    "typed": importlib.util.find_spec("expost_client").submodule_search_locations[0],
+}))
+"""
+
+
+@pytest.mark.slow
+def test_the_client_installs_alone_and_works_without_the_server_packages(
+    client_only_python: Path, world: ClientWorld
+) -> None:
+    """``pip install ./clients/python`` into a plain virtualenv brings httpx and pydantic (and their own
+    dependencies) only; there the client submits, is refused, and polls against the live server."""
+    done = subprocess.run(
+        [str(client_only_python), "-c", CLIENT_ONLY_SCRIPT, world.server.base_url, world.analyst_key,
+         world.dataset_id, json.dumps(SERVER_MODULES)],
+        capture_output=True, text=True, timeout=120, cwd=client_only_python.parent,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = json.loads(done.stdout)
+    assert sorted(seen["requires"]) == ["httpx<1,>=0.27", "pydantic<3,>=2.7"]
+    assert seen["importable"] == []  # not even installed
+    assert seen["loaded"] == []
+    httpx_and_pydantic_closure = {
+        "expost-client", "httpx", "httpcore", "h11", "anyio", "sniffio", "idna", "certifi", "pydantic",
+        "pydantic-core", "annotated-types", "typing-extensions", "typing-inspection", "pip", "setuptools",
+    }
+    assert set(seen["installed"]) <= httpx_and_pydantic_closure, seen["installed"]
+    assert (Path(seen["typed"]) / "py.typed").is_file()  # PEP 561: type checkers use its annotations
+    assert seen["state"] == "committed"
+    assert seen["polled"] == "committed"
+    assert seen["refusal"] is not None
+    assert "binding order" in seen["refusal"]
+    assert pure_spent(world) == pytest.approx(0.1)  # charged once, from the client-only process
+
+
+def test_type_checkers_see_the_installed_clients_types(tmp_path: Path) -> None:
+    """py.typed: mypy --strict on analyst code reads the real return types from the installed package."""
+    user_code = tmp_path / "analysis.py"
+    user_code.write_text(
+        "from collections.abc import AsyncIterator, Iterator\n"
+        "from typing import Any, assert_type\n\n"
+        "from expost_client import AnalysisRequest, AsyncExpostClient, Budget, ExpostClient\n\n\n"
+        "async def check(sync: ExpostClient, asynchronous: AsyncExpostClient) -> None:\n"
+        "    assert_type(sync.submit('d', 'laplace', {}), AnalysisRequest)\n"
+        "    assert_type(sync.get_budget('d'), Budget | None)\n"
+        "    assert_type(sync.ledger('d'), Iterator[dict[str, Any]])\n"
+        "    assert_type(await asynchronous.submit('d', 'laplace', {}), AnalysisRequest)\n"
+        "    assert_type(asynchronous.ledger('d'), AsyncIterator[dict[str, Any]])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(user_code)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -27,8 +27,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 
-from service.db.models import AnalysisRequest
-from service.db.session import make_engine, make_sessionmaker
+from service.store.engine import make_engine, make_sessionmaker
+from service.store.models import AnalysisRequest
 from tests.conftest import fresh_postgres_database
 from tests.integration.scale_out_support import (
     COUNT,
@@ -87,7 +87,7 @@ def wait_for_queue_drained(c: Cluster, timeout: float = 15) -> None:
 
 def send_duplicates(c: Cluster, request_ids: list[str], times: int) -> None:
     """Deliver each request id ``times`` more times, as a broker redelivery or a retry would."""
-    from service.queue import declare_actor, make_broker
+    from service.runs.queue import declare_actor, make_broker
 
     broker = make_broker(c.env["EXPOST_BROKER_URL"])
     actor = declare_actor(broker, c.env["EXPOST_QUEUE_NAME"], lambda rid: None)

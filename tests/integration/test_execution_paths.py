@@ -12,8 +12,8 @@ from mechanisms.base import PublicContext, Release, Table
 from mechanisms.catalog import MECHANISMS
 from mechanisms.noise import Noise
 from mechanisms.queries.laplace import Laplace
-from service.db.session import make_engine, make_sessionmaker
-from service.ledger import verify
+from service.filter.ledger import verify
+from service.store.engine import make_engine, make_sessionmaker
 from tests.conftest import LiveServer, running_server, server_settings
 from tests.integration.helpers import make_world
 

@@ -1,6 +1,6 @@
 """Fair, cancellable execution, in one process, on SQLite and PostgreSQL (issue: fair execution).
 
-* The claim order is per-analyst round-robin, decided in the database (``requests.claim_next``).
+* The claim order is per-analyst round-robin, decided in the database (``worker.claim_next``).
 * ``POST /v1/requests/{id}/cancel``: a queued request (no worker claimed it, so no data was read) is
   aborted and charged nothing; a running one is charged its worst case at once and its run stops at its
   next heartbeat; cancelling again returns the same request; a finished one is a 409.
@@ -28,12 +28,13 @@ from mechanisms.base import ProgressFn, PublicContext, Release, Table, no_progre
 from mechanisms.catalog import MECHANISMS
 from mechanisms.noise import Noise
 from mechanisms.queries.laplace import Laplace
-from service import budget, requests
 from service.auth import Principal, Role, create_key
 from service.datasets import create_dataset, grant
-from service.db.models import DATASET_SCOPE, AnalysisRequest, LedgerEntry
-from service.db.repositories import FilterRepository, RequestRepository
-from service.ledger import verify
+from service.filter import budget
+from service.filter.ledger import verify
+from service.runs import admission, worker
+from service.store.models import DATASET_SCOPE, AnalysisRequest, LedgerEntry
+from service.store.repositories import FilterRepository, RequestRepository
 from tests.conftest import running_server, server_settings
 from tests.integration.helpers import CSV, SCHEMA, assert_problem, db_session, get_budget, make_world
 
@@ -93,9 +94,9 @@ def test_the_claim_order_is_round_robin_across_analysts(
 
     def admit(who: Principal) -> str:
         with sessions() as session:
-            validated = requests.validate(session, who, dataset.id, "laplace", COUNT)
+            validated = admission.validate(session, who, dataset.id, "laplace", COUNT)
         with sessions() as session:
-            request, created = requests.admit(session, who, validated, None, 30.0)
+            request, created = admission.admit(session, who, validated, None, 30.0)
         assert created
         return request.id
 
@@ -107,9 +108,9 @@ def test_the_claim_order_is_round_robin_across_analysts(
         rows = [RequestRepository(session).get(rid) for rid in queued]
     assert all(r is not None and r.queued and r.lease_expires_at is None for r in rows)
     # a deployment's workers claim only their own queue's requests (these were admitted without one)
-    assert requests.claim_next(sessions, "other-deployment", 30.0, ["laplace"], queue="other") is None
+    assert worker.claim_next(sessions, "other-deployment", 30.0, ["laplace"], queue="other") is None
     order = []
-    while (claimed := requests.claim_next(sessions, f"w{len(order)}", 30.0, ["laplace"])) is not None:
+    while (claimed := worker.claim_next(sessions, f"w{len(order)}", 30.0, ["laplace"])) is not None:
         order.append(queued[claimed])  # claimed, never settled: each stays running on "its worker"
     # fewest running first, ties to the analyst served least recently: A's burst delays B and C by one
     assert order == ["a", "b", "c", "a", "b", "a", "a", "a"], order
@@ -323,8 +324,8 @@ def test_the_client_and_the_cli_cancel(database_url: str, tmp_path: Path, gated:
 
     from typer.testing import CliRunner
 
+    from expost_client import ConflictError, ExpostClient, LimitExceededError
     from service.cli import app
-    from service.client import ConflictError, ExpostClient, LimitExceededError
 
     settings = server_settings(database_url, tmp_path, worker_threads=1, inline_mechanisms={"laplace"})
     with running_server(settings) as server:  # wait window 20 s: only Prefer: respond-async answers at once

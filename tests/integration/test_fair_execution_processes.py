@@ -32,8 +32,8 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from service.db.models import AnalysisRequest
-from service.db.session import make_engine, make_sessionmaker
+from service.store.engine import make_engine, make_sessionmaker
+from service.store.models import AnalysisRequest
 from tests.conftest import fresh_postgres_database
 from tests.integration.scale_out_support import (
     Cluster,

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import budget, requests
 from service.auth import Principal, Role, create_key
 from service.datasets import create_dataset, grant
-from service.db.models import DATASET_SCOPE
-from service.db.repositories import FilterRepository, RequestRepository
-from service.ledger import verify
+from service.filter import budget
+from service.filter.ledger import verify
+from service.runs import admission, settlement, worker
+from service.store.models import DATASET_SCOPE
+from service.store.repositories import FilterRepository, RequestRepository
 from tests.integration.helpers import CSV, SCHEMA
 
 
@@ -34,15 +35,15 @@ def reserved_pure(sessions: sessionmaker[Session], dataset_id: str) -> tuple[int
         return flt.reserved["finite"][-1], flt.spent["finite"][-1]
 
 
-def admitted(sessions: sessionmaker[Session], setup: tuple[str, Principal]) -> requests.RequestRef:
+def admitted(sessions: sessionmaker[Session], setup: tuple[str, Principal]) -> settlement.RequestRef:
     dataset_id, principal = setup
     with sessions() as session:
-        validated = requests.validate(session, principal, dataset_id, "laplace",
+        validated = admission.validate(session, principal, dataset_id, "laplace",
                                       {"query": {"kind": "count"}, "epsilon": 0.3})
     with sessions() as session:
-        request, created = requests.admit(session, principal, validated, None, 300.0)
+        request, created = admission.admit(session, principal, validated, None, 300.0)
     assert created
-    return requests.RequestRef.of(request)
+    return settlement.RequestRef.of(request)
 
 
 def verified(sessions: sessionmaker[Session]) -> list[str]:
@@ -57,10 +58,10 @@ class TestTransitions:
         ref = admitted(sessions, setup)
         assert reserved_pure(sessions, setup[0]) == (300_000_000_000, 0)
         with sessions() as session:
-            assert requests.abort(session, ref, "never started")
+            assert settlement.abort(session, ref, "never started")
         assert reserved_pure(sessions, setup[0]) == (0, 0)
         with sessions() as session:
-            assert not requests.abort(session, ref, "twice")  # only once
+            assert not settlement.abort(session, ref, "twice")  # only once
             request = RequestRepository(session).get(ref.id)
             assert request is not None
             assert request.state == "aborted"
@@ -75,11 +76,11 @@ class TestTransitions:
             assert request is not None
             request.lease_owner = "lost-worker"  # claimed (the data may have been read), then silent
             request.lease_expires_at = datetime.now(UTC) - timedelta(seconds=1)
-        assert requests.reap_expired(sessions) >= 1
+        assert worker.reap_expired(sessions) >= 1
         assert reserved_pure(sessions, setup[0]) == (0, 300_000_000_000)
         with sessions() as session:
             # a late worker finishing now must not charge again
-            assert requests.settle(session, ref, None, {"value": 1.0}, None) is None
+            assert settlement.settle(session, ref, None, {"value": 1.0}, None) is None
             request = RequestRepository(session).get(ref.id)
             assert request is not None
             assert (request.state, request.release) == ("failed_charged", None)

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from sqlalchemy import func, select
 
 from service.auth import Role
-from service.db.models import AnalysisRequest
+from service.store.models import AnalysisRequest
 from tests.conftest import LiveServer
 from tests.integration.helpers import (
     assert_problem,

@@ -29,9 +29,9 @@ from mechanisms.noise import Noise
 from mechanisms.queries.laplace import Laplace
 from service.auth import Role
 from service.config import Settings
-from service.db.models import AnalysisRequest, LedgerEntry, PrivacyFilter
 from service.embedded import free_port
-from service.ledger import canonical_json, chain_hash, verify
+from service.filter.ledger import canonical_json, chain_hash, verify
+from service.store.models import AnalysisRequest, LedgerEntry, PrivacyFilter
 from tests.conftest import LiveServer, running_server
 from tests.integration.helpers import (
     World,

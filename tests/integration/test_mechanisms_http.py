@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from service.ledger import GENESIS, canonical_json, chain_hash
+from service.filter.ledger import GENESIS, canonical_json, chain_hash
 from tests.conftest import LiveServer
 from tests.integration.helpers import assert_problem, get_budget, ledger_items, make_world
 

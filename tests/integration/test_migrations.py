@@ -5,9 +5,9 @@ from __future__ import annotations
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from service.db.migrate import alembic_config, current_revision, head_revision, upgrade
-from service.db.models import Base
-from service.db.session import make_engine
+from service.store.engine import make_engine
+from service.store.migrate import alembic_config, current_revision, head_revision, upgrade
+from service.store.models import Base
 
 
 def test_the_migrated_schema_matches_the_models(database_url: str) -> None:

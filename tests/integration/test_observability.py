@@ -33,9 +33,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mechanisms.catalog import INTERACTIVE
 from service.auth import Role
-from service.db.models import AnalysisSession
-from service.db.repositories import SessionRepository
 from service.embedded import free_port
+from service.store.models import AnalysisSession
+from service.store.repositories import SessionRepository
 from tests.conftest import LiveServer, running_server, server_settings
 from tests.integration.helpers import db_session, make_world, upload
 

@@ -31,17 +31,18 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import UNITS_PER_EPSILON
 from mechanisms.catalog import INTERACTIVE
-from service import budget, requests, writer
-from service import sessions as domain
 from service.auth import Principal, Role, create_key
 from service.datasets import TableCache, create_dataset, grant
-from service.db.migrate import upgrade
-from service.db.models import DATASET_SCOPE, AnalysisRequest, AnalysisSession, LedgerEntry
-from service.db.repositories import FilterRepository, RequestRepository, SessionRepository
-from service.db.session import make_engine, make_sessionmaker
 from service.errors import BudgetExhausted, IdempotencyKeyReused, MechanismFailed, ServiceUnavailable
-from service.ledger import verify
+from service.filter import budget
+from service.filter.ledger import verify
 from service.logs import configure_logging
+from service.runs import admission, settlement, worker, writer
+from service.runs import sessions as domain
+from service.store.engine import make_engine, make_sessionmaker
+from service.store.migrate import upgrade
+from service.store.models import DATASET_SCOPE, AnalysisRequest, AnalysisSession, LedgerEntry
+from service.store.repositories import FilterRepository, RequestRepository, SessionRepository
 from tests.conftest import LiveServer, fresh_postgres_database
 from tests.integration.helpers import (
     CSV,
@@ -146,7 +147,7 @@ def key_of(client: httpx.Client) -> str:
 
 
 def app_for(sessions: sessionmaker[Session], data_dir: Path) -> Any:
-    """What ``service.sessions.ask`` needs of the application context (sessions, table cache, settings)."""
+    """What ``service.runs.sessions.ask`` needs of the application context (sessions, table cache, settings)."""
     settings = SimpleNamespace(session_ttl_seconds=3600.0)
     return cast(Any, SimpleNamespace(sessions=sessions, tables=TableCache(data_dir), settings=settings))
 
@@ -300,7 +301,7 @@ class TestOpenFindings:
         monkeypatch.setattr(SessionRepository, "add_secret", add_secret_slowly)
         outcomes: dict[str, Any] = {}
 
-        def run(name: str, validated: requests.Validated) -> None:
+        def run(name: str, validated: admission.Validated) -> None:
             try:
                 outcomes[name] = domain.open_session(sessions, analyst, validated, "one-key", 3600.0)
             except Exception as exc:
@@ -323,7 +324,7 @@ class TestOpenFindings:
     ) -> None:
         dataset_id, (analyst,) = world_in_db(sessions, tmp_path, epsilon=1.0)
         with sessions() as session:
-            validated = requests.validate(session, analyst, dataset_id, "laplace", COUNT)
+            validated = admission.validate(session, analyst, dataset_id, "laplace", COUNT)
         original = writer._lock_all
 
         def slow_lock_all(session: Session, batch: list[writer.Job]) -> writer.Locked:
@@ -477,7 +478,7 @@ class TestVerifiedProperties:
             admitted = []
             for principal in principals:
                 with sessions() as session:
-                    validated = requests.validate(session, principal, dataset_id, "laplace", COUNT)
+                    validated = admission.validate(session, principal, dataset_id, "laplace", COUNT)
                 admitted.append((batcher.admit(principal, validated, None, 300.0)[0], validated))
             with sessions() as session, session.begin():
                 session.execute(
@@ -488,15 +489,15 @@ class TestVerifiedProperties:
                 )
             barrier = threading.Barrier(len(admitted) + 2)
 
-            def settle(item: tuple[AnalysisRequest, requests.Validated]) -> Any:
+            def settle(item: tuple[AnalysisRequest, admission.Validated]) -> Any:
                 request, validated = item
                 barrier.wait()
-                ref = requests.RequestRef.of(request)
+                ref = settlement.RequestRef.of(request)
                 return batcher.settle(ref, validated.worst_case, {"value": 1.0}, None)
 
             def reap(_: int) -> int:
                 barrier.wait()
-                return requests.reap_expired(sessions)
+                return worker.reap_expired(sessions)
 
             with ThreadPoolExecutor(len(admitted) + 2) as pool:
                 settling, reaping = pool.map(settle, admitted), pool.map(reap, range(2))  # all submitted
@@ -525,7 +526,7 @@ class TestVerifiedProperties:
         validated = []
         for principal, dataset_id in jobs:
             with sessions() as session:
-                validated.append(requests.validate(session, principal, dataset_id, "laplace", COUNT))
+                validated.append(admission.validate(session, principal, dataset_id, "laplace", COUNT))
         batcher = writer.WriteBatcher(sessions)
         barrier = threading.Barrier(len(jobs))
 
@@ -637,19 +638,19 @@ class TestVerifiedProperties:
         """A Gaussian (pure slot +∞) reserved and aborted leaves the totals exactly as before."""
         dataset_id, (analyst,) = world_in_db(sessions, tmp_path, epsilon=1.0, delta=1e-6)
         with sessions() as session:
-            validated = requests.validate(session, analyst, dataset_id, "gaussian",
+            validated = admission.validate(session, analyst, dataset_id, "gaussian",
                                           {"query": {"kind": "count"}, "sigma": 10.0})
             before = FilterRepository(session).get(dataset_id)
             assert before is not None
             spent, reserved = dict(before.spent), dict(before.reserved)
         with sessions() as session:
-            request, _ = requests.admit(session, analyst, validated, None, 300.0)
+            request, _ = admission.admit(session, analyst, validated, None, 300.0)
         with sessions() as session:
             after = FilterRepository(session).get(dataset_id)
             assert after is not None
             assert after.reserved["infinite"][-1] == 1
         with sessions() as session:
-            assert requests.abort(session, requests.RequestRef.of(request), "never started")
+            assert settlement.abort(session, settlement.RequestRef.of(request), "never started")
         with sessions() as session:
             restored = FilterRepository(session).get(dataset_id)
             assert restored is not None

@@ -27,12 +27,14 @@ from mechanisms.base import ProgressFn, PublicContext, Release, Table, no_progre
 from mechanisms.catalog import MECHANISMS
 from mechanisms.noise import Noise
 from mechanisms.queries.laplace import Laplace
-from service import budget, requests
 from service.auth import Principal, Role, create_key
 from service.datasets import TableCache, create_dataset, grant
-from service.db.models import DATASET_SCOPE, AnalysisRequest, LedgerEntry
-from service.db.repositories import FilterRepository, RequestRepository
-from service.ledger import verify
+from service.filter import budget
+from service.filter.ledger import verify
+from service.runs import admission
+from service.runs import worker as runs_worker
+from service.store.models import DATASET_SCOPE, AnalysisRequest, LedgerEntry
+from service.store.repositories import FilterRepository, RequestRepository
 from tests.conftest import running_server, server_settings
 from tests.integration.helpers import CSV, SCHEMA, make_world
 
@@ -91,9 +93,9 @@ def admit(
 ) -> str:
     dataset_id, principal, _ = setup
     with sessions() as session:
-        validated = requests.validate(session, principal, dataset_id, mechanism, COUNT)
+        validated = admission.validate(session, principal, dataset_id, mechanism, COUNT)
     with sessions() as session:
-        request, created = requests.admit(session, principal, validated, None, lease)
+        request, created = admission.admit(session, principal, validated, None, lease)
     assert created
     return request.id
 
@@ -138,12 +140,12 @@ class TestHeartbeat:
         monkeypatch.setitem(MECHANISMS, slow.name, slow)
         rid = admit(sessions, setup, slow.name, lease=5.0)
         worker, outcome = in_thread(
-            requests.run_request, sessions, setup[2], rid, lease_seconds=0.6, heartbeat_seconds=0.15
+            runs_worker.run_request, sessions, setup[2], rid, lease_seconds=0.6, heartbeat_seconds=0.15
         )
         samples: list[tuple[float | None, datetime | None, str]] = []
         reaped = 0
         while worker.is_alive():
-            reaped += requests.reap_expired(sessions)
+            reaped += runs_worker.reap_expired(sessions)
             current = row(sessions, rid)
             samples.append((current.progress, current.lease_expires_at, current.state))
             time.sleep(0.05)
@@ -181,10 +183,10 @@ class TestHeartbeat:
         silent = SlowCount(steps=4, pause=0.4, beat=False)  # 1.6 s without a heartbeat, 0.4 s lease
         monkeypatch.setitem(MECHANISMS, silent.name, silent)
         rid = admit(sessions, setup, silent.name, lease=5.0)
-        worker, outcome = in_thread(requests.run_request, sessions, setup[2], rid, lease_seconds=0.4)
+        worker, outcome = in_thread(runs_worker.run_request, sessions, setup[2], rid, lease_seconds=0.4)
         reaped = 0
         while worker.is_alive():
-            reaped += requests.reap_expired(sessions)
+            reaped += runs_worker.reap_expired(sessions)
             time.sleep(0.05)
         worker.join()
         assert reaped >= 1
@@ -207,7 +209,7 @@ class TestHeartbeat:
         monkeypatch.setitem(MECHANISMS, slow.name, slow)
         rid = admit(sessions, setup, slow.name, lease=5.0)
         worker, outcome = in_thread(
-            requests.run_request, sessions, setup[2], rid, lease_seconds=30, heartbeat_seconds=0.0
+            runs_worker.run_request, sessions, setup[2], rid, lease_seconds=30, heartbeat_seconds=0.0
         )
         deadline = time.monotonic() + 10
         while slow.done_steps < 1 and time.monotonic() < deadline:
@@ -218,7 +220,7 @@ class TestHeartbeat:
                 .where(AnalysisRequest.id == rid)
                 .values(lease_expires_at=datetime.now(UTC) - timedelta(seconds=1))
             )
-        assert requests.reap_expired(sessions) >= 1
+        assert runs_worker.reap_expired(sessions) >= 1
         gate.set()
         worker.join(30)
         assert outcome == ["lost"]
@@ -242,7 +244,7 @@ class TestClaim:
 
         def race() -> str:
             barrier.wait()
-            return requests.run_request(sessions, setup[2], rid, lease_seconds=30.0)
+            return runs_worker.run_request(sessions, setup[2], rid, lease_seconds=30.0)
 
         threads = [in_thread(race) for _ in range(6)]
         for thread, _ in threads:
@@ -252,7 +254,7 @@ class TestClaim:
         assert commits(sessions, rid) == 1
         assert spent_reserved(sessions, setup[0]) == (EPS_UNITS, 0)
         # and a later redelivery of the task does nothing either
-        assert requests.run_request(sessions, setup[2], rid) == "duplicate"
+        assert runs_worker.run_request(sessions, setup[2], rid) == "duplicate"
         assert commits(sessions, rid) == 1
 
     def test_a_queued_request_is_never_reaped_and_its_lease_starts_at_the_claim(
@@ -267,10 +269,10 @@ class TestClaim:
                 .where(AnalysisRequest.id == rid)
                 .values(created_at=datetime.now(UTC) - timedelta(hours=1))
             )
-        assert requests.reap_expired(sessions) == 0  # waiting is not failing: nothing charged
+        assert runs_worker.reap_expired(sessions) == 0  # waiting is not failing: nothing charged
         assert row(sessions, rid).state == "running"
         before = datetime.now(UTC)
-        assert requests.run_request(sessions, setup[2], rid, lease_seconds=30.0) == "settled"
+        assert runs_worker.run_request(sessions, setup[2], rid, lease_seconds=30.0) == "settled"
         final = row(sessions, rid)
         assert final.state == "committed"
         assert final.started_at is not None
@@ -287,12 +289,12 @@ class TestClaim:
                 .where(AnalysisRequest.id == rid)
                 .values(created_at=datetime.now(UTC) - timedelta(seconds=120))
             )
-        assert requests.reap_expired(sessions, max_queue_seconds=60) == 0  # none charged
+        assert runs_worker.reap_expired(sessions, max_queue_seconds=60) == 0  # none charged
         final = row(sessions, rid)
         assert (final.state, final.realized, final.started_at) == ("aborted", None, None)
         assert "nothing was charged" in (final.error or "")
         assert spent_reserved(sessions, setup[0]) == (0, 0)
-        assert not requests.claim(sessions, rid, "late-worker", 30.0)  # and nobody can start it now
+        assert not runs_worker.claim(sessions, rid, "late-worker", 30.0)  # and nobody can start it now
         with sessions() as session:
             assert verify(session).problems == []
 
@@ -306,7 +308,7 @@ class TestClaim:
         monkeypatch.setitem(MECHANISMS, slow.name, slow)
         rid = admit(sessions, setup, slow.name, lease=30.0)
         monkeypatch.delitem(MECHANISMS, slow.name)  # a worker of a version without this mechanism
-        assert requests.run_request(sessions, setup[2], rid) == "unrunnable"
+        assert runs_worker.run_request(sessions, setup[2], rid) == "unrunnable"
         final = row(sessions, rid)
         assert (final.state, final.lease_owner, final.realized) == ("aborted", None, None)
         assert spent_reserved(sessions, setup[0]) == (0, 0)

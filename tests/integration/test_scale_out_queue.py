@@ -15,7 +15,7 @@ import pytest
 from mechanisms.catalog import MECHANISMS
 from service.auth import Role
 from service.embedded import free_port
-from service.queue import QueueWorker
+from service.runs.queue import QueueWorker
 from tests.conftest import LiveServer, running_server, server_settings
 from tests.integration.helpers import assert_problem, get_budget, make_world
 from tests.integration.scale_out_support import REDIS_URL, SleepyCount, purge_queue, require_redis

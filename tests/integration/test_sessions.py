@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from service.db.models import AnalysisSession
-from service.db.repositories import SessionRepository
+from service.store.models import AnalysisSession
+from service.store.repositories import SessionRepository
 from tests.conftest import LiveServer
 from tests.integration.helpers import (
     SCHEMA,

@@ -12,13 +12,14 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import UNITS_PER_EPSILON
-from service import budget, requests, writer
 from service.auth import Principal, Role, create_key
 from service.datasets import create_dataset, grant
-from service.db.models import DATASET_SCOPE
-from service.db.repositories import FilterRepository
 from service.errors import BudgetExhausted
-from service.ledger import verify
+from service.filter import budget
+from service.filter.ledger import verify
+from service.runs import admission, settlement, writer
+from service.store.models import DATASET_SCOPE
+from service.store.repositories import FilterRepository
 from tests.integration.helpers import CSV, SCHEMA
 
 COUNT = {"query": {"kind": "count"}, "epsilon": 0.1}
@@ -57,7 +58,7 @@ def race(
     validated = []
     for principal in principals:
         with sessions() as session:
-            validated.append(requests.validate(session, principal, dataset_id, "laplace", COUNT))
+            validated.append(admission.validate(session, principal, dataset_id, "laplace", COUNT))
     barrier = threading.Barrier(len(principals))
 
     def admit(i: int) -> Any:
@@ -93,10 +94,10 @@ class TestWriteBatcher:
             assert request.state == "running"
         with ThreadPoolExecutor(10) as pool:
             settled = list(
-                pool.map(lambda r: batcher.settle(requests.RequestRef.of(r[0]), None, None, "test"), admitted)
+                pool.map(lambda r: batcher.settle(settlement.RequestRef.of(r[0]), None, None, "test"), admitted)
             )
         assert all(s is not None and s.state == "failed_charged" for s in settled)
-        assert batcher.settle(requests.RequestRef.of(admitted[0][0]), None, None, "again") is None
+        assert batcher.settle(settlement.RequestRef.of(admitted[0][0]), None, None, "again") is None
         assert spent_and_reserved(sessions, dataset_id) == (UNITS_PER_EPSILON, 0)
         with sessions() as session:
             assert verify(session).problems == []

@@ -1,0 +1,63 @@
+"""FastAPI dependencies: the runtime, read sessions, the authenticated principal, role checks at the route."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from service.auth import KeyCache, Principal, Role
+from service.errors import Forbidden, Unauthenticated
+from service.runs.runtime import Runtime
+
+bearer = HTTPBearer(auto_error=False, description="an API key: `Authorization: Bearer xp_…`")
+
+
+def get_runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+def get_session(runtime: RuntimeDep) -> Iterator[Session]:
+    """A read session; write paths open their own unit of work and commit before responding."""
+    with runtime.sessions() as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def get_principal(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+) -> Principal:
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise Unauthenticated("send an API key as `Authorization: Bearer <key>`")
+    keys: KeyCache = request.app.state.keys
+    principal = keys.authenticate(credentials.credentials)
+    if principal is None:
+        raise Unauthenticated("unknown or revoked API key")
+    return principal
+
+
+def require(*roles: Role) -> object:
+    def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+        if principal.role not in roles:
+            allowed = ", ".join(r.value for r in roles)
+            raise Forbidden(
+                f"this endpoint needs one of the roles: {allowed}", your_role=principal.role.value
+            )
+        return principal
+
+    return Depends(check)
+
+
+AnyRole = Annotated[Principal, require(Role.admin, Role.analyst, Role.viewer)]
+Admin = Annotated[Principal, require(Role.admin)]
+Analyst = Annotated[Principal, require(Role.analyst)]
+AdminOrAnalyst = Annotated[Principal, require(Role.admin, Role.analyst)]

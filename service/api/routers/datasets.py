@@ -1,0 +1,149 @@
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile
+
+from service import datasets
+from service.api.deps import Admin, AnyRole, RuntimeDep, SessionDep
+from service.api.schemas import BudgetIn, DatasetOut, GrantIn
+from service.auth import Principal, Role, validate_name
+from service.errors import Forbidden, InvalidInput, NotFound, PayloadTooLarge
+from service.filter import budget
+from service.filter.budget import budget_view
+from service.filter.ledger import canonical_json
+from service.store.models import DATASET_SCOPE, Dataset
+from service.store.repositories import DatasetRepository, FilterRepository, LedgerRepository
+
+router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
+
+
+def _out(dataset: Dataset, principal: Principal) -> DatasetOut:
+    return DatasetOut(
+        id=dataset.id,
+        name=dataset.name,
+        schema_=dataset.schema_json,
+        n_rows=dataset.n_rows if dataset.neighboring == "replace_one" or principal.is_admin else None,
+        content_sha256=dataset.content_sha256 if principal.is_admin else None,
+        orders=dataset.orders,
+        clipped=dataset.clipped if principal.is_admin else None,
+        created_at=dataset.created_at,
+    )
+
+
+@router.post("", status_code=201, summary="Upload a CSV dataset with its public schema")
+def create_dataset(
+    runtime: RuntimeDep,
+    admin: Admin,
+    file: Annotated[UploadFile, File(description="the CSV, with a header row")],
+    schema_text: Annotated[
+        str, Form(alias="schema", description="JSON: columns with public bounds, and the neighbour relation")
+    ],
+    name: Annotated[str | None, Form()] = None,
+) -> DatasetOut:
+    limit = runtime.settings.max_upload_bytes
+    data = file.file.read(limit + 1)
+    if len(data) > limit:
+        raise PayloadTooLarge("file", f"larger than the limit of {limit} bytes")
+    try:
+        schema_raw = json.loads(schema_text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput("schema", f"not valid JSON ({exc.msg})") from None
+    with runtime.sessions() as session, session.begin():
+        dataset = datasets.create_dataset(
+            session, runtime.settings.data_dir, name or file.filename or "dataset", data, schema_raw, admin.name
+        )
+    return _out(dataset, admin)
+
+
+@router.get("", summary="Datasets visible to the caller (analysts: only granted ones)")
+def list_datasets(session: SessionDep, who: AnyRole) -> list[DatasetOut]:
+    analyst = who.name if who.role is Role.analyst else None
+    return [_out(d, who) for d in DatasetRepository(session).visible(analyst)]
+
+
+@router.get("/{dataset_id}", summary="One dataset's public metadata")
+def get_dataset(dataset_id: str, session: SessionDep, who: AnyRole) -> DatasetOut:
+    return _out(datasets.visible_dataset(session, who, dataset_id), who)
+
+
+@router.post("/{dataset_id}/grants", status_code=201, summary="Grant an analyst key access")
+def grant(dataset_id: str, body: GrantIn, runtime: RuntimeDep, admin: Admin) -> dict[str, Any]:
+    with runtime.sessions() as session, session.begin():
+        dataset = datasets.visible_dataset(session, admin, dataset_id)
+        created = datasets.grant(session, dataset, body.analyst, admin.name)
+    return {"dataset_id": dataset_id, "analyst": body.analyst, "created": created}
+
+
+@router.get("/{dataset_id}/grants", summary="Analysts granted on this dataset")
+def list_grants(dataset_id: str, session: SessionDep, admin: Admin) -> list[str]:
+    datasets.visible_dataset(session, admin, dataset_id)
+    return list(DatasetRepository(session).grants(dataset_id))
+
+
+def _set_budget(runtime: RuntimeDep, admin: Principal, dataset_id: str, scope: str, body: BudgetIn) -> dict[str, Any]:
+    with runtime.sessions() as session, session.begin():
+        dataset = datasets.visible_dataset(session, admin, dataset_id)
+        flt = budget.set_budget(session, dataset, scope, body.epsilon, body.delta, admin.name)
+        return budget_view(flt, dataset.orders)
+
+
+@router.put("/{dataset_id}/budget", summary="Set the dataset's (ε, δ) budget (δ = 0: pure filter)")
+def put_budget(dataset_id: str, body: BudgetIn, runtime: RuntimeDep, admin: Admin) -> dict[str, Any]:
+    return _set_budget(runtime, admin, dataset_id, DATASET_SCOPE, body)
+
+
+@router.put("/{dataset_id}/analysts/{analyst}/budget", summary="Set an analyst's sub-budget")
+def put_analyst_budget(
+    dataset_id: str, analyst: str, body: BudgetIn, runtime: RuntimeDep, admin: Admin
+) -> dict[str, Any]:
+    return _set_budget(runtime, admin, dataset_id, validate_name(analyst, "analyst"), body)
+
+
+def _budget_response(
+    session: SessionDep, who: Principal, dataset_id: str, scope: str, request: Request, response: Response
+) -> Any:
+    dataset = datasets.visible_dataset(session, who, dataset_id)
+    flt = FilterRepository(session).get(dataset_id, scope)
+    if flt is None:
+        raise NotFound(f"analyst {scope!r} has no grant on dataset {dataset_id}")
+    body = budget_view(flt, dataset.orders)
+    etag = '"' + hashlib.sha256(canonical_json(body).encode()).hexdigest()[:32] + '"'
+    if request.headers.get("if-none-match") == etag:
+        return Response(status_code=304, headers={"ETag": etag})
+    response.headers["ETag"] = etag
+    return body
+
+
+@router.get("/{dataset_id}/budget", summary="Spent, reserved and remaining budget per order (ETag)")
+def get_budget(
+    dataset_id: str, request: Request, response: Response, session: SessionDep, who: AnyRole
+) -> Any:
+    return _budget_response(session, who, dataset_id, DATASET_SCOPE, request, response)
+
+
+@router.get("/{dataset_id}/analysts/{analyst}/budget", summary="An analyst's sub-filter (ETag)")
+def get_analyst_budget(
+    dataset_id: str, analyst: str, request: Request, response: Response, session: SessionDep, who: AnyRole
+) -> Any:
+    if who.role is Role.analyst and who.name != analyst:
+        raise Forbidden("analysts can read only their own sub-budget")
+    return _budget_response(session, who, dataset_id, validate_name(analyst, "analyst"), request, response)
+
+
+@router.get("/{dataset_id}/ledger", summary="Ledger entries in order (analysts: their own requests)")
+def get_ledger(
+    dataset_id: str,
+    session: SessionDep,
+    who: AnyRole,
+    after: Annotated[int, Query(ge=0, le=2**62, description="return entries with seq > after")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    datasets.visible_dataset(session, who, dataset_id)
+    analyst = who.name if who.role is Role.analyst else None
+    entries = LedgerRepository(session).page(dataset_id, after, limit, analyst)
+    items = [{**json.loads(e.body), "hash": e.hash, "prev_hash": e.prev_hash} for e in entries]
+    next_after = entries[-1].seq if len(entries) == limit else None
+    return {"items": items, "next_after": next_after}

@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import Field
+
+from service.api.deps import AdminOrAnalyst, SessionDep
+from service.api.schemas import StrictModel
+from service.runs import reports
+
+router = APIRouter(tags=["requests"])
+
+
+class PrivacyReportIn(StrictModel):
+    record: dict[str, Any] = Field(
+        max_length=201,
+        description="the caller's own record: feature values and the label, by column name",
+        examples=[{"age": 42.0, "region": "north", "churn": "yes"}],
+    )
+
+
+@router.post(
+    "/v1/requests/{request_id}/privacy-report",
+    summary="Evaluate a release's per-instance privacy report on your own record (no data access, no charge)",
+)
+def privacy_report(
+    request_id: str, body: PrivacyReportIn, session: SessionDep, who: AdminOrAnalyst
+) -> dict[str, Any]:
+    return reports.privacy_report(session, who, request_id, body.record)

@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Response
+
+from service.api.deps import AdminOrAnalyst, Analyst, AnyRole, RuntimeDep, SessionDep
+from service.api.schemas import RequestIn, RequestOut, problem_doc
+from service.errors import BudgetExhausted, MechanismFailed
+from service.filter.refusals import record_refusal
+from service.runs import requests as lifecycle
+from service.store.models import AnalysisRequest, RequestState
+from service.store.repositories import RequestRepository
+
+router = APIRouter(tags=["requests"])
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=200,
+        description="retry-safe key: same key, same release",
+    ),
+]
+
+
+Prefer = Annotated[
+    str | None,
+    Header(
+        max_length=200,
+        description="`respond-async`: answer 202 at once instead of waiting for the release (RFC 7240)",
+    ),
+]
+
+
+def _out(request: AnalysisRequest, queue_position: int | None = None) -> RequestOut:
+    end = datetime.now(UTC) if request.state == RequestState.RUNNING else request.updated_at
+    return RequestOut(
+        id=request.id,
+        dataset_id=request.dataset_id,
+        analyst=request.analyst,
+        mechanism=request.mechanism,
+        params=request.params,
+        state=request.state,
+        worst_case=request.worst_case["curve"],
+        realized=request.realized["curve"] if request.realized else None,
+        release=request.release,
+        error=request.error,
+        created_at=request.created_at,
+        updated_at=request.updated_at,
+        started_at=request.started_at,
+        elapsed_seconds=round(max(0.0, (end - request.created_at).total_seconds()), 3),
+        progress=lifecycle.public_progress(request),
+        phase=lifecycle.phase(request),
+        eta_seconds=lifecycle.eta_seconds(request),
+        queue_position=queue_position,
+        cancelled_by=request.cancelled_by,
+    )
+
+
+def _retry_after(request: AnalysisRequest) -> str:
+    """When to poll again: the ETA when known (1–10 s), else 1 s."""
+    eta = lifecycle.eta_seconds(request)
+    return str(1 if eta is None else min(10, max(1, math.ceil(eta))))
+
+
+@router.post(
+    "/v1/datasets/{dataset_id}/requests:estimate",
+    summary="Dry run: the worst-case charge and whether it would be admitted now (no charge)",
+)
+def estimate(dataset_id: str, body: RequestIn, session: SessionDep, who: AdminOrAnalyst) -> dict[str, Any]:
+    return lifecycle.dry_run(session, who, dataset_id, body.mechanism, body.params)
+
+
+@router.post(
+    "/v1/datasets/{dataset_id}/requests",
+    summary="Run a mechanism: 200 with the release and its realized charge, or 202 while running",
+    responses={
+        202: {"description": "queued or still running; poll the Location after Retry-After seconds"},
+        409: problem_doc("refused"),
+        429: problem_doc("too many of your requests are queued or running (the limit is in the body)"),
+    },
+)
+def submit(
+    dataset_id: str,
+    body: RequestIn,
+    runtime: RuntimeDep,
+    analyst: Analyst,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+    prefer: Prefer = None,
+) -> RequestOut:
+    wait = 0.0 if prefer is not None and "respond-async" in prefer.lower() else None
+    try:
+        request = lifecycle.submit(
+            runtime, analyst, dataset_id, body.mechanism, body.params, idempotency_key, wait
+        )
+    except BudgetExhausted as refused:  # recorded after the admission transaction, best-effort
+        record_refusal(runtime.sessions, analyst, dataset_id, "request", body.mechanism, body.params, refused)
+        raise
+    if request.state == RequestState.FAILED_CHARGED:
+        raise MechanismFailed(
+            request.error or "failed",
+            request_id=request.id,
+            charged=request.realized["curve"] if request.realized else None,
+        )
+    if request.state == RequestState.RUNNING:
+        response.status_code = 202
+        response.headers["Location"] = f"/v1/requests/{request.id}"
+        response.headers["Retry-After"] = _retry_after(request)
+    return _out(request)
+
+
+@router.get("/v1/requests/{request_id}", summary="A request, its state and (when committed) its release")
+def get_request(request_id: str, session: SessionDep, who: AnyRole, response: Response) -> RequestOut:
+    request = lifecycle.get_visible(session, who, request_id)
+    position = RequestRepository(session).queue_position(request) if request.queued else None
+    if request.state == RequestState.RUNNING:
+        response.headers["Retry-After"] = _retry_after(request)
+    return _out(request, position)
+
+
+@router.post(
+    "/v1/requests/{request_id}/cancel",
+    summary="Cancel: a queued request is aborted without charge; a running one is charged its worst case",
+    responses={409: problem_doc("the request has already finished")},
+)
+def cancel(request_id: str, runtime: RuntimeDep, who: AdminOrAnalyst) -> RequestOut:
+    return _out(lifecycle.cancel(runtime.sessions, who, request_id))

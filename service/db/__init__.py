@@ -1,1 +1,0 @@
-"""Database layer: models, engine/session setup, repositories (all SQL lives in repositories)."""

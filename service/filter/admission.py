@@ -1,0 +1,83 @@
+"""The filter's transactions: lock, admit, reserve, settle — each one change of the filters and one ledger
+entry, in the caller's transaction.
+
+Every transition of a request or a session holds the row locks of its filters (the dataset's, then the
+analyst's: :func:`lock_filters`), so admissions on one dataset are serialized (docs/privacy.md §4,
+concurrency) and each dataset's ledger chain is linear. The runs layer (``service.runs``) decides *when*
+a transition happens; this module is the only code that changes ``spent`` and ``reserved``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from mechanisms.accounting import UnitsVector
+from service.errors import NotFound
+from service.filter import budget, ledger
+from service.filter.budget import FilterSnapshot
+from service.filter.ledger import LedgerEvent
+from service.store.models import DATASET_SCOPE, PrivacyFilter
+from service.store.repositories import FilterRepository
+
+
+class Refused(Exception):
+    """Raised under the filter locks, before anything is written, with snapshots of the filters; the
+    public refusal is built outside the lock (the affordable value takes ~60 worst-case evaluations)."""
+
+    def __init__(self, blocked: FilterSnapshot, filters: list[FilterSnapshot]) -> None:
+        super().__init__("refused")
+        self.blocked, self.filters = blocked, filters
+
+
+def lock_filters(session: Session, dataset_id: str, analyst: str) -> list[PrivacyFilter]:
+    """[dataset filter, analyst filter], locked together in id order (the dataset's is created first),
+    so two transactions never deadlock."""
+    locked = {f.scope: f for f in FilterRepository(session).lock_scopes(dataset_id, [DATASET_SCOPE, analyst])}
+    if DATASET_SCOPE not in locked or analyst not in locked:
+        raise NotFound(f"no dataset {dataset_id!r}")
+    return [locked[DATASET_SCOPE], locked[analyst]]
+
+
+def check_admission(filters: list[PrivacyFilter], charge: UnitsVector) -> None:
+    """Raise :class:`Refused` unless every filter admits ``charge`` (writes nothing)."""
+    blocked = next((f for f in filters if not budget.admits(f, charge)), None)
+    if blocked is not None:
+        raise Refused(budget.snapshot(blocked), [budget.snapshot(f) for f in filters])
+
+
+def reserve(
+    session: Session,
+    filters: list[PrivacyFilter],
+    charge: UnitsVector,
+    actor: str,
+    details: dict[str, Any],
+    request_id: str,
+) -> None:
+    """Add ``charge`` to every filter's reservations and append the ``reserve`` entry (after
+    :func:`check_admission`, under the locks of :func:`lock_filters`)."""
+    for flt in filters:
+        budget.reserve(flt, charge)
+    payload = {**details, "worst_case": charge.to_json()}
+    ledger.append(session, filters[0], LedgerEvent.RESERVE, actor, payload, request_id=request_id)
+
+
+def settle_reservation(
+    session: Session,
+    filters: list[PrivacyFilter],
+    scopes: list[str],
+    reservation: UnitsVector,
+    realized: UnitsVector | None,
+    actor: str,
+    details: dict[str, Any],
+    request_id: str,
+) -> None:
+    """Replace ``reservation`` by ``realized`` in the filters of ``scopes`` (``commit``), or release it
+    when ``realized`` is None (``abort``), and append the entry."""
+    for flt in filters:
+        if flt.scope in scopes:
+            budget.settle(flt, reservation, realized)
+    event = LedgerEvent.ABORT if realized is None else LedgerEvent.COMMIT
+    payload = {"scopes": scopes, "worst_case": reservation.to_json(), **details}
+    ledger.append(session, filters[0], event, actor, payload, request_id=request_id)

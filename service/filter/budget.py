@@ -1,0 +1,215 @@
+"""The persistent ex-post Rényi filter on its database rows (docs/privacy.md §2): budgets, the
+transitions of ``service.filter.state`` applied to stored filters, and the public budget views.
+
+Slots are the dataset's orders followed by the pure slot (α = ∞). A request with fixed-point charge w is
+admitted by a filter iff some usable slot j has spent[j] + reserved[j] + w[j] ≤ capacity[j]
+(docs/privacy.md §2). Commit replaces the reservation by the realized charge (≤ the reservation); nothing
+else ever lowers a charge. The caller holds the filter's row lock for every mutation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from sqlalchemy.orm import Session
+
+from mechanisms.accounting import (
+    UnitsVector,
+    capacity_units,
+    filter_epsilon,
+    units_to_epsilon,
+)
+from service.errors import InvalidInput, NoBudget, NotFound
+from service.filter import ledger
+from service.filter.ledger import LedgerEvent
+from service.filter.state import FilterState
+from service.store.models import DATASET_SCOPE, Dataset, PrivacyFilter
+from service.store.repositories import FilterRepository
+
+Loss = float | str  # a loss in ε units for JSON: a number, or "inf"
+PURE = "pure"  # the name of the pure slot (α = ∞) in API bodies
+Slot = float | str
+
+
+def json_loss(value: float) -> Loss:
+    return "inf" if value == float("inf") else value
+
+
+def new_filter(dataset_id: str, scope: str, slots: int) -> PrivacyFilter:
+    zeros = UnitsVector.zeros(slots).to_json()
+    return PrivacyFilter(
+        dataset_id=dataset_id,
+        scope=scope,
+        capacity=None,
+        spent=zeros,
+        reserved=dict(zeros),
+        last_seq=0,
+        last_hash="",
+        updated_at=datetime.now(UTC),
+    )
+
+
+class FilterLike(Protocol):
+    """What admission reads of a filter: a database row, or a snapshot taken under its lock."""
+
+    @property
+    def scope(self) -> str: ...
+    @property
+    def capacity(self) -> list[Any] | None: ...
+    @property
+    def spent(self) -> dict[str, Any]: ...
+    @property
+    def reserved(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class FilterSnapshot:
+    scope: str
+    capacity: list[Any] | None
+    spent: dict[str, Any]
+    reserved: dict[str, Any]
+
+
+def snapshot(flt: PrivacyFilter) -> FilterSnapshot:
+    return FilterSnapshot(flt.scope, flt.capacity, dict(flt.spent), dict(flt.reserved))
+
+
+def state_of(flt: FilterLike) -> FilterState:
+    """The pure state of a stored filter (its cached totals)."""
+    return FilterState.of(flt.capacity, UnitsVector.from_json(flt.spent), UnitsVector.from_json(flt.reserved))
+
+
+def totals(flt: FilterLike) -> tuple[UnitsVector, UnitsVector]:
+    state = state_of(flt)
+    return state.spent, state.reserved
+
+
+def ever_admissible(flt: FilterLike, charge: UnitsVector) -> bool:
+    """Would an unspent filter with this capacity admit the charge?"""
+    return state_of(flt).ever_admits(charge)
+
+
+def admits(flt: FilterLike, charge: UnitsVector) -> bool:
+    """Dataset filters need a budget; an analyst filter without a sub-budget only tracks spending."""
+    state = state_of(flt)
+    if not state.has_budget:
+        if flt.scope == DATASET_SCOPE:
+            raise NoBudget("this dataset has no privacy budget yet; an admin must PUT one first")
+        return True
+    return state.admits(charge)
+
+
+def _store(flt: PrivacyFilter, state: FilterState) -> None:
+    flt.spent, flt.reserved = state.spent.to_json(), state.reserved.to_json()
+    flt.updated_at = datetime.now(UTC)
+
+
+def reserve(flt: PrivacyFilter, charge: UnitsVector) -> None:
+    _store(flt, state_of(flt).reserve(charge))
+
+
+def settle(flt: PrivacyFilter, reservation: UnitsVector, realized: UnitsVector | None) -> None:
+    """Replace ``reservation`` by ``realized`` (commit), or drop it when ``realized`` is None (abort)."""
+    _store(flt, state_of(flt).settle(reservation, realized))
+
+
+def validate_budget(epsilon: float, delta: float) -> None:
+    if not (0.0 <= epsilon <= 1e6):
+        raise InvalidInput("epsilon", "must be between 0 and 1e6")
+    if not (0.0 <= delta < 1.0):
+        raise InvalidInput("delta", "must be in [0, 1)")
+
+
+def set_budget(
+    session: Session, dataset: Dataset, scope: str, epsilon: float, delta: float, actor: str
+) -> PrivacyFilter:
+    """Set the (ε, δ) target of the dataset filter or of an analyst's sub-filter (one transaction)."""
+    validate_budget(epsilon, delta)
+    filters = FilterRepository(session)
+    head = filters.lock(dataset.id)
+    assert head is not None, "every dataset has its filter row"
+    target = head if scope == DATASET_SCOPE else filters.lock(dataset.id, scope)
+    if target is None:
+        raise NotFound(f"analyst {scope!r} has no grant on dataset {dataset.id}; grant access first")
+    capacity = list(capacity_units(epsilon, delta, dataset.orders))
+    target.epsilon, target.delta, target.capacity = epsilon, delta, capacity
+    target.updated_at = datetime.now(UTC)
+    ledger.append(
+        session,
+        head,
+        LedgerEvent.BUDGET,
+        actor,
+        {"scope": scope, "epsilon": epsilon, "delta": delta, "capacity": capacity},
+    )
+    return target
+
+
+# ----- views (all values in ε units; public information only) ------------------------------------
+
+
+def slot_names(orders: list[float]) -> list[Slot]:
+    return [*orders, PURE]
+
+
+def _slot_row(alpha: float | str, cap: int | None, spent: float, reserved: float) -> dict[str, Any]:
+    capacity = None if cap is None else units_to_epsilon(cap)
+    remaining = None if capacity is None else max(0.0, capacity - spent - reserved)
+    return {
+        "alpha": alpha,
+        "capacity": capacity,
+        "spent": json_loss(spent),
+        "reserved": json_loss(reserved),
+        "remaining": remaining,
+    }
+
+
+def budget_view(flt: PrivacyFilter, orders: list[float]) -> dict[str, Any]:
+    spent, reserved = totals(flt)
+    capacity = flt.capacity or [None] * len(spent)
+    rows = [
+        _slot_row(alpha, capacity[j], spent.epsilon(j), reserved.epsilon(j))
+        for j, alpha in enumerate(slot_names(orders))
+    ]
+    usable = [r for r in rows if r["remaining"] is not None]
+    best = max(usable, key=lambda r: r["remaining"], default=None)
+    delta = flt.delta if flt.delta is not None else 0.0
+    return {
+        "dataset_id": flt.dataset_id,
+        "scope": "dataset" if flt.scope == DATASET_SCOPE else "analyst",
+        "analyst": None if flt.scope == DATASET_SCOPE else flt.scope,
+        "epsilon": flt.epsilon,
+        "delta": flt.delta,
+        "orders": rows[:-1],
+        "pure": rows[-1],
+        "epsilon_spent": json_loss(filter_epsilon(spent + reserved, delta, orders)),
+        "epsilon_remaining": best["remaining"] if best else None,
+        "binding_alpha": best["alpha"] if best else None,
+        "budget_set": flt.capacity is not None,
+    }
+
+
+def refusal_details(flt: FilterLike, orders: list[float], charge: UnitsVector) -> dict[str, Any]:
+    """Requested vs spent vs reserved vs capacity per slot, and the slot closest to fitting."""
+    spent, reserved = totals(flt)
+    capacity = flt.capacity or [None] * len(charge)
+    rows, best = [], None
+    for j, alpha in enumerate(slot_names(orders)):
+        row = _slot_row(alpha, capacity[j], spent.epsilon(j), reserved.epsilon(j))
+        row["requested"] = json_loss(charge.epsilon(j))
+        usable = capacity[j] is not None and not (spent + reserved + charge).is_infinite(j)
+        if usable:
+            row["shortfall"] = units_to_epsilon(
+                spent.finite[j] + reserved.finite[j] + charge.finite[j] - int(capacity[j] or 0)
+            )
+            if best is None or row["shortfall"] < best["shortfall"]:
+                best = row
+        rows.append(row)
+    return {
+        "filter": "dataset" if flt.scope == DATASET_SCOPE else f"analyst:{flt.scope}",
+        "orders": rows[:-1],
+        "pure": rows[-1],
+        "binding_alpha": best["alpha"] if best else None,
+        "shortfall": best["shortfall"] if best else None,
+    }

@@ -1,0 +1,197 @@
+"""The append-only, hash-chained ledger and its verifier.
+
+Every change of a filter is one ledger entry, appended while the dataset filter row is locked, so each
+dataset's chain is linear: hash_n = sha256(hash_{n−1} ‖ body_n) with body_n the canonical JSON of the
+entry. The per-filter totals on the ``filters`` rows are a cache: ``verify`` rebuilds them from the
+ledger alone and reports every mismatch (``expost ledger verify`` exits non-zero on any).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from mechanisms.accounting import UnitsVector
+from service.filter.state import FilterState
+from service.store.models import DATASET_SCOPE, LedgerEntry, PrivacyFilter
+from service.store.repositories import DatasetRepository, FilterRepository, LedgerRepository
+
+GENESIS = "0" * 64
+
+
+class LedgerEvent(StrEnum):
+    """What a ledger entry records. ``reserve``/``commit``/``abort`` are the filter transitions of
+    ``service.filter.state``; ``dataset``/``grant`` create filters, ``budget`` sets a capacity."""
+
+    DATASET = "dataset"
+    GRANT = "grant"
+    BUDGET = "budget"
+    RESERVE = "reserve"
+    COMMIT = "commit"
+    ABORT = "abort"
+
+
+def canonical_json(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def chain_hash(prev_hash: str, body: str) -> str:
+    return hashlib.sha256((prev_hash + body).encode()).hexdigest()
+
+
+def append(
+    session: Session,
+    dataset_filter: PrivacyFilter,
+    event: LedgerEvent,
+    actor: str,
+    payload: dict[str, Any],
+    request_id: str | None = None,
+) -> LedgerEntry:
+    """Append one entry to the dataset's chain; the caller holds the lock on ``dataset_filter``."""
+    now = datetime.now(UTC)
+    seq = dataset_filter.last_seq + 1
+    prev = dataset_filter.last_hash or GENESIS
+    body = canonical_json(
+        {
+            "dataset_id": dataset_filter.dataset_id,
+            "seq": seq,
+            "event": str(event),
+            "actor": actor,
+            "request_id": request_id,
+            "at": now.isoformat(),
+            **payload,
+        }
+    )
+    entry = LedgerEntry(
+        dataset_id=dataset_filter.dataset_id,
+        seq=seq,
+        event=str(event),
+        request_id=request_id,
+        actor=actor,
+        created_at=now,
+        body=body,
+        prev_hash=prev,
+        hash=chain_hash(prev, body),
+    )
+    LedgerRepository(session).add(entry)
+    dataset_filter.last_seq = seq
+    dataset_filter.last_hash = entry.hash
+    return entry
+
+
+# ----- verification ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RebuiltFilter:
+    """A filter as the ledger alone describes it: its budget target and its pure state."""
+
+    state: FilterState
+    epsilon: float | None = None
+    delta: float | None = None
+
+@dataclass
+class VerifyReport:
+    datasets: int = 0
+    entries: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _apply(filters: dict[str, RebuiltFilter], body: dict[str, Any], slots: int) -> None:
+    """Replay one entry with the same transitions the database path applies (``FilterState``)."""
+    event = LedgerEvent(body["event"])
+    if event is LedgerEvent.DATASET:
+        filters[DATASET_SCOPE] = RebuiltFilter(FilterState.empty(slots))
+    elif event is LedgerEvent.GRANT:
+        filters.setdefault(body["analyst"], RebuiltFilter(FilterState.empty(slots)))
+    elif event is LedgerEvent.BUDGET:
+        target = filters[body["scope"]]
+        target.epsilon, target.delta = body["epsilon"], body["delta"]
+        target.state = target.state.with_capacity(body["capacity"])
+    else:
+        worst = UnitsVector.from_json(body["worst_case"])
+        for scope in body["scopes"]:
+            target = filters[scope]
+            if event is LedgerEvent.RESERVE:
+                target.state = target.state.reserve(worst)
+            else:
+                realized = UnitsVector.from_json(body["realized"]) if event is LedgerEvent.COMMIT else None
+                target.state = target.state.settle(worst, realized)
+
+
+def _compare(dataset_id: str, rebuilt: dict[str, RebuiltFilter], rows: list[PrivacyFilter]) -> list[str]:
+    problems = []
+    by_scope = {row.scope: row for row in rows}
+    for scope in sorted(set(rebuilt) | set(by_scope)):
+        row, want = by_scope.get(scope), rebuilt.get(scope)
+        if row is None or want is None:
+            problems.append(f"{dataset_id}/{scope}: filter row and ledger disagree on existence")
+            continue
+        capacity = None if want.state.capacity is None else list(want.state.capacity)
+        checks = {
+            "spent": (UnitsVector.from_json(row.spent), want.state.spent),
+            "reserved": (UnitsVector.from_json(row.reserved), want.state.reserved),
+            "capacity": (row.capacity, capacity),
+            "epsilon": (row.epsilon, want.epsilon),
+            "delta": (row.delta, want.delta),
+        }
+        problems += [
+            f"{dataset_id}/{scope}: {name} is {have} in the filter but {need} from the ledger"
+            for name, (have, need) in checks.items()
+            if have != need
+        ]
+    return problems
+
+
+def verify_dataset(session: Session, dataset_id: str, slots: int, report: VerifyReport) -> None:
+    ledger, prev, expected_seq = LedgerRepository(session), GENESIS, 1
+    filters: dict[str, RebuiltFilter] = {}
+    while True:
+        page = ledger.chain(dataset_id, expected_seq - 1, 1000)
+        if not page:
+            break
+        for entry in page:
+            report.entries += 1
+            where = f"{dataset_id}#{entry.seq}"
+            if entry.seq != expected_seq:
+                report.problems.append(f"{where}: expected sequence number {expected_seq}")
+            if entry.prev_hash != prev or entry.hash != chain_hash(prev, entry.body):
+                report.problems.append(f"{where}: hash chain broken")
+            body = json.loads(entry.body)
+            if (body.get("seq"), body.get("event"), body.get("dataset_id")) != (
+                entry.seq,
+                entry.event,
+                entry.dataset_id,
+            ):
+                report.problems.append(f"{where}: row columns differ from the hashed body")
+            try:
+                _apply(filters, body, slots)
+            except (KeyError, ValueError, TypeError) as exc:
+                report.problems.append(f"{where}: cannot replay entry ({exc})")
+            prev, expected_seq = entry.hash, entry.seq + 1
+    rows = list(FilterRepository(session).for_dataset(dataset_id))
+    head = next((r for r in rows if r.scope == DATASET_SCOPE), None)
+    if head is not None and (head.last_seq, head.last_hash or GENESIS) != (expected_seq - 1, prev):
+        report.problems.append(f"{dataset_id}: chain head on the filter row differs from the ledger")
+    report.problems += _compare(dataset_id, filters, rows)
+
+
+def verify(session: Session) -> VerifyReport:
+    report = VerifyReport()
+    datasets = DatasetRepository(session)
+    for dataset_id in LedgerRepository(session).dataset_ids():
+        dataset = datasets.get(dataset_id)
+        assert dataset is not None
+        report.datasets += 1
+        verify_dataset(session, dataset_id, len(dataset.orders) + 1, report)
+    return report

@@ -1,0 +1,190 @@
+"""The request lifecycle seen from the API: submit (validate → admit + reserve → run or queue → wait),
+cancel, and the public views of a request (phase, progress, ETA).
+
+States (stored): running → committed | failed_charged | aborted. A ``running`` request is **queued** while
+no worker has claimed it (``lease_owner`` NULL: nothing has read the data) and **running** once a worker
+claimed it. A cancel aborts a queued request without charge and charges a claimed one its worst case (its
+run then stops at its next heartbeat).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from sqlalchemy.orm import Session, sessionmaker
+
+from mechanisms.base import Mechanism, has_public_progress, is_long_running
+from mechanisms.catalog import MECHANISMS
+from service import metrics
+from service.auth import Principal
+from service.errors import (
+    BudgetExhausted,
+    Conflict,
+    Forbidden,
+    NoBudget,
+    NotCancellable,
+    NotFound,
+    ServiceUnavailable,
+)
+from service.runs.admission import admission_check, validate
+from service.runs.runtime import Runtime
+from service.runs.settlement import (
+    RequestRef,
+    abort,
+    end_reservation,
+    lock_running,
+    notify_settled,
+    settle_locked,
+    wait_settled,
+)
+from service.runs.worker import execute
+from service.store.models import AnalysisRequest, RequestState
+from service.store.repositories import RequestRepository
+
+log = structlog.get_logger("expost.requests")
+
+
+def submit(
+    runtime: Runtime,
+    principal: Principal,
+    dataset_id: str,
+    mechanism: str,
+    params: Any,
+    key: str | None,
+    wait_seconds: float | None = None,
+) -> AnalysisRequest:
+    """Validate (read-only), admit + reserve (one durable transaction), run, settle, respond.
+
+    Cheap mechanisms (``settings.inline_mechanisms``) run in the request's thread; others (and every
+    long-running mechanism) go to the executor and the response waits up to the wait window (else 202).
+    """
+    started = time.monotonic()
+    if runtime.draining.is_set():
+        raise ServiceUnavailable("the service is shutting down; retry on another instance or later")
+    with runtime.sessions() as session:
+        validated = validate(session, principal, dataset_id, mechanism, params)
+    inline = mechanism in runtime.settings.inline_mechanisms and not is_long_running(validated.mechanism)
+    try:
+        request, created = runtime.writer.admit(
+            principal,
+            replace(validated, inline=inline, limits=runtime.limits(), queue=runtime.settings.queue_name),
+            key,
+            runtime.settings.lease_seconds,
+        )
+    except (BudgetExhausted, NoBudget) as exc:
+        metrics.REQUESTS.labels(mechanism, "refused").inc()
+        metrics.refused(exc, "request")
+        raise
+    metrics.REQUESTS.labels(mechanism, "admitted" if created else "replayed").inc()
+    log.info(
+        "admitted" if created else "replayed",
+        request_id=request.id,
+        dataset_id=dataset_id,
+        mechanism=mechanism,
+        analyst=principal.name,
+    )
+    if created and inline:
+        # The reservation is durable and this process holds the lease; run here, then settle.
+        v = validated
+        assert isinstance(v.mechanism, Mechanism)
+        realized, output, error = execute(
+            v.dataset, v.mechanism, v.params, v.context, runtime.tables, v.worst_case
+        )
+        settled = runtime.writer.settle(RequestRef.of(request), realized, output, error)
+        if settled is not None:
+            return settled
+    elif created:
+        try:
+            runtime.executor.submit(request.id)  # a wake-up: the request is queued in the database already
+        except RuntimeError:  # the executor is shutting down or the broker is unreachable
+            with runtime.sessions() as session:
+                aborted = abort(
+                    session, RequestRef.of(request), "the request could not be queued; nothing was charged",
+                    unclaimed_only=True,
+                )
+            if aborted:
+                notify_settled()
+                raise ServiceUnavailable("the service cannot run requests now; retry later") from None
+            # a worker got it after all: wait for its release
+    window = runtime.settings.wait_seconds
+    if wait_seconds is not None:
+        window = min(window, wait_seconds)
+    remaining = max(0.0, window - (time.monotonic() - started))
+    return wait_settled(runtime.sessions, request.id, remaining, runtime.draining)
+
+
+def dry_run(session: Session, principal: Principal, dataset_id: str, mechanism: str, params: Any) -> dict[str, Any]:
+    """Would the request be admitted now? Validates and checks the filters; takes no lock, writes nothing."""
+    return admission_check(session, principal, validate(session, principal, dataset_id, mechanism, params))
+
+
+def cancel(sessions: sessionmaker[Session], principal: Principal, request_id: str) -> AnalysisRequest:
+    """Cancel a request (its owner or an admin). Queued (no worker claimed it: the data was never read):
+    aborted, the reservation released without charge. Running (claimed: the data may have been read):
+    charged its worst case now, its output never released; the run stops at its next heartbeat.
+    Cancelling a request already cancelled returns it unchanged; any other finished one is a 409."""
+    with sessions() as session:
+        request = get_visible(session, principal, request_id)
+        if principal.role.value not in ("admin", "analyst"):
+            raise Forbidden("only the owner or an admin can cancel a request")
+        if request.kind != "request":
+            raise Conflict("this is a session's reservation; close the session instead")
+        ref = RequestRef.of(request)
+    with sessions() as session, session.begin():
+        locked = lock_running(session, ref)
+        if locked is None:
+            final = RequestRepository(session).fresh(ref.id)
+            assert final is not None
+            if final.cancelled_by is None:
+                raise NotCancellable(
+                    f"request {ref.id} has already finished ({final.state})", state=final.state
+                )
+            return final
+        filters, row = locked
+        if row.lease_owner is None:
+            reason = "cancelled before a worker started it; nothing was charged"
+            end_reservation(session, filters, row, None, {"reason": reason, "outcome": "cancelled"})
+            row.state, row.error = RequestState.ABORTED, reason
+            row.idempotency_key = None  # nothing was read: a retry with the same key is a new request
+        else:
+            reason = "cancelled while running; its worst case was charged (the data had been read)"
+            settle_locked(session, filters, row, None, None, reason)
+        row.cancelled_by = principal.name
+    notify_settled()
+    log.info("cancelled", request_id=ref.id, by=principal.name, outcome=row.state)
+    return row
+
+
+def get_visible(session: Session, principal: Principal, request_id: str) -> AnalysisRequest:
+    if principal.role.value == "viewer":
+        raise Forbidden("viewers cannot read releases")
+    request = RequestRepository(session).get(request_id)
+    if request is None or (principal.role.value == "analyst" and request.analyst != principal.name):
+        raise NotFound(f"no request {request_id!r}")
+    return request
+
+def public_progress(request: AnalysisRequest) -> float | None:
+    """The progress shown for a request: only for mechanisms whose amount of work is public."""
+    if not has_public_progress(MECHANISMS.get(request.mechanism)):
+        return None
+    return 1.0 if request.state == RequestState.COMMITTED else request.progress
+
+def phase(request: AnalysisRequest) -> str | None:
+    """``queued`` (reserved, waiting for a worker: cancelling it costs nothing), ``running`` (a worker
+    claimed it), or None once settled."""
+    if request.state != RequestState.RUNNING:
+        return None
+    return "queued" if request.lease_owner is None else "running"
+
+def eta_seconds(request: AnalysisRequest, now: datetime | None = None) -> float | None:
+    """Seconds left of a running request, from public quantities only: the time since its worker started
+    it and its public fraction done (steps done of steps admitted). None when either is unknown."""
+    fraction = public_progress(request)
+    if request.state != RequestState.RUNNING or request.started_at is None or fraction is None or fraction <= 0:
+        return None
+    elapsed = ((now or datetime.now(UTC)) - request.started_at).total_seconds()
+    return round(max(0.0, elapsed * (1.0 - fraction) / fraction), 1)

@@ -1,0 +1,305 @@
+"""Interactive sessions (docs/privacy.md §6 rule 8, §8.1): open → queries → close, each transition one transaction.
+
+* **Open** reserves the session's worst case exactly like a request (its ``requests`` row, kind
+  "session") and draws the secret state with ``start`` (no data is read), in one transaction.
+* **Each query** locks the dataset's filters and the session row, so concurrent queries to one session
+  are serialized; it reads the secret state, runs one ``step`` on the data with fresh noise, appends the
+  public (query, answer) to the transcript and stores the new secret state.
+* **Close** (halt, ``max_queries``, explicit, expiry, or a failure) commits the realized charge of the
+  public transcript (``realized``), or the worst case if the mechanism failed after reading the data, and
+  deletes the secret state. The secret state never leaves the ``secret_states`` table.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+from pydantic import BaseModel, ValidationError
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from mechanisms.base import InteractiveMechanism, ParamsError, PublicContext
+from mechanisms.catalog import INTERACTIVE
+from mechanisms.noise import Noise
+from service import metrics
+from service.auth import Principal, Role
+from service.datasets import dataset_by_id, public_context, visible_dataset
+from service.errors import (
+    Conflict,
+    IdempotencyKeyReused,
+    InvalidInput,
+    MechanismFailed,
+    NoBudget,
+    NotFound,
+)
+from service.filter.admission import Refused, lock_filters
+from service.logs import failure_fields
+from service.runs.admission import Validated, admit_locked, fingerprint, refusal, validated_for
+from service.runs.runtime import Runtime
+from service.runs.settlement import settle_locked
+from service.store.models import AnalysisRequest, AnalysisSession, PrivacyFilter, SecretState
+from service.store.repositories import RequestRepository, SessionRepository
+
+log = structlog.get_logger("expost.sessions")
+
+
+class SessionClosed(Conflict):
+    type_slug = "session-closed"
+    title = "The session is closed"
+
+
+def _mechanism(name: str) -> InteractiveMechanism[Any, Any]:
+    mechanism = INTERACTIVE.get(name)
+    if mechanism is None:
+        raise InvalidInput("mechanism", f"unknown interactive mechanism {name!r}; see GET /v1/mechanisms")
+    return mechanism
+
+
+def validate_open(session: Session, principal: Principal, dataset_id: str, name: str, raw: Any) -> Validated:
+    return validated_for(
+        visible_dataset(session, principal, dataset_id), _mechanism(name), raw, kind="session"
+    )
+
+
+def open_session(
+    sessions: sessionmaker[Session], principal: Principal, v: Validated, key: str | None, ttl: float
+) -> AnalysisSession:
+    """Reserve the worst case and draw the secret state, in one transaction."""
+    assert isinstance(v.mechanism, InteractiveMechanism)
+    try:
+        with sessions() as session, session.begin():
+            filters = lock_filters(session, v.dataset.id, principal.name)
+            request, created = admit_locked(session, filters, principal, v, key, ttl)
+            outcome = "admitted" if created else "replayed"
+            metrics.after_commit(session, lambda: metrics.REQUESTS.labels(v.mechanism.name, outcome).inc())
+            repository = SessionRepository(session)
+            if not created:
+                existing = repository.by_request(request.id)
+                if existing is None:
+                    raise IdempotencyKeyReused("this Idempotency-Key was used for a request, not a session")
+                return existing
+            noise = Noise.system()
+            state = v.mechanism.start(v.params, v.context, noise)
+            now = datetime.now(UTC)
+            row = AnalysisSession(
+                id="ss_" + uuid.uuid4().hex[:20],
+                request_id=request.id,
+                dataset_id=v.dataset.id,
+                analyst=principal.name,
+                mechanism=v.mechanism.name,
+                params=request.params,
+                state="open",
+                close_reason=None,
+                steps=[],
+                created_at=now,
+                updated_at=now,
+                expires_at=now + timedelta(seconds=ttl),
+            )
+            session.flush()
+            repository.add(row)
+            session.flush()
+            repository.add_secret(SecretState(request_id=request.id, state=_encode(state), updated_at=now))
+            return row
+    except Refused as refused:
+        problem = refusal(v, refused)
+        metrics.REQUESTS.labels(v.mechanism.name, "refused").inc()
+        metrics.refused(problem, "session")
+        raise problem from None
+    except NoBudget as exc:
+        metrics.REQUESTS.labels(v.mechanism.name, "refused").inc()
+        metrics.refused(exc, "session")
+        raise
+    except IntegrityError:
+        return _replayed_open(sessions, principal, v, key)
+
+
+def _replayed_open(
+    sessions: sessionmaker[Session], principal: Principal, v: Validated, key: str | None
+) -> AnalysisSession:
+    """A concurrent open with the same Idempotency-Key (on another dataset) won the race."""
+    with sessions() as session:
+        request = RequestRepository(session).by_idempotency_key(principal.name, key or "")
+        row = None if request is None else SessionRepository(session).by_request(request.id)
+        same = request is not None and request.fingerprint == fingerprint(
+            v.dataset.id, v.mechanism.name, v.params
+        )
+        if row is None or not same:
+            raise IdempotencyKeyReused("this Idempotency-Key was used for a different request") from None
+        return row
+
+
+def _encode(state: dict[str, Any]) -> bytes:
+    return json.dumps(state, sort_keys=True).encode()
+
+
+def visible_session(session: Session, principal: Principal, session_id: str) -> AnalysisSession:
+    row = SessionRepository(session).get(session_id)
+    if row is None or (principal.role is not Role.admin and row.analyst != principal.name):
+        raise NotFound(f"no session {session_id!r}")
+    return row
+
+
+class _PublicParts:
+    """The public pieces a session's transitions need (no data)."""
+
+    def __init__(self, session: Session, row: AnalysisSession) -> None:
+        dataset = dataset_by_id(session, row.dataset_id)
+        assert dataset is not None
+        self.dataset = dataset
+        self.mechanism = _mechanism(row.mechanism)
+        self.params: BaseModel = self.mechanism.params_model.model_validate(row.params)
+        self.public: PublicContext = public_context(dataset)
+
+
+def _lock(
+    session: Session, session_id: str, analyst: str, dataset_id: str
+) -> tuple[list[PrivacyFilter], AnalysisSession, AnalysisRequest]:
+    filters = lock_filters(session, dataset_id, analyst)
+    row = SessionRepository(session).fresh(session_id)
+    assert row is not None
+    request = RequestRepository(session).fresh(row.request_id)
+    assert request is not None
+    return filters, row, request
+
+
+def _close(
+    session: Session,
+    filters: list[PrivacyFilter],
+    row: AnalysisSession,
+    request: AnalysisRequest,
+    parts: _PublicParts,
+    reason: str,
+    failed: bool = False,
+) -> None:
+    """Commit the realized charge of the public transcript (the worst case on failure); drop the secret."""
+    transcript = [(step["query"], step["answer"]) for step in row.steps]
+    realized = (
+        None if failed else parts.mechanism.realized(parts.params, parts.public, transcript, reason == "halted")
+    )
+    error = "the mechanism failed; its worst case was charged" if failed else None
+    settle_locked(session, filters, request, realized, {"steps": transcript}, error)
+    row.state, row.close_reason, row.updated_at = "closed", reason, datetime.now(UTC)
+    SessionRepository(session).drop_secret(request.id)
+    metrics.session_closed(session, row.mechanism, reason)
+
+
+def ask(
+    runtime: Runtime, principal: Principal, session_id: str, raw_query: Any, key: str | None
+) -> tuple[AnalysisSession, dict[str, Any]]:
+    """Answer one query of an open session (serialized per session by the filter locks)."""
+    with runtime.sessions() as session:
+        row = visible_session(session, principal, session_id)
+        parts = _PublicParts(session, row)
+    try:
+        query = parts.mechanism.query_model.model_validate(raw_query)
+    except ValidationError as exc:
+        raise InvalidInput.from_validation("query", exc) from None
+    query_json = query.model_dump(mode="json")
+    with runtime.sessions() as session, session.begin():
+        filters, row, request = _lock(session, session_id, row.analyst, row.dataset_id)
+        replay = _replay(row, key, query_json)
+        if replay is not None:
+            return row, replay
+        if row.state == "open" and datetime.now(UTC) >= row.expires_at:
+            _close(session, filters, row, request, parts, "expired")
+        if row.state != "open":
+            outcome: tuple[AnalysisSession, dict[str, Any]] | SessionClosed = SessionClosed(
+                f"session {session_id} is closed ({row.close_reason}); open a new one",
+                close_reason=row.close_reason,
+            )
+        else:
+            outcome = _step(session, runtime, filters, row, request, parts, query, query_json, key)
+    if isinstance(outcome, Exception):
+        raise outcome
+    if outcome[1].get("failed"):
+        raise MechanismFailed("the mechanism failed; its worst case was charged", session_id=session_id)
+    return outcome
+
+
+def _replay(row: AnalysisSession, key: str | None, query_json: dict[str, Any]) -> dict[str, Any] | None:
+    """A retried query with the same Idempotency-Key gets the stored answer (no fresh noise)."""
+    if key is None:
+        return None
+    for step in row.steps:
+        if step.get("key") == key:
+            if step["query"] != query_json:
+                raise IdempotencyKeyReused("this Idempotency-Key was used for a different query")
+            answer: dict[str, Any] = step["answer"]
+            return answer
+    return None
+
+
+def _step(
+    session: Session,
+    runtime: Runtime,
+    filters: list[PrivacyFilter],
+    row: AnalysisSession,
+    request: AnalysisRequest,
+    parts: _PublicParts,
+    query: BaseModel,
+    query_json: dict[str, Any],
+    key: str | None,
+) -> tuple[AnalysisSession, dict[str, Any]]:
+    try:
+        parts.mechanism.check_query(parts.params, parts.public, query, len(row.steps))
+    except ParamsError as exc:
+        raise InvalidInput(f"query.{exc.field}", exc.reason) from None
+    secret = SessionRepository(session).secret(request.id)
+    assert secret is not None, "an open session has its secret state"
+    try:
+        table = runtime.tables.get(parts.dataset, parts.public.schema)
+        noise = Noise.system()
+        result = parts.mechanism.step(parts.params, parts.public, json.loads(secret.state), query, table, noise)
+    except Exception as exc:
+        log.error(
+            "session step failed after reading data; charging the worst case",
+            session_id=row.id,
+            **failure_fields(exc),
+        )
+        _close(session, filters, row, request, parts, "failed", failed=True)
+        return row, {"failed": True}
+    row.steps = [*row.steps, {"query": query_json, "answer": result.answer, "key": key}]
+    now = datetime.now(UTC)
+    row.updated_at = secret.updated_at = now
+    # Expiry is for idle sessions: every answered query pushes it back by the session TTL.
+    row.expires_at = request.lease_expires_at = now + timedelta(seconds=runtime.settings.session_ttl_seconds)
+    secret.state = _encode(result.state)
+    max_queries = getattr(parts.params, "max_queries", None)
+    exhausted = max_queries is not None and len(row.steps) >= max_queries
+    if result.halted or exhausted:
+        # "halted": the session stopped on an answer; "max_queries": its last allowed query was answered.
+        reason = "max_queries" if exhausted and not result.answer.get("above", False) else "halted"
+        _close(session, filters, row, request, parts, reason)
+    return row, result.answer
+
+
+def close(runtime: Runtime, principal: Principal, session_id: str, reason: str = "closed") -> AnalysisSession:
+    """Close an open session now and commit the realized charge of its transcript (idempotent)."""
+    with runtime.sessions() as session:
+        row = visible_session(session, principal, session_id)
+        parts = _PublicParts(session, row)
+    with runtime.sessions() as session, session.begin():
+        filters, row, request = _lock(session, session_id, row.analyst, row.dataset_id)
+        if row.state == "open":
+            _close(session, filters, row, request, parts, reason)
+    return row
+
+
+def expire_sessions(sessions: sessionmaker[Session]) -> int:
+    """Close every open session past its expiry, charging the realized outcome of its transcript."""
+    with sessions() as session:
+        expired = RequestRepository(session).expired_running(datetime.now(UTC), kind="session")
+        rows = [SessionRepository(session).by_request(r.id) for r in expired]
+        contexts = [(row, _PublicParts(session, row)) for row in rows if row is not None]
+    closed = 0
+    for row, parts in contexts:
+        with sessions() as session, session.begin():
+            filters, fresh, request = _lock(session, row.id, row.analyst, row.dataset_id)
+            if fresh.state == "open":
+                _close(session, filters, fresh, request, parts, "expired")
+                closed += 1
+    return closed

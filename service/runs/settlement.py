@@ -1,0 +1,160 @@
+"""Settlement: a running request's reservation replaced by its realized charge (commit), or released
+without charge (abort, only when its data was provably never read). Never twice: each transition re-reads
+the request under its filters' locks and does nothing unless it is still running.
+
+The release is stored in the same transaction that commits the realized charge, so a release never leaves
+before its debit is durable.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from sqlalchemy.orm import Session, sessionmaker
+
+from mechanisms.accounting import RdpCurve, UnitsVector
+from service import metrics
+from service.filter.admission import lock_filters, settle_reservation
+from service.runs.admission import curve_record
+from service.store.models import AnalysisRequest, PrivacyFilter, RequestState
+from service.store.repositories import RequestRepository
+
+log = structlog.get_logger("expost.requests")
+
+
+@dataclass(frozen=True)
+class RequestRef:
+    """Which request, and so which filters guard its transitions."""
+
+    id: str
+    dataset_id: str
+    analyst: str
+
+    @classmethod
+    def of(cls, request: AnalysisRequest) -> RequestRef:
+        return cls(request.id, request.dataset_id, request.analyst)
+
+def lock_running(session: Session, ref: RequestRef) -> tuple[list[PrivacyFilter], AnalysisRequest] | None:
+    """Lock the request's filters, then re-read it; None unless it is still running."""
+    filters = lock_filters(session, ref.dataset_id, ref.analyst)
+    request = RequestRepository(session).fresh(ref.id)
+    return None if request is None or request.state != RequestState.RUNNING else (filters, request)
+
+
+def settle_locked(
+    session: Session,
+    filters: list[PrivacyFilter],
+    request: AnalysisRequest,
+    realized: RdpCurve | None,
+    release: dict[str, Any] | None,
+    error: str | None,
+) -> None:
+    """Replace the reservation by the realized charge (or the worst case on error); store the release."""
+    reservation = UnitsVector.from_json(request.worst_case["units"])
+    record = request.worst_case if realized is None else curve_record(realized)
+    charge = UnitsVector.from_json(record["units"])
+    if not charge <= reservation:  # a mechanism bug: never commit more than was admitted
+        log.error("realized charge above the reservation; committing the worst case", request_id=request.id)
+        record, charge, release, error = request.worst_case, reservation, None, "internal accounting error"
+    outcome = {"realized": charge.to_json(), "outcome": "released" if error is None else "failed"}
+    end_reservation(session, filters, request, charge, outcome)
+    request.state = RequestState.COMMITTED if error is None else RequestState.FAILED_CHARGED
+    request.realized, request.release, request.error = record, release, error
+
+
+def end_reservation(
+    session: Session,
+    filters: list[PrivacyFilter],
+    request: AnalysisRequest,
+    charge: UnitsVector | None,
+    details: dict[str, Any],
+) -> None:
+    """Replace the request's reservation by ``charge`` (None: release it) in its filters and the ledger."""
+    reservation = UnitsVector.from_json(request.worst_case["units"])
+    settle_reservation(
+        session, filters, request.scopes, reservation, charge, request.analyst, details, request.id
+    )
+    metrics.ended(session, request.dataset_id, request.kind, str(details.get("outcome", "abort")), charge)
+    request.updated_at, request.lease_expires_at = datetime.now(UTC), None
+
+
+def settle(
+    session: Session,
+    ref: RequestRef,
+    realized: RdpCurve | None,
+    release: dict[str, Any] | None,
+    error: str | None,
+) -> AnalysisRequest | None:
+    """Commit the realized charge and store the release, or commit the worst case with an error.
+
+    Returns the settled request, or None if it was no longer running (never charge twice).
+    """
+    with session.begin():
+        locked = lock_running(session, ref)
+        if locked is None:
+            return None
+        settle_locked(session, *locked, realized, release, error)
+    return locked[1]
+
+
+def abort(
+    session: Session,
+    ref: RequestRef,
+    reason: str,
+    unclaimed_only: bool = False,
+    owner: str | None = None,
+) -> bool:
+    """Release a reservation without charge. Only for requests whose data was provably never read.
+
+    ``unclaimed_only``: only if no worker has claimed it (queued): a worker's claim needs the request
+    running and unclaimed, and this holds the row lock, so after this abort no worker can start it.
+    ``owner``: only if that worker holds it (a worker that claimed it but found it cannot run it, before
+    reading anything).
+    """
+    with session.begin():
+        locked = lock_running(session, ref)
+        if locked is None or (unclaimed_only and locked[1].lease_owner is not None):
+            return False
+        if owner is not None and locked[1].lease_owner != owner:
+            return False
+        filters, request = locked
+        end_reservation(session, filters, request, None, {"reason": reason})
+        request.state, request.error = RequestState.ABORTED, reason
+        # Nothing was read, so a retry with the same key must be admitted afresh (not replay the abort).
+        request.idempotency_key = None
+    return True
+
+
+SettleFn = Callable[["RequestRef", RdpCurve | None, dict[str, Any] | None, str | None], object]
+
+_SETTLED = threading.Condition()
+
+def notify_settled() -> None:
+    """Wake the threads of this process waiting in :func:`wait_settled` (a local settlement)."""
+    with _SETTLED:
+        _SETTLED.notify_all()
+
+def wait_settled(
+    sessions: sessionmaker[Session],
+    request_id: str,
+    timeout: float,
+    stop: threading.Event | None = None,
+) -> AnalysisRequest:
+    """Wait until the request leaves ``running``, the timeout passes or ``stop`` is set (a draining
+    server answers 202 at once). Woken at once by settlements in this process, else polls every 50 ms."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with sessions() as session:
+            request = RequestRepository(session).get(request_id)
+            assert request is not None
+        left = deadline - time.monotonic()
+        if request.state != RequestState.RUNNING or left <= 0 or (stop is not None and stop.is_set()):
+            return request
+        with _SETTLED:
+            _SETTLED.wait(min(0.05, left))

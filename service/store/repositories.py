@@ -1,0 +1,464 @@
+"""All SQL of the service. Repositories never commit: the domain's unit of work does."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.engine import CursorResult
+from sqlalchemy.orm import Session
+
+from service.store.models import (
+    DATASET_SCOPE,
+    AnalysisRequest,
+    AnalysisSession,
+    AnalystLimit,
+    ApiKey,
+    Dataset,
+    Grant,
+    LedgerEntry,
+    PrivacyFilter,
+    Refusal,
+    RequestState,
+    SecretState,
+)
+
+
+def _storable(key: str) -> bool:
+    """No stored id contains NUL, and PostgreSQL cannot even compare text with one (an error, not a
+    mismatch): a lookup by such an id finds nothing, on every backend."""
+    return "\x00" not in key
+
+
+class KeyRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def by_hash(self, key_hash: str) -> ApiKey | None:
+        return self.session.scalar(
+            select(ApiKey).where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None))
+        )
+
+    def by_name(self, name: str) -> ApiKey | None:
+        return self.session.scalar(select(ApiKey).where(ApiKey.name == name))
+
+    def add(self, key: ApiKey) -> None:
+        self.session.add(key)
+
+    def all(self) -> Sequence[ApiKey]:
+        return self.session.scalars(select(ApiKey).order_by(ApiKey.id)).all()
+
+
+class DatasetRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def get(self, dataset_id: str) -> Dataset | None:
+        return self.session.get(Dataset, dataset_id) if _storable(dataset_id) else None
+
+    def add(self, dataset: Dataset) -> None:
+        self.session.add(dataset)
+
+    def visible(self, analyst: str | None) -> Sequence[Dataset]:
+        query = select(Dataset).order_by(Dataset.created_at, Dataset.id)
+        if analyst is not None:
+            query = query.join(Grant, Grant.dataset_id == Dataset.id).where(Grant.analyst == analyst)
+        return self.session.scalars(query).all()
+
+    def is_granted(self, dataset_id: str, analyst: str) -> bool:
+        found = self.session.scalar(
+            select(Grant.id).where(Grant.dataset_id == dataset_id, Grant.analyst == analyst)
+        )
+        return found is not None
+
+    def add_grant(self, grant: Grant) -> None:
+        self.session.add(grant)
+
+    def grants(self, dataset_id: str) -> Sequence[str]:
+        return self.session.scalars(
+            select(Grant.analyst).where(Grant.dataset_id == dataset_id).order_by(Grant.analyst)
+        ).all()
+
+
+class FilterRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def get(self, dataset_id: str, scope: str = DATASET_SCOPE) -> PrivacyFilter | None:
+        return self.session.scalar(
+            select(PrivacyFilter).where(PrivacyFilter.dataset_id == dataset_id, PrivacyFilter.scope == scope)
+        )
+
+    def lock(self, dataset_id: str, scope: str = DATASET_SCOPE) -> PrivacyFilter | None:
+        """The filter row under ``SELECT … FOR UPDATE`` (PostgreSQL); SQLite holds BEGIN IMMEDIATE."""
+        return self.session.scalar(
+            select(PrivacyFilter)
+            .where(PrivacyFilter.dataset_id == dataset_id, PrivacyFilter.scope == scope)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        )
+
+    def lock_scopes(self, dataset_id: str, scopes: Sequence[str]) -> Sequence[PrivacyFilter]:
+        """Several filter rows of a dataset in one ``SELECT … FOR UPDATE``, locked in id order."""
+        return self.session.scalars(
+            select(PrivacyFilter)
+            .where(PrivacyFilter.dataset_id == dataset_id, PrivacyFilter.scope.in_(scopes))
+            .order_by(PrivacyFilter.id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        ).all()
+
+    def add(self, privacy_filter: PrivacyFilter) -> None:
+        self.session.add(privacy_filter)
+
+    def for_dataset(self, dataset_id: str) -> Sequence[PrivacyFilter]:
+        return self.session.scalars(
+            select(PrivacyFilter).where(PrivacyFilter.dataset_id == dataset_id).order_by(PrivacyFilter.id)
+        ).all()
+
+    def all(self) -> Sequence[PrivacyFilter]:
+        return self.session.scalars(select(PrivacyFilter).order_by(PrivacyFilter.id)).all()
+
+
+class LedgerRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def add(self, entry: LedgerEntry) -> None:
+        self.session.add(entry)
+
+    def page(
+        self, dataset_id: str, after_seq: int, limit: int, analyst: str | None = None
+    ) -> Sequence[LedgerEntry]:
+        query = select(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id, LedgerEntry.seq > after_seq)
+        if analyst is not None:
+            own = select(AnalysisRequest.id).where(
+                AnalysisRequest.dataset_id == dataset_id, AnalysisRequest.analyst == analyst
+            )
+            query = query.where(LedgerEntry.request_id.in_(own))
+        return self.session.scalars(query.order_by(LedgerEntry.seq).limit(limit)).all()
+
+    def count(self, dataset_id: str) -> int:
+        return int(
+            self.session.scalar(
+                select(func.count()).select_from(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id)
+            )
+            or 0
+        )
+
+    def dataset_ids(self) -> Sequence[str]:
+        return self.session.scalars(select(Dataset.id).order_by(Dataset.id)).all()
+
+    def chain(self, dataset_id: str, after_seq: int, limit: int) -> Sequence[LedgerEntry]:
+        return self.session.scalars(
+            select(LedgerEntry)
+            .where(LedgerEntry.dataset_id == dataset_id, LedgerEntry.seq > after_seq)
+            .order_by(LedgerEntry.seq)
+            .limit(limit)
+        ).all()
+
+
+class RequestRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def get(self, request_id: str) -> AnalysisRequest | None:
+        return self.session.get(AnalysisRequest, request_id) if _storable(request_id) else None
+
+    def fresh(self, request_id: str) -> AnalysisRequest | None:
+        """Re-read from the database and lock the row (the caller holds the filter locks): a worker's claim or
+        heartbeat, which take only this row, cannot interleave with the caller's check-then-transition."""
+        return self.session.get(AnalysisRequest, request_id, populate_existing=True, with_for_update=True)
+
+    def fresh_many(self, request_ids: Sequence[str]) -> Sequence[AnalysisRequest]:
+        return self.session.scalars(
+            select(AnalysisRequest)
+            .where(AnalysisRequest.id.in_(request_ids))
+            .execution_options(populate_existing=True)
+        ).all()
+
+    def by_idempotency_key(self, analyst: str, key: str) -> AnalysisRequest | None:
+        return self.session.scalar(
+            select(AnalysisRequest).where(
+                AnalysisRequest.analyst == analyst, AnalysisRequest.idempotency_key == key
+            )
+        )
+
+    def add(self, request: AnalysisRequest) -> None:
+        self.session.add(request)
+
+    def claim(self, request_id: str, owner: str, now: datetime, until: datetime) -> bool:
+        """Atomically take a queued request (running, unclaimed) for ``owner``: one conditional UPDATE,
+        so of two workers (or two deliveries of one task) exactly one sees a row count of 1. The lease
+        starts here; a cancel or the queue timeout (which abort only unclaimed requests, under a row lock)
+        and a claim exclude each other."""
+        result = self.session.execute(
+            update(AnalysisRequest)
+            .where(
+                AnalysisRequest.id == request_id,
+                AnalysisRequest.kind == "request",
+                AnalysisRequest.state == RequestState.RUNNING,
+                AnalysisRequest.lease_owner.is_(None),
+            )
+            .values(lease_owner=owner, lease_expires_at=until, started_at=now, updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        assert isinstance(result, CursorResult)
+        return result.rowcount == 1
+
+    def renew(
+        self, request_id: str, owner: str | None, until: datetime, progress: float | None
+    ) -> bool:
+        """Heartbeat: extend the lease of a request still running (and still ``owner``'s when given);
+        store ``progress`` unless None. False when the request was settled or reaped meanwhile."""
+        conditions = [AnalysisRequest.id == request_id, AnalysisRequest.state == RequestState.RUNNING]
+        if owner is not None:
+            conditions.append(AnalysisRequest.lease_owner == owner)
+        values: dict[str, Any] = {"lease_expires_at": until}
+        if progress is not None:
+            values["progress"] = progress
+        result = self.session.execute(
+            update(AnalysisRequest)
+            .where(*conditions)
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        )
+        assert isinstance(result, CursorResult)
+        return result.rowcount == 1
+
+    # ----- the claim order (fair queueing across analysts) ---------------------------------------------
+
+    def _queued(self, mechanisms: Sequence[str], queue: str | None) -> list[Any]:
+        return [
+            AnalysisRequest.kind == "request",
+            AnalysisRequest.state == RequestState.RUNNING,
+            AnalysisRequest.lease_owner.is_(None),
+            AnalysisRequest.queue.is_(None) if queue is None else AnalysisRequest.queue == queue,
+            AnalysisRequest.mechanism.in_(mechanisms),
+        ]
+
+    def queued_analysts(self, mechanisms: Sequence[str], queue: str | None) -> dict[str, datetime]:
+        """Analysts with queued requests that a worker knowing ``mechanisms`` can run, and when their
+        oldest queued request was admitted."""
+        rows: dict[str, datetime] = dict(
+            self.session.execute(
+                select(AnalysisRequest.analyst, func.min(AnalysisRequest.created_at))
+                .where(*self._queued(mechanisms, queue))
+                .group_by(AnalysisRequest.analyst)
+            ).tuples().all()
+        )
+        return rows
+
+    def analyst_load(self, analysts: Sequence[str]) -> dict[str, tuple[int, datetime | None]]:
+        """Per analyst: requests running on workers now, and when the analyst's latest run started."""
+        running: dict[str, int] = dict(
+            self.session.execute(
+                select(AnalysisRequest.analyst, func.count())
+                .where(
+                    AnalysisRequest.analyst.in_(analysts),
+                    AnalysisRequest.kind == "request",
+                    AnalysisRequest.state == RequestState.RUNNING,
+                    AnalysisRequest.lease_owner.is_not(None),
+                )
+                .group_by(AnalysisRequest.analyst)
+            ).tuples().all()
+        )
+        latest: dict[str, datetime | None] = dict(
+            self.session.execute(
+                select(AnalysisRequest.analyst, func.max(AnalysisRequest.started_at))
+                .where(AnalysisRequest.analyst.in_(analysts), AnalysisRequest.kind == "request")
+                .group_by(AnalysisRequest.analyst)
+            ).tuples().all()
+        )
+        return {a: (int(running.get(a, 0)), latest.get(a)) for a in analysts}
+
+    def oldest_queued(self, analyst: str, mechanisms: Sequence[str], queue: str | None) -> str | None:
+        return self.session.scalar(
+            select(AnalysisRequest.id)
+            .where(AnalysisRequest.analyst == analyst, *self._queued(mechanisms, queue))
+            .order_by(AnalysisRequest.created_at, AnalysisRequest.id)
+            .limit(1)
+        )
+
+    def queue_position(self, request: AnalysisRequest) -> int:
+        """How many queued requests of the same analyst are ahead of ``request`` (its own, public)."""
+        return int(
+            self.session.scalar(
+                select(func.count())
+                .select_from(AnalysisRequest)
+                .where(
+                    AnalysisRequest.analyst == request.analyst,
+                    AnalysisRequest.kind == "request",
+                    AnalysisRequest.state == RequestState.RUNNING,
+                    AnalysisRequest.lease_owner.is_(None),
+                    AnalysisRequest.created_at < request.created_at,
+                )
+            )
+            or 0
+        )
+
+    def active_counts(self, analyst: str, not_counted: Sequence[str]) -> tuple[int, int]:
+        """(requests queued or running on workers, open sessions) of ``analyst``; requests of the
+        mechanisms in ``not_counted`` (run inline by the API) do not count."""
+        rows: dict[str, int] = dict(
+            self.session.execute(
+                select(AnalysisRequest.kind, func.count())
+                .where(
+                    AnalysisRequest.analyst == analyst,
+                    AnalysisRequest.state == RequestState.RUNNING,
+                    (AnalysisRequest.kind == "session") | AnalysisRequest.mechanism.not_in(not_counted),
+                )
+                .group_by(AnalysisRequest.kind)
+            ).tuples().all()
+        )
+        return int(rows.get("request", 0)), int(rows.get("session", 0))
+
+    def expired_claimed(self, now: datetime, limit: int = 100) -> Sequence[AnalysisRequest]:
+        """Requests a worker claimed whose lease expired (no heartbeat): the worker was lost."""
+        return self.session.scalars(
+            select(AnalysisRequest)
+            .where(
+                AnalysisRequest.state == RequestState.RUNNING,
+                AnalysisRequest.kind == "request",
+                AnalysisRequest.lease_owner.is_not(None),
+                AnalysisRequest.lease_expires_at < now,
+            )
+            .limit(limit)
+        ).all()
+
+    def overdue_queued(self, admitted_before: datetime, limit: int = 100) -> Sequence[AnalysisRequest]:
+        """Queued requests (never claimed) admitted before ``admitted_before``."""
+        return self.session.scalars(
+            select(AnalysisRequest)
+            .where(
+                AnalysisRequest.state == RequestState.RUNNING,
+                AnalysisRequest.kind == "request",
+                AnalysisRequest.lease_owner.is_(None),
+                AnalysisRequest.created_at < admitted_before,
+            )
+            .order_by(AnalysisRequest.created_at)
+            .limit(limit)
+        ).all()
+
+    def claimed_by(self, owners: Sequence[str]) -> Sequence[AnalysisRequest]:
+        return self.session.scalars(
+            select(AnalysisRequest).where(
+                AnalysisRequest.state == RequestState.RUNNING, AnalysisRequest.lease_owner.in_(owners)
+            )
+        ).all()
+
+    def expired_running(self, now: datetime, kind: str, limit: int = 100) -> Sequence[AnalysisRequest]:
+        return self.session.scalars(
+            select(AnalysisRequest)
+            .where(
+                AnalysisRequest.state == RequestState.RUNNING,
+                AnalysisRequest.kind == kind,
+                AnalysisRequest.lease_expires_at < now,
+            )
+            .limit(limit)
+        ).all()
+
+
+class SessionRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def add(self, row: AnalysisSession) -> None:
+        self.session.add(row)
+
+    def get(self, session_id: str) -> AnalysisSession | None:
+        return self.session.get(AnalysisSession, session_id) if _storable(session_id) else None
+
+    def fresh(self, session_id: str) -> AnalysisSession | None:
+        """Re-read (the caller holds the filter locks that guard every session transition)."""
+        return self.session.get(AnalysisSession, session_id, populate_existing=True)
+
+    def by_request(self, request_id: str) -> AnalysisSession | None:
+        return self.session.scalar(select(AnalysisSession).where(AnalysisSession.request_id == request_id))
+
+    def add_secret(self, secret: SecretState) -> None:
+        self.session.add(secret)
+
+    def secret(self, request_id: str) -> SecretState | None:
+        return self.session.get(SecretState, request_id, populate_existing=True)
+
+    def drop_secret(self, request_id: str) -> None:
+        secret = self.secret(request_id)
+        if secret is not None:
+            self.session.delete(secret)
+
+
+class RefusalRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def add(self, refusal: Refusal) -> None:
+        self.session.add(refusal)
+
+    def page(
+        self, dataset_id: str, after_id: int, limit: int, analyst: str | None = None
+    ) -> Sequence[Refusal]:
+        query = select(Refusal).where(Refusal.dataset_id == dataset_id, Refusal.id > after_id)
+        if analyst is not None:
+            query = query.where(Refusal.analyst == analyst)
+        return self.session.scalars(query.order_by(Refusal.id).limit(limit)).all()
+
+
+class ActivityRepository:
+    """What is in flight on a dataset: running requests and open sessions (public columns only)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def running_requests(self, dataset_id: str, analyst: str | None, limit: int) -> Sequence[Any]:
+        query = select(
+            AnalysisRequest.id,
+            AnalysisRequest.analyst,
+            AnalysisRequest.mechanism,
+            AnalysisRequest.worst_case,
+            AnalysisRequest.created_at,
+            AnalysisRequest.lease_expires_at,
+        ).where(
+            AnalysisRequest.dataset_id == dataset_id,
+            AnalysisRequest.state == RequestState.RUNNING,
+            AnalysisRequest.kind == "request",
+        )
+        if analyst is not None:
+            query = query.where(AnalysisRequest.analyst == analyst)
+        return self.session.execute(
+            query.order_by(AnalysisRequest.created_at, AnalysisRequest.id).limit(limit)
+        ).all()
+
+    def open_sessions(self, dataset_id: str, analyst: str | None, limit: int) -> Sequence[Any]:
+        query = (
+            select(
+                AnalysisSession.id,
+                AnalysisSession.analyst,
+                AnalysisSession.mechanism,
+                AnalysisSession.params,
+                func.json_array_length(AnalysisSession.steps).label("asked"),
+                AnalysisSession.created_at,
+                AnalysisSession.expires_at,
+                AnalysisRequest.worst_case,
+            )
+            .join(AnalysisRequest, AnalysisRequest.id == AnalysisSession.request_id)
+            .where(AnalysisSession.dataset_id == dataset_id, AnalysisSession.state == "open")
+        )
+        if analyst is not None:
+            query = query.where(AnalysisSession.analyst == analyst)
+        return self.session.execute(
+            query.order_by(AnalysisSession.created_at, AnalysisSession.id).limit(limit)
+        ).all()
+
+
+class LimitRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def get(self, analyst: str) -> AnalystLimit | None:
+        return self.session.get(AnalystLimit, analyst) if _storable(analyst) else None
+
+    def add(self, row: AnalystLimit) -> None:
+        self.session.add(row)
