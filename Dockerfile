@@ -18,8 +18,9 @@ COPY pyproject.toml README.md ./
 COPY mechanisms ./mechanisms
 COPY service ./service
 COPY migrations ./migrations
+COPY clients ./clients
 # service/store/migrate.py finds the Alembic scripts beside the installed packages (site-packages/migrations).
-RUN pip wheel --no-deps --wheel-dir /wheels . \
+RUN pip wheel --no-deps --wheel-dir /wheels . ./clients/python \
  && pip install /wheels/*.whl \
  && cp -r migrations "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/migrations" \
  && expost --help > /dev/null

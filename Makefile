@@ -13,12 +13,14 @@ $(VENV)/.created:
 	$(BIN)/pip install -q --upgrade pip
 	@touch $@
 
-$(VENV)/.installed-run: $(VENV)/.created pyproject.toml
-	$(BIN)/pip install -q -e .
+# The analysts' client (clients/python, a distribution of its own) is installed from the clone in the same
+# pip command, which satisfies the server's expost-client requirement without any package index.
+$(VENV)/.installed-run: $(VENV)/.created pyproject.toml clients/python/pyproject.toml
+	$(BIN)/pip install -q -e ./clients/python -e .
 	@touch $@
 
-$(VENV)/.installed-test: $(VENV)/.created pyproject.toml
-	$(BIN)/pip install -q -e '.[test]'
+$(VENV)/.installed-test: $(VENV)/.created pyproject.toml clients/python/pyproject.toml
+	$(BIN)/pip install -q -e ./clients/python -e '.[test]'
 	@touch $@ $(VENV)/.installed-run
 
 install: $(VENV)/.installed-run
@@ -35,10 +37,10 @@ test: install-test postgres redis browser lint typecheck
 	$(BIN)/pytest -n 2 --dist loadfile -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: install-test
-	$(BIN)/ruff check mechanisms service tests benchmarks migrations
+	$(BIN)/ruff check mechanisms service tests benchmarks migrations clients/python
 
 typecheck: install-test
-	$(BIN)/mypy mechanisms service
+	$(BIN)/mypy clients/python/src mechanisms service
 
 unit: install-test
 	$(BIN)/pytest tests/unit -q

@@ -30,7 +30,7 @@ FLOAT_SAMPLERS = frozenset(
 )
 CURVE_CONSTRUCTORS = frozenset({"RdpCurve", "cls"})  # RdpCurve.laplace(...) is accounting, not sampling
 FORBIDDEN_MODULES = frozenset({"random", "numpy.random", "secrets", "importlib"})
-SECRETS_ALLOWED = frozenset({"service/auth.py", "service/cli.py", "service/client.py"})
+SECRETS_ALLOWED = frozenset({"service/auth.py", "service/cli.py"})
 ESCAPE_HATCHES = frozenset({"unit_floats", "permutation"})
 ESCAPES_ALLOWED = frozenset({"mechanisms/tuning/candidates.py"})  # the train/holdout split
 

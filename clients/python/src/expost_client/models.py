@@ -1,0 +1,223 @@
+"""Response models: lenient (unknown fields are kept) copies of the server's response bodies.
+
+The server's own schemas pull in its database layer, so the client keeps these copies; every model has
+``raw``, the JSON object exactly as received.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from expost_client.errors import BudgetExhaustedError, error_from_problem
+
+__all__ = [
+    "AnalysisRequest",
+    "Answer",
+    "ApiKey",
+    "ApiModel",
+    "Budget",
+    "BudgetSlot",
+    "Curve",
+    "Dataset",
+    "Estimate",
+    "ExpostTimeoutError",
+    "Grant",
+    "LedgerPage",
+    "Limits",
+    "Loss",
+    "MechanismInfo",
+    "PrivacyReport",
+    "Session",
+    "Slot",
+]
+
+Loss = float | str  # a loss in ε units: a number, or "inf"
+Slot = float | str  # an order α, or "pure"
+
+
+class ApiModel(BaseModel):
+    """A response body; unknown fields are kept, and ``raw`` is the JSON exactly as received."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @classmethod
+    def from_json(cls: type[M], data: Any) -> M:
+        model = cls.model_validate(data)
+        model._raw = data if isinstance(data, dict) else {}
+        return model
+
+    @property
+    def raw(self) -> dict[str, Any]:
+        return self._raw
+
+
+M = TypeVar("M", bound=ApiModel)
+
+
+class ApiKey(ApiModel):
+    name: str
+    role: str
+    prefix: str
+    key: str | None = None
+
+
+class Dataset(ApiModel):
+    id: str
+    name: str
+    schema_: dict[str, Any] = Field(alias="schema")
+    n_rows: int | None = None
+    content_sha256: str | None = None  # admins only
+    orders: list[float]
+    clipped: dict[str, int] | None = None
+    created_at: datetime
+
+
+class Grant(ApiModel):
+    dataset_id: str
+    analyst: str
+    created: bool
+
+
+class Curve(ApiModel):
+    """A Rényi curve in ε units: ``values[i]`` at ``orders[i]``, and the pure (α = ∞) bound."""
+
+    orders: list[float]
+    values: list[Loss]
+    pure: Loss
+
+
+class BudgetSlot(ApiModel):
+    alpha: Slot
+    capacity: float | None
+    spent: Loss
+    reserved: Loss
+    remaining: float | None
+
+
+class Budget(ApiModel):
+    dataset_id: str
+    scope: str
+    analyst: str | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+    orders: list[BudgetSlot]
+    pure: BudgetSlot
+    epsilon_spent: Loss
+    epsilon_remaining: float | None = None
+    binding_alpha: Slot | None = None
+    budget_set: bool
+    etag: str | None = Field(default=None, exclude=True, description="the response's ETag")
+
+
+class AnalysisRequest(ApiModel):
+    id: str
+    dataset_id: str
+    analyst: str
+    mechanism: str
+    params: dict[str, Any]
+    state: str
+    worst_case: Curve
+    realized: Curve | None = None
+    release: dict[str, Any] | None = None
+    error: str | None = None
+    created_at: datetime
+    updated_at: datetime
+    # Newer servers: the fraction done (only when the mechanism's progress is public) and the timing.
+    progress: float | None = None
+    elapsed_seconds: float | None = None  # since submission: until now while running, else until settled
+    started_at: datetime | None = None
+    # Newer servers: queued (waiting for a worker, cancellable for free) or running; ETA from public data.
+    phase: str | None = None
+    eta_seconds: float | None = None
+    queue_position: int | None = None
+    cancelled_by: str | None = None
+
+
+class Limits(ApiModel):
+    analyst: str
+    max_running_requests: int
+    max_open_sessions: int
+    running_requests: int
+    open_sessions: int
+    custom: bool
+
+
+class Estimate(ApiModel):
+    admitted: bool
+    worst_case: Curve
+    refusal: dict[str, Any] | None = None
+    reason: str | None = None
+
+    @property
+    def refusal_error(self) -> BudgetExhaustedError | None:
+        """The refusal the request would get now, as the exception ``submit`` would raise."""
+        if self.refusal is None:
+            return None
+        error = error_from_problem(int(self.refusal.get("status", 409)), self.refusal)
+        return error if isinstance(error, BudgetExhaustedError) else None
+
+
+class Session(ApiModel):
+    id: str
+    dataset_id: str
+    analyst: str
+    mechanism: str
+    params: dict[str, Any]
+    state: str
+    close_reason: str | None = None
+    asked: int
+    steps: list[dict[str, Any]]
+    worst_case: Curve
+    realized: Curve | None = None
+    created_at: datetime
+    expires_at: datetime
+
+
+class Answer(ApiModel):
+    answer: dict[str, Any]
+    session: Session
+
+    @property
+    def above(self) -> bool:
+        return bool(self.answer.get("above"))
+
+
+class MechanismInfo(ApiModel):
+    name: str
+    kind: str
+    summary: str
+    cost_parameter: str | None = None
+    params_schema: dict[str, Any]
+    query_schema: dict[str, Any] | None = None
+
+
+class PrivacyReport(ApiModel):
+    """A release's per-instance privacy report evaluated on the caller's own record (charged nothing):
+    a bound on that record's ex-post loss holding with probability ≥ ``confidence``, and its Rényi curve."""
+
+    request_id: str
+    mechanism: str
+    report_kind: str
+    charged: float
+    ex_post_epsilon_upper: Loss
+    confidence: float
+    terms: dict[str, Loss]
+    personalized_rdp: Curve
+
+
+class LedgerPage(ApiModel):
+    items: list[dict[str, Any]]
+    next_after: int | None = None
+
+
+class ExpostTimeoutError(TimeoutError):
+    """A 202-accepted request was still running when the client stopped waiting (it keeps running)."""
+
+    def __init__(self, request: AnalysisRequest, waited: float) -> None:
+        super().__init__(f"request {request.id} still {request.state} after {waited:.1f}s")
+        self.request = request
+        self.request_id = request.id
