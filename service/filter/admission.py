@@ -9,15 +9,16 @@ a transition happens; this module is the only code that changes ``spent`` and ``
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from mechanisms.accounting import UnitsVector
-from service.errors import NotFound
-from service.filter import budget, ledger
-from service.filter.budget import FilterSnapshot
+from service.errors import NoBudget, NotFound
+from service.filter import ledger
 from service.filter.ledger import LedgerEvent
+from service.filter.state import FilterLike, FilterSnapshot, FilterState, read, snapshot
 from service.store.models import DATASET_SCOPE, PrivacyFilter
 from service.store.repositories import FilterRepository
 
@@ -40,11 +41,26 @@ def lock_filters(session: Session, dataset_id: str, analyst: str) -> list[Privac
     return [locked[DATASET_SCOPE], locked[analyst]]
 
 
+def admits(flt: FilterLike, charge: UnitsVector) -> bool:
+    """Dataset filters need a budget; an analyst filter without a sub-budget only tracks spending."""
+    state = read(flt)
+    if not state.has_budget:
+        if flt.scope == DATASET_SCOPE:
+            raise NoBudget("this dataset has no privacy budget yet; an admin must PUT one first")
+        return True
+    return state.admits(charge)
+
+
 def check_admission(filters: list[PrivacyFilter], charge: UnitsVector) -> None:
     """Raise :class:`Refused` unless every filter admits ``charge`` (writes nothing)."""
-    blocked = next((f for f in filters if not budget.admits(f, charge)), None)
+    blocked = next((f for f in filters if not admits(f, charge)), None)
     if blocked is not None:
-        raise Refused(budget.snapshot(blocked), [budget.snapshot(f) for f in filters])
+        raise Refused(snapshot(blocked), [snapshot(f) for f in filters])
+
+
+def _store(flt: PrivacyFilter, state: FilterState) -> None:
+    flt.spent, flt.reserved = state.spent.to_json(), state.reserved.to_json()
+    flt.updated_at = datetime.now(UTC)
 
 
 def reserve(
@@ -58,7 +74,7 @@ def reserve(
     """Add ``charge`` to every filter's reservations and append the ``reserve`` entry (after
     :func:`check_admission`, under the locks of :func:`lock_filters`)."""
     for flt in filters:
-        budget.reserve(flt, charge)
+        _store(flt, read(flt).reserve(charge))
     payload = {**details, "worst_case": charge.to_json()}
     ledger.append(session, filters[0], LedgerEvent.RESERVE, actor, payload, request_id=request_id)
 
@@ -77,7 +93,7 @@ def settle_reservation(
     when ``realized`` is None (``abort``), and append the entry."""
     for flt in filters:
         if flt.scope in scopes:
-            budget.settle(flt, reservation, realized)
+            _store(flt, read(flt).settle(reservation, realized))
     event = LedgerEvent.ABORT if realized is None else LedgerEvent.COMMIT
     payload = {"scopes": scopes, "worst_case": reservation.to_json(), **details}
     ledger.append(session, filters[0], event, actor, payload, request_id=request_id)

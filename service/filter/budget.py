@@ -1,17 +1,15 @@
 """The persistent ex-post Rényi filter on its database rows (docs/privacy.md §2): budgets, the
 transitions of ``service.filter.state`` applied to stored filters, and the public budget views.
 
-Slots are the dataset's orders followed by the pure slot (α = ∞). A request with fixed-point charge w is
-admitted by a filter iff some usable slot j has spent[j] + reserved[j] + w[j] ≤ capacity[j]
-(docs/privacy.md §2). Commit replaces the reservation by the realized charge (≤ the reservation); nothing
-else ever lowers a charge. The caller holds the filter's row lock for every mutation.
+Slots are the dataset's orders followed by the pure slot (α = ∞). The rule and its transitions are
+``service.filter.state``; ``service.filter.admission`` applies them to locked rows. The caller holds the
+filter's row lock for every mutation.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -21,10 +19,10 @@ from mechanisms.accounting import (
     filter_epsilon,
     units_to_epsilon,
 )
-from service.errors import InvalidInput, NoBudget, NotFound
+from service.errors import InvalidInput, NotFound
 from service.filter import ledger
 from service.filter.ledger import LedgerEvent
-from service.filter.state import FilterState
+from service.filter.state import FilterLike, read
 from service.store.models import DATASET_SCOPE, Dataset, PrivacyFilter
 from service.store.repositories import FilterRepository
 
@@ -51,68 +49,14 @@ def new_filter(dataset_id: str, scope: str, slots: int) -> PrivacyFilter:
     )
 
 
-class FilterLike(Protocol):
-    """What admission reads of a filter: a database row, or a snapshot taken under its lock."""
-
-    @property
-    def scope(self) -> str: ...
-    @property
-    def capacity(self) -> list[Any] | None: ...
-    @property
-    def spent(self) -> dict[str, Any]: ...
-    @property
-    def reserved(self) -> dict[str, Any]: ...
-
-
-@dataclass(frozen=True)
-class FilterSnapshot:
-    scope: str
-    capacity: list[Any] | None
-    spent: dict[str, Any]
-    reserved: dict[str, Any]
-
-
-def snapshot(flt: PrivacyFilter) -> FilterSnapshot:
-    return FilterSnapshot(flt.scope, flt.capacity, dict(flt.spent), dict(flt.reserved))
-
-
-def state_of(flt: FilterLike) -> FilterState:
-    """The pure state of a stored filter (its cached totals)."""
-    return FilterState.of(flt.capacity, UnitsVector.from_json(flt.spent), UnitsVector.from_json(flt.reserved))
-
-
 def totals(flt: FilterLike) -> tuple[UnitsVector, UnitsVector]:
-    state = state_of(flt)
+    state = read(flt)
     return state.spent, state.reserved
 
 
 def ever_admissible(flt: FilterLike, charge: UnitsVector) -> bool:
     """Would an unspent filter with this capacity admit the charge?"""
-    return state_of(flt).ever_admits(charge)
-
-
-def admits(flt: FilterLike, charge: UnitsVector) -> bool:
-    """Dataset filters need a budget; an analyst filter without a sub-budget only tracks spending."""
-    state = state_of(flt)
-    if not state.has_budget:
-        if flt.scope == DATASET_SCOPE:
-            raise NoBudget("this dataset has no privacy budget yet; an admin must PUT one first")
-        return True
-    return state.admits(charge)
-
-
-def _store(flt: PrivacyFilter, state: FilterState) -> None:
-    flt.spent, flt.reserved = state.spent.to_json(), state.reserved.to_json()
-    flt.updated_at = datetime.now(UTC)
-
-
-def reserve(flt: PrivacyFilter, charge: UnitsVector) -> None:
-    _store(flt, state_of(flt).reserve(charge))
-
-
-def settle(flt: PrivacyFilter, reservation: UnitsVector, realized: UnitsVector | None) -> None:
-    """Replace ``reservation`` by ``realized`` (commit), or drop it when ``realized`` is None (abort)."""
-    _store(flt, state_of(flt).settle(reservation, realized))
+    return read(flt).ever_admits(charge)
 
 
 def validate_budget(epsilon: float, delta: float) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from mechanisms.accounting import UnitsVector
 
@@ -24,7 +25,7 @@ from mechanisms.accounting import UnitsVector
 @dataclass(frozen=True)
 class FilterState:
     """One filter's totals. ``capacity`` None means no budget is set (admission then depends on the
-    filter's role: see :func:`service.filter.budget.admits`)."""
+    filter's role: see :func:`service.filter.admission.admits`)."""
 
     capacity: tuple[int | None, ...] | None
     spent: UnitsVector
@@ -82,3 +83,35 @@ def _slots(capacity: Sequence[int | None]) -> tuple[int | None, ...]:
     if not all(c is None or type(c) is int for c in capacity):
         raise ValueError("capacity entries must be integer units or null")
     return tuple(capacity)
+
+
+class FilterLike(Protocol):
+    """What the filter rule reads of a stored filter: a database row, or a snapshot taken under its lock."""
+
+    @property
+    def scope(self) -> str: ...
+    @property
+    def capacity(self) -> list[Any] | None: ...
+    @property
+    def spent(self) -> dict[str, Any]: ...
+    @property
+    def reserved(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class FilterSnapshot:
+    """A copy of a stored filter, taken under its lock (refusals are explained after the lock is gone)."""
+
+    scope: str
+    capacity: list[Any] | None
+    spent: dict[str, Any]
+    reserved: dict[str, Any]
+
+
+def snapshot(flt: FilterLike) -> FilterSnapshot:
+    return FilterSnapshot(flt.scope, flt.capacity, dict(flt.spent), dict(flt.reserved))
+
+
+def read(flt: FilterLike) -> FilterState:
+    """The pure state of a stored filter (its cached totals, strictly parsed)."""
+    return FilterState.of(flt.capacity, UnitsVector.from_json(flt.spent), UnitsVector.from_json(flt.reserved))

@@ -39,9 +39,11 @@ from service.errors import (
     NoBudget,
     NotAdmissible,
 )
+from service.filter import admission as filter_admission
 from service.filter import budget
 from service.filter.admission import Refused, check_admission, lock_filters, reserve
 from service.filter.ledger import canonical_json
+from service.filter.state import snapshot
 from service.runs.leases import worker_id
 from service.store.models import DATASET_SCOPE, AnalysisRequest, Dataset, PrivacyFilter, RequestState
 from service.store.repositories import FilterRepository, LimitRepository, RequestRepository
@@ -128,7 +130,7 @@ def affordable(v: Validated, refused: Refused) -> dict[str, Any] | None:
     assert isinstance(v.mechanism, Mechanism)
 
     def admissible(curve: RdpCurve) -> bool:
-        return all(budget.admits(f, UnitsVector.charge(curve)) for f in refused.filters)
+        return all(filter_admission.admits(f, UnitsVector.charge(curve)) for f in refused.filters)
 
     value = best_affordable_cost(v.mechanism, v.params, v.context, admissible)
     return None if value is None else {"parameter": v.mechanism.cost_parameter, "value": value}
@@ -138,13 +140,13 @@ def admission_check(session: Session, principal: Principal, v: Validated) -> dic
     filters = FilterRepository(session)
     checked = [f for f in (filters.get(v.dataset.id), filters.get(v.dataset.id, principal.name)) if f]
     try:
-        blocked = next((f for f in checked if not budget.admits(f, v.charge)), None)
+        blocked = next((f for f in checked if not filter_admission.admits(f, v.charge)), None)
     except NoBudget as exc:
         return {"admitted": False, "reason": exc.detail, "worst_case": v.worst_case.as_dict()}
     result: dict[str, Any] = {"admitted": blocked is None, "worst_case": v.worst_case.as_dict()}
     if blocked is not None:
-        snapshots = [budget.snapshot(f) for f in checked]
-        result["refusal"] = refusal(v, Refused(budget.snapshot(blocked), snapshots)).problem()
+        snapshots = [snapshot(f) for f in checked]
+        result["refusal"] = refusal(v, Refused(snapshot(blocked), snapshots)).problem()
     return result
 
 
