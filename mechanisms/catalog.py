@@ -1,11 +1,18 @@
-"""The registries of mechanisms, by name: non-interactive (``MECHANISMS``) and sessions (``INTERACTIVE``)."""
+"""The registries of mechanisms, by name: non-interactive (``MECHANISMS``) and sessions (``INTERACTIVE``).
+
+The registries are heterogeneous (``Mechanism[Any]``): validate raw params with ``params_model`` (and a step
+with ``query_model``) before calling a mechanism; a wrong model raises TypeError (``base.ParamsChecked``).
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 from mechanisms.base import InteractiveMechanism, Mechanism
 from mechanisms.learners.dp_gd import DpGdMechanism
 from mechanisms.learners.rgm_gd import RgmGdMechanism
 from mechanisms.per_instance.objpert_logistic import ObjPertLogistic
+from mechanisms.ptr.ops_linear import OpsLinear
 from mechanisms.queries.gaussian import Gaussian
 from mechanisms.queries.laplace import Laplace
 from mechanisms.reduction.accuracy_first import (
@@ -25,7 +32,7 @@ from mechanisms.threshold.above_threshold import (
 )
 from mechanisms.tuning.select import TuningSelect
 
-MECHANISMS: dict[str, Mechanism] = {
+MECHANISMS: dict[str, Mechanism[Any]] = {
     "laplace": Laplace(),
     "gaussian": Gaussian(),
     "objpert.logistic": ObjPertLogistic(),
@@ -39,9 +46,11 @@ MECHANISMS: dict[str, Mechanism] = {
     "rgm.gd": RgmGdMechanism(),
     "dp_gd": DpGdMechanism(),
     "tuning.select": TuningSelect(),
+    # (ε, δ) mechanisms: admitted through the δ-ledger (docs/privacy.md §11, mechanisms.ptr.protocol)
+    "ptr.ops_linear": OpsLinear(),
 }
 
-INTERACTIVE: dict[str, InteractiveMechanism] = {
+INTERACTIVE: dict[str, InteractiveMechanism[Any, Any]] = {
     "above_threshold": GEOMETRIC,
     "above_threshold.dropping": DROPPING,
     "above_threshold.laplace": LAPLACE,

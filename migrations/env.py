@@ -1,4 +1,5 @@
-"""Alembic environment: the URL comes from the Config built in service.store.migrate (or EXPOST_DATABASE_URL)."""
+"""Alembic environment: the URL comes from the Config built in service.store.migrate (or
+EXPOST_DATABASE_URL)."""
 
 from __future__ import annotations
 

@@ -49,6 +49,12 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 class BudgetIn(StrictModel):
     epsilon: float = Field(ge=0, le=1e6, description="target ε of the filter")
     delta: float = Field(ge=0, lt=1, description="target δ; 0 makes a pure filter")
+    delta_share: float | None = Field(
+        default=None, gt=0, lt=1,
+        description="part of δ set aside for approximate-DP mechanisms (propose-test-release), < delta; "
+        "the RDP slots then use delta − delta_share. Once set it may only grow, and delta − delta_share "
+        "may never shrink (docs/privacy.md §11)",
+    )
 
 
 class GrantIn(StrictModel):

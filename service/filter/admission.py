@@ -41,25 +41,27 @@ def lock_filters(session: Session, dataset_id: str, analyst: str) -> list[Privac
     return [locked[DATASET_SCOPE], locked[analyst]]
 
 
-def admits(flt: FilterLike, charge: UnitsVector) -> bool:
-    """Dataset filters need a budget; an analyst filter without a sub-budget only tracks spending."""
+def admits(flt: FilterLike, charge: UnitsVector, delta: int = 0) -> bool:
+    """Dataset filters need a budget; an analyst filter without a sub-budget only tracks spending (its
+    δ-ledger too: without a sub-budget there is no sub-share to exhaust)."""
     state = read(flt)
     if not state.has_budget:
         if flt.scope == DATASET_SCOPE:
             raise NoBudget("this dataset has no privacy budget yet; an admin must PUT one first")
         return True
-    return state.admits(charge)
+    return state.admits(charge, delta)
 
 
-def check_admission(filters: list[PrivacyFilter], charge: UnitsVector) -> None:
-    """Raise :class:`Refused` unless every filter admits ``charge`` (writes nothing)."""
-    blocked = next((f for f in filters if not admits(f, charge)), None)
+def check_admission(filters: list[PrivacyFilter], charge: UnitsVector, delta: int = 0) -> None:
+    """Raise :class:`Refused` unless every filter admits ``charge`` and δ units ``delta`` (writes nothing)."""
+    blocked = next((f for f in filters if not admits(f, charge, delta)), None)
     if blocked is not None:
         raise Refused(snapshot(blocked), [snapshot(f) for f in filters])
 
 
 def _store(flt: PrivacyFilter, state: FilterState) -> None:
     flt.spent, flt.reserved = state.spent.to_json(), state.reserved.to_json()
+    flt.delta_spent, flt.delta_reserved = str(state.delta_spent), str(state.delta_reserved)
     flt.updated_at = datetime.now(UTC)
 
 
@@ -70,12 +72,13 @@ def reserve(
     actor: str,
     details: dict[str, Any],
     request_id: str,
+    delta: int = 0,
 ) -> None:
-    """Add ``charge`` to every filter's reservations and append the ``reserve`` entry (after
-    :func:`check_admission`, under the locks of :func:`lock_filters`)."""
+    """Add ``charge`` (and δ units ``delta``) to every filter's reservations and append the ``reserve``
+    entry (after :func:`check_admission`, under the locks of :func:`lock_filters`)."""
     for flt in filters:
-        _store(flt, read(flt).reserve(charge))
-    payload = {**details, "worst_case": charge.to_json()}
+        _store(flt, read(flt).reserve(charge, delta))
+    payload = {**details, "worst_case": charge.to_json(), **_delta_field(delta)}
     ledger.append(session, filters[0], LedgerEvent.RESERVE, actor, payload, request_id=request_id)
 
 
@@ -88,12 +91,19 @@ def settle_reservation(
     actor: str,
     details: dict[str, Any],
     request_id: str,
+    delta: int = 0,
 ) -> None:
-    """Replace ``reservation`` by ``realized`` in the filters of ``scopes`` (``commit``), or release it
-    when ``realized`` is None (``abort``), and append the entry."""
+    """Replace ``reservation`` by ``realized`` in the filters of ``scopes`` (``commit``: the reserved δ
+    units ``delta`` are spent), or release both when ``realized`` is None (``abort``), and append the
+    entry."""
     for flt in filters:
         if flt.scope in scopes:
-            _store(flt, read(flt).settle(reservation, realized))
+            _store(flt, read(flt).settle(reservation, realized, delta))
     event = LedgerEvent.ABORT if realized is None else LedgerEvent.COMMIT
-    payload = {"scopes": scopes, "worst_case": reservation.to_json(), **details}
+    payload = {"scopes": scopes, "worst_case": reservation.to_json(), **_delta_field(delta), **details}
     ledger.append(session, filters[0], event, actor, payload, request_id=request_id)
+
+
+def _delta_field(delta: int) -> dict[str, int]:
+    """The ledger names δ only for approximate requests, so every earlier entry replays unchanged."""
+    return {"delta": delta} if delta else {}

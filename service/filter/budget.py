@@ -9,6 +9,7 @@ filter's row lock for every mutation.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from fractions import Fraction
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -19,6 +20,7 @@ from mechanisms.accounting import (
     filter_epsilon,
     units_to_epsilon,
 )
+from mechanisms.accounting.approximate import DELTA_UNITS, delta_units_down, remainder_delta
 from service.errors import InvalidInput, NotFound
 from service.filter import ledger
 from service.filter.ledger import LedgerEvent
@@ -54,39 +56,71 @@ def totals(flt: FilterLike) -> tuple[UnitsVector, UnitsVector]:
     return state.spent, state.reserved
 
 
-def ever_admissible(flt: FilterLike, charge: UnitsVector) -> bool:
-    """Would an unspent filter with this capacity admit the charge?"""
-    return read(flt).ever_admits(charge)
+def ever_admissible(flt: FilterLike, charge: UnitsVector, delta: int = 0) -> bool:
+    """Would an unspent filter with this capacity (and δ share) admit the charge?"""
+    return read(flt).ever_admits(charge, delta)
 
 
-def validate_budget(epsilon: float, delta: float) -> None:
+def validate_budget(epsilon: float, delta: float, delta_share: float | None = None) -> None:
     if not (0.0 <= epsilon <= 1e6):
         raise InvalidInput("epsilon", "must be between 0 and 1e6")
     if not (0.0 <= delta < 1.0):
         raise InvalidInput("delta", "must be in [0, 1)")
+    if delta_share is not None and not (0.0 < delta_share < delta):
+        raise InvalidInput(
+            "delta_share", "must be > 0 and < delta: the share of δ set aside for approximate-DP mechanisms"
+        )
+
+
+def check_share_change(target: PrivacyFilter, delta: float, delta_share: float | None) -> None:
+    """A dataset's guarantee is sup_t δ_R + sup_t δ_A (docs/privacy.md §11.3, budget changes): once a
+    budget with a δ share has been set, or when one is added, the share may only grow and δ − share may
+    never shrink, so that the sum stays the δ the admin sees."""
+    old_share = target.delta_share or 0.0
+    new_share = delta_share or 0.0
+    if target.capacity is None or (old_share == 0.0 and new_share == 0.0):
+        return
+    old_rest, new_rest = (target.delta or 0.0) - old_share, delta - new_share
+    if new_share < old_share or new_rest < old_rest:
+        raise InvalidInput(
+            "delta_share",
+            f"with a δ share the budget can only grow: the share must stay ≥ {old_share:g} and δ − share "
+            f"≥ {old_rest:g} (the guarantee is the largest δ − share plus the largest share ever set)",
+        )
 
 
 def set_budget(
-    session: Session, dataset: Dataset, scope: str, epsilon: float, delta: float, actor: str
+    session: Session,
+    dataset: Dataset,
+    scope: str,
+    epsilon: float,
+    delta: float,
+    actor: str,
+    delta_share: float | None = None,
 ) -> PrivacyFilter:
-    """Set the (ε, δ) target of the dataset filter or of an analyst's sub-filter (one transaction)."""
-    validate_budget(epsilon, delta)
+    """Set the (ε, δ) target of the dataset filter or of an analyst's sub-filter (one transaction).
+
+    ``delta_share`` δ_A sets part of δ aside for approximate-DP mechanisms (docs/privacy.md §11): the
+    RDP slots' capacity then uses δ_R = δ − δ_A, and the δ-ledger's capacity is δ_A."""
+    validate_budget(epsilon, delta, delta_share)
     filters = FilterRepository(session)
     head = filters.lock(dataset.id)
     assert head is not None, "every dataset has its filter row"
     target = head if scope == DATASET_SCOPE else filters.lock(dataset.id, scope)
     if target is None:
         raise NotFound(f"analyst {scope!r} has no grant on dataset {dataset.id}; grant access first")
-    capacity = list(capacity_units(epsilon, delta, dataset.orders))
+    check_share_change(target, delta, delta_share)
+    rdp_delta = delta if delta_share is None else remainder_delta(delta, delta_share)
+    capacity = list(capacity_units(epsilon, rdp_delta, dataset.orders))
+    delta_capacity = None if delta_share is None else delta_units_down(delta_share)
     target.epsilon, target.delta, target.capacity = epsilon, delta, capacity
+    target.delta_share = delta_share
+    target.delta_capacity = None if delta_capacity is None else str(delta_capacity)
     target.updated_at = datetime.now(UTC)
-    ledger.append(
-        session,
-        head,
-        LedgerEvent.BUDGET,
-        actor,
-        {"scope": scope, "epsilon": epsilon, "delta": delta, "capacity": capacity},
-    )
+    payload: dict[str, Any] = {"scope": scope, "epsilon": epsilon, "delta": delta, "capacity": capacity}
+    if delta_share is not None:
+        payload |= {"delta_share": delta_share, "delta_capacity": delta_capacity}
+    ledger.append(session, head, LedgerEvent.BUDGET, actor, payload)
     return target
 
 
@@ -119,6 +153,8 @@ def budget_view(flt: PrivacyFilter, orders: list[float]) -> dict[str, Any]:
     usable = [r for r in rows if r["remaining"] is not None]
     best = max(usable, key=lambda r: r["remaining"], default=None)
     delta = flt.delta if flt.delta is not None else 0.0
+    if flt.delta_share is not None:  # the RDP slots' union bound uses δ_R = δ − δ_A
+        delta = remainder_delta(delta, flt.delta_share)
     return {
         "dataset_id": flt.dataset_id,
         "scope": "dataset" if flt.scope == DATASET_SCOPE else "analyst",
@@ -131,11 +167,38 @@ def budget_view(flt: PrivacyFilter, orders: list[float]) -> dict[str, Any]:
         "epsilon_remaining": best["remaining"] if best else None,
         "binding_alpha": best["alpha"] if best else None,
         "budget_set": flt.capacity is not None,
+        **delta_view(flt),
     }
 
 
-def refusal_details(flt: FilterLike, orders: list[float], charge: UnitsVector) -> dict[str, Any]:
-    """Requested vs spent vs reserved vs capacity per slot, and the slot closest to fitting."""
+def delta_view(flt: FilterLike) -> dict[str, Any]:
+    """The δ-ledger of approximate-DP requests (docs/privacy.md §11): share δ_A, spent, reserved, left."""
+    state = read(flt)
+    if state.delta_capacity is None:
+        return {
+            "delta_share": None,
+            "delta_spent": _delta(state.delta_spent),
+            "delta_reserved": _delta(state.delta_reserved),
+            "delta_remaining": None,
+        }
+    left = max(0, state.delta_capacity - state.delta_spent - state.delta_reserved)
+    return {
+        "delta_share": _delta(state.delta_capacity),
+        "delta_spent": _delta(state.delta_spent),
+        "delta_reserved": _delta(state.delta_reserved),
+        "delta_remaining": _delta(left),
+    }
+
+
+def _delta(units: int) -> float:
+    return float(Fraction(units, DELTA_UNITS))
+
+
+def refusal_details(
+    flt: FilterLike, orders: list[float], charge: UnitsVector, delta: int = 0
+) -> dict[str, Any]:
+    """Requested vs spent vs reserved vs capacity per slot, and the slot closest to fitting; for an
+    approximate-DP request also its δ against the δ-ledger."""
     spent, reserved = totals(flt)
     capacity = flt.capacity or [None] * len(charge)
     rows, best = [], None
@@ -156,4 +219,5 @@ def refusal_details(flt: FilterLike, orders: list[float], charge: UnitsVector) -
         "pure": rows[-1],
         "binding_alpha": best["alpha"] if best else None,
         "shortfall": best["shortfall"] if best else None,
+        **({"delta": {"requested": _delta(delta), **delta_view(flt)}} if delta else {}),
     }

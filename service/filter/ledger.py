@@ -95,6 +95,7 @@ class RebuiltFilter:
     state: FilterState
     epsilon: float | None = None
     delta: float | None = None
+    delta_share: float | None = None
 
 @dataclass
 class VerifyReport:
@@ -117,16 +118,27 @@ def _apply(filters: dict[str, RebuiltFilter], body: dict[str, Any], slots: int) 
     elif event is LedgerEvent.BUDGET:
         target = filters[body["scope"]]
         target.epsilon, target.delta = body["epsilon"], body["delta"]
-        target.state = target.state.with_capacity(body["capacity"])
+        target.delta_share = body.get("delta_share")
+        target.state = target.state.with_capacity(body["capacity"], _units(body.get("delta_capacity")))
     else:
         worst = UnitsVector.from_json(body["worst_case"])
+        delta = _units(body.get("delta", 0)) or 0
         for scope in body["scopes"]:
             target = filters[scope]
             if event is LedgerEvent.RESERVE:
-                target.state = target.state.reserve(worst)
+                target.state = target.state.reserve(worst, delta)
             else:
                 realized = UnitsVector.from_json(body["realized"]) if event is LedgerEvent.COMMIT else None
-                target.state = target.state.settle(worst, realized)
+                target.state = target.state.settle(worst, realized, delta)
+
+
+def _units(value: Any) -> int | None:
+    """A δ amount of a ledger body: an exact int (never a float that would have been rounded)."""
+    if value is None:
+        return None
+    if type(value) is not int or value < 0:
+        raise ValueError(f"δ units must be a non-negative integer, got {value!r}")
+    return value
 
 
 def _compare(dataset_id: str, rebuilt: dict[str, RebuiltFilter], rows: list[PrivacyFilter]) -> list[str]:
@@ -144,6 +156,10 @@ def _compare(dataset_id: str, rebuilt: dict[str, RebuiltFilter], rows: list[Priv
             "capacity": (row.capacity, capacity),
             "epsilon": (row.epsilon, want.epsilon),
             "delta": (row.delta, want.delta),
+            "delta_share": (row.delta_share, want.delta_share),
+            "delta_capacity": (row.delta_capacity, _text(want.state.delta_capacity)),
+            "delta_spent": (row.delta_spent, str(want.state.delta_spent)),
+            "delta_reserved": (row.delta_reserved, str(want.state.delta_reserved)),
         }
         problems += [
             f"{dataset_id}/{scope}: {name} is {have} in the filter but {need} from the ledger"
@@ -151,6 +167,10 @@ def _compare(dataset_id: str, rebuilt: dict[str, RebuiltFilter], rows: list[Priv
             if have != need
         ]
     return problems
+
+
+def _text(units: int | None) -> str | None:
+    return None if units is None else str(units)
 
 
 def verify_dataset(session: Session, dataset_id: str, slots: int, report: VerifyReport) -> None:

@@ -1,14 +1,19 @@
 """The filter's semantics, pure: one frozen state and its three transitions. No SQL, no HTTP.
 
 A filter holds, per slot (the dataset's orders α, then the pure slot α = ∞), a capacity B (fixed-point
-units, rounded down; an unusable slot's is None; the whole is None while no budget is set), the realized charges ``spent`` and the worst cases
-``reserved`` of requests still running. docs/privacy.md §2–§3 prove the rule:
+units, rounded down; None for an unusable slot, and the whole is None while no budget is set), the
+realized charges ``spent`` and the worst cases ``reserved`` of requests still running.
+docs/privacy.md §2–§3 prove the rule:
 
     admits(w)  ⇔  ∃ usable slot j:  spent[j] + reserved[j] + w[j] ≤ B[j]
     reserve(w):   reserved += w                      (admission, before the data is read)
     settle(w, r): reserved −= w;  spent += r  (r ≤ w)  (commit; r = None releases w: an abort)
 
-Nothing else ever lowers a charge. The database path (``service.filter.budget``) and the ledger's
+An approximate-DP request (docs/privacy.md §11) also carries δ_k on the δ-ledger (exact units of 10⁻³⁰):
+it is admitted only if, in addition, δ_spent + δ_reserved + δ_k ≤ δ_A (the share set aside), and its
+commit always spends the δ_k it reserved (no realized δ: the bad event is not observable).
+
+Nothing else ever lowers a charge. The database path (``service.filter.admission``) and the ledger's
 replay (``service.filter.ledger.verify``) both apply exactly these functions, so the cached totals on a
 filter row and the totals rebuilt from the ledger cannot follow different rules.
 """
@@ -30,12 +35,22 @@ class FilterState:
     capacity: tuple[int | None, ...] | None
     spent: UnitsVector
     reserved: UnitsVector
+    delta_capacity: int | None = None  # δ_A in units of 10⁻³⁰; None: no approximate-DP requests
+    delta_spent: int = 0
+    delta_reserved: int = 0
 
     def __post_init__(self) -> None:
         if len(self.spent) != len(self.reserved):
             raise ValueError("spent and reserved differ in their number of slots")
         if self.capacity is not None and len(self.capacity) != len(self.spent):
             raise ValueError("capacity and totals differ in their number of slots")
+        deltas = (
+            self.delta_spent,
+            self.delta_reserved,
+            0 if self.delta_capacity is None else self.delta_capacity,
+        )
+        if not all(type(d) is int and d >= 0 for d in deltas):
+            raise ValueError("δ amounts are non-negative integer units")
 
     @classmethod
     def empty(cls, slots: int) -> FilterState:
@@ -57,25 +72,46 @@ class FilterState:
             return [False] * len(charge)
         return (self.spent + self.reserved + charge).fits(self.capacity)
 
-    def admits(self, charge: UnitsVector) -> bool:
-        """The admission rule with a budget set (some slot fits)."""
-        return any(self.fitting_slots(charge))
+    def delta_fits(self, delta: int) -> bool:
+        """The δ-ledger half of admission: δ_spent + δ_reserved + δ ≤ δ_A (always true for δ = 0)."""
+        if delta == 0:
+            return True
+        return (
+            self.delta_capacity is not None
+            and self.delta_spent + self.delta_reserved + delta <= self.delta_capacity
+        )
 
-    def ever_admits(self, charge: UnitsVector) -> bool:
+    def admits(self, charge: UnitsVector, delta: int = 0) -> bool:
+        """The admission rule with a budget set: some slot fits, and the δ-ledger fits δ."""
+        return any(self.fitting_slots(charge)) and self.delta_fits(delta)
+
+    def ever_admits(self, charge: UnitsVector, delta: int = 0) -> bool:
         """Would this filter admit the charge if nothing were spent or reserved?"""
-        return self.capacity is not None and any(charge.fits(self.capacity))
+        if self.capacity is None or not any(charge.fits(self.capacity)):
+            return False
+        return delta == 0 or (self.delta_capacity is not None and delta <= self.delta_capacity)
 
-    def reserve(self, charge: UnitsVector) -> FilterState:
-        return replace(self, reserved=self.reserved + charge)
+    def reserve(self, charge: UnitsVector, delta: int = 0) -> FilterState:
+        return replace(self, reserved=self.reserved + charge, delta_reserved=self.delta_reserved + delta)
 
-    def settle(self, reservation: UnitsVector, realized: UnitsVector | None) -> FilterState:
-        """Replace ``reservation`` by ``realized`` (commit), or drop it when ``realized`` is None (abort)."""
+    def settle(self, reservation: UnitsVector, realized: UnitsVector | None, delta: int = 0) -> FilterState:
+        """Replace ``reservation`` by ``realized`` (commit), or drop it when ``realized`` is None (abort).
+        ``delta`` (the request's reserved δ) moves to spent on a commit and is released on an abort."""
+        if not 0 <= delta <= self.delta_reserved:
+            raise ValueError("settling more δ than is reserved")
         reserved = self.reserved - reservation
-        spent = self.spent if realized is None else self.spent + realized
-        return replace(self, spent=spent, reserved=reserved)
+        if realized is None:
+            return replace(self, reserved=reserved, delta_reserved=self.delta_reserved - delta)
+        return replace(
+            self,
+            spent=self.spent + realized,
+            reserved=reserved,
+            delta_spent=self.delta_spent + delta,
+            delta_reserved=self.delta_reserved - delta,
+        )
 
-    def with_capacity(self, capacity: Sequence[int | None]) -> FilterState:
-        return replace(self, capacity=_slots(capacity))
+    def with_capacity(self, capacity: Sequence[int | None], delta_capacity: int | None = None) -> FilterState:
+        return replace(self, capacity=_slots(capacity), delta_capacity=delta_capacity)
 
 
 def _slots(capacity: Sequence[int | None]) -> tuple[int | None, ...]:
@@ -96,6 +132,12 @@ class FilterLike(Protocol):
     def spent(self) -> dict[str, Any]: ...
     @property
     def reserved(self) -> dict[str, Any]: ...
+    @property
+    def delta_capacity(self) -> str | None: ...
+    @property
+    def delta_spent(self) -> str: ...
+    @property
+    def delta_reserved(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -106,12 +148,39 @@ class FilterSnapshot:
     capacity: list[Any] | None
     spent: dict[str, Any]
     reserved: dict[str, Any]
+    delta_capacity: str | None = None
+    delta_spent: str = "0"
+    delta_reserved: str = "0"
 
 
 def snapshot(flt: FilterLike) -> FilterSnapshot:
-    return FilterSnapshot(flt.scope, flt.capacity, dict(flt.spent), dict(flt.reserved))
+    return FilterSnapshot(
+        flt.scope,
+        flt.capacity,
+        dict(flt.spent),
+        dict(flt.reserved),
+        flt.delta_capacity,
+        flt.delta_spent,
+        flt.delta_reserved,
+    )
+
+
+def delta_units(text: str | None) -> int | None:
+    """A stored δ amount (decimal digits) as exact units; strict: no sign, no fraction, no exponent."""
+    if text is None:
+        return None
+    if not (isinstance(text, str) and text.isascii() and text.isdigit()):
+        raise ValueError(f"a stored δ amount must be decimal digits, got {text!r}")
+    return int(text)
 
 
 def read(flt: FilterLike) -> FilterState:
     """The pure state of a stored filter (its cached totals, strictly parsed)."""
-    return FilterState.of(flt.capacity, UnitsVector.from_json(flt.spent), UnitsVector.from_json(flt.reserved))
+    return FilterState(
+        None if flt.capacity is None else _slots(flt.capacity),
+        UnitsVector.from_json(flt.spent),
+        UnitsVector.from_json(flt.reserved),
+        delta_units(flt.delta_capacity),
+        delta_units(flt.delta_spent) or 0,
+        delta_units(flt.delta_reserved) or 0,
+    )

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import IntegrityError
@@ -29,6 +29,7 @@ from mechanisms.base import (
     best_affordable_cost,
 )
 from mechanisms.catalog import MECHANISMS
+from mechanisms.ptr.protocol import ApproximateMechanism, is_approximate
 from service.auth import Principal
 from service.datasets import public_context, visible_dataset
 from service.errors import (
@@ -72,6 +73,7 @@ class Validated:
     inline: bool = False  # runs in the admitting thread: admitted already claimed by this process
     limits: Limits | None = None  # checked at admission (under the filter locks) when given
     queue: str | None = None  # whose workers may claim it (EXPOST_QUEUE_NAME); None: only claimed by id
+    delta: int = 0  # δ units on the δ-ledger (approximate-DP mechanisms only, docs/privacy.md §11)
 
 def validate(session: Session, principal: Principal, dataset_id: str, name: str, raw: Any) -> Validated:
     dataset = visible_dataset(session, principal, dataset_id)
@@ -81,7 +83,10 @@ def validate(session: Session, principal: Principal, dataset_id: str, name: str,
     return validated_for(dataset, mechanism, raw)
 
 def validated_for(
-    dataset: Dataset, mechanism: Mechanism[Any] | InteractiveMechanism[Any, Any], raw: Any, kind: str = "request"
+    dataset: Dataset,
+    mechanism: Mechanism[Any] | InteractiveMechanism[Any, Any],
+    raw: Any,
+    kind: str = "request",
 ) -> Validated:
     """Parameters checked against public information only; the worst case computed. No data is read."""
     try:
@@ -89,9 +94,14 @@ def validated_for(
     except ValidationError as exc:
         raise InvalidInput.from_validation("params", exc) from None
     context = public_context(dataset)
+    delta = 0
     try:
         mechanism.check(params, context)
-        worst = mechanism.worst_case(params, context)
+        if is_approximate(mechanism):  # (ε, δ): its curve, and δ on the δ-ledger (docs/privacy.md §11)
+            approximate = cast(ApproximateMechanism, mechanism).approximate_charge(params, context)
+            worst, delta = approximate.curve, approximate.delta_units
+        else:
+            worst = mechanism.worst_case(params, context)
     except ParamsError as exc:
         raise InvalidInput(f"params.{exc.field}", exc.reason) from None
     except ValueError as exc:
@@ -99,7 +109,7 @@ def validated_for(
     except ArithmeticError:  # an extreme but schema-valid value overflowed a public computation
         reason = "the parameters are numerically out of range (a computation overflowed); use milder values"
         raise InvalidInput("params", reason) from None
-    return Validated(dataset, mechanism, params, context, worst, UnitsVector.charge(worst), kind)
+    return Validated(dataset, mechanism, params, context, worst, UnitsVector.charge(worst), kind, delta=delta)
 
 def fingerprint(dataset_id: str, mechanism: str, params: BaseModel) -> str:
     canonical = canonical_json(
@@ -107,20 +117,27 @@ def fingerprint(dataset_id: str, mechanism: str, params: BaseModel) -> str:
     )
     return hashlib.sha256(canonical.encode()).hexdigest()
 
-def curve_record(curve: RdpCurve) -> dict[str, Any]:
-    return {"curve": curve.as_dict(), "units": UnitsVector.charge(curve).to_json()}
+def curve_record(curve: RdpCurve, delta: int = 0) -> dict[str, Any]:
+    """A stored charge: the curve, its fixed-point units and, for an approximate request, its δ units."""
+    record = {"curve": curve.as_dict(), "units": UnitsVector.charge(curve).to_json()}
+    return record | {"delta_units": delta} if delta else record
 
 def refusal(v: Validated, refused: Refused) -> BudgetExhausted:
     """The 409 body: requested vs spent, reserved and capacity per order, and what is affordable."""
-    details = budget.refusal_details(refused.blocked, v.dataset.orders, v.charge)
+    details = budget.refusal_details(refused.blocked, v.dataset.orders, v.charge, v.delta)
     details["requested"] = v.worst_case.as_dict()
-    details["affordable"] = affordable(v, refused) if isinstance(v.mechanism, Mechanism) else None
+    searchable = isinstance(v.mechanism, Mechanism) and not v.delta  # the search prices curves only
+    details["affordable"] = affordable(v, refused) if searchable else None
     found = details["affordable"]
     hint = "" if found is None else f"; largest affordable {found['parameter']}: {found['value']:g}"
-    if not budget.ever_admissible(refused.blocked, v.charge):
+    if not budget.ever_admissible(refused.blocked, v.charge, v.delta):
+        reason = (
+            "an approximate-DP mechanism needs a δ share (PUT the budget with delta_share) larger than its δ"
+            if v.delta and budget.ever_admissible(refused.blocked, v.charge)
+            else "e.g. a pure budget admits only mechanisms with a pure-DP bound"
+        )
         return NotAdmissible(
-            f"the {details['filter']} filter can never admit this request, even unspent "
-            f"(e.g. a pure budget admits only mechanisms with a pure-DP bound){hint}",
+            f"the {details['filter']} filter can never admit this request, even unspent ({reason}){hint}",
             **details,
         )
     return BudgetExhausted(f"the {details['filter']} filter cannot afford this request{hint}", **details)
@@ -140,7 +157,7 @@ def admission_check(session: Session, principal: Principal, v: Validated) -> dic
     filters = FilterRepository(session)
     checked = [f for f in (filters.get(v.dataset.id), filters.get(v.dataset.id, principal.name)) if f]
     try:
-        blocked = next((f for f in checked if not filter_admission.admits(f, v.charge)), None)
+        blocked = next((f for f in checked if not filter_admission.admits(f, v.charge, v.delta)), None)
     except NoBudget as exc:
         return {"admitted": False, "reason": exc.detail, "worst_case": v.worst_case.as_dict()}
     result: dict[str, Any] = {"admitted": blocked is None, "worst_case": v.worst_case.as_dict()}
@@ -170,7 +187,7 @@ def admit_locked(
             return existing, False
     if v.limits is not None:
         check_limits(session, principal.name, v)
-    check_admission(filters, v.charge)
+    check_admission(filters, v.charge, v.delta)
     now = datetime.now(UTC)
     # A queued request has no lease: its lease starts when a worker claims it. An inline run is claimed
     # by this thread at admission; a session's "lease" is its expiry.
@@ -186,7 +203,7 @@ def admit_locked(
         idempotency_key=key,
         state=RequestState.RUNNING,
         scopes=[DATASET_SCOPE, principal.name],
-        worst_case=curve_record(v.worst_case),
+        worst_case=curve_record(v.worst_case, v.delta),
         created_at=now,
         updated_at=now,
         lease_expires_at=None if queued else now + timedelta(seconds=lease),
@@ -196,7 +213,7 @@ def admit_locked(
     )
     RequestRepository(session).add(request)
     details = {"scopes": request.scopes, "mechanism": request.mechanism, "params": request.params}
-    reserve(session, filters, v.charge, principal.name, details, request.id)
+    reserve(session, filters, v.charge, principal.name, details, request.id, v.delta)
     return request, True
 
 

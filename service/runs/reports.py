@@ -1,11 +1,13 @@
-"""Per-instance privacy reports of committed releases (docs/privacy.md §8.4): evaluate a release's reporting function.
+"""Per-instance privacy reports of committed releases (docs/privacy.md §8.4): evaluate a release's
+reporting function.
 
 ``privacy_report`` takes a record supplied by the caller, encodes it with the request's public parameters
 and the dataset's public schema (the same per-row clipping as training), and evaluates the reporting
 function published with the release (``mechanisms.per_instance.reports.evaluate_report``). It never reads the
 dataset, never charges, and returns nothing computed from the data beyond the stored DP release: the
 answer is a deterministic function of (release, request parameters, schema, record). True per-record
-losses (``mechanisms.per_instance.reports.exact_ex_post_loss``) are not reachable from here: they depend on the data (Redberg 2023, thesis ch. 2).
+losses (``mechanisms.per_instance.reports.exact_ex_post_loss``) are not reachable from here: they depend
+on the data (Redberg 2023, thesis ch. 2).
 """
 
 from __future__ import annotations

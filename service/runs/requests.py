@@ -117,7 +117,9 @@ def submit(
     return wait_settled(runtime.sessions, request.id, remaining, runtime.draining)
 
 
-def dry_run(session: Session, principal: Principal, dataset_id: str, mechanism: str, params: Any) -> dict[str, Any]:
+def dry_run(
+    session: Session, principal: Principal, dataset_id: str, mechanism: str, params: Any
+) -> dict[str, Any]:
     """Would the request be admitted now? Validates and checks the filters; takes no lock, writes nothing."""
     return admission_check(session, principal, validate(session, principal, dataset_id, mechanism, params))
 
@@ -184,7 +186,8 @@ def eta_seconds(request: AnalysisRequest, now: datetime | None = None) -> float 
     """Seconds left of a running request, from public quantities only: the time since its worker started
     it and its public fraction done (steps done of steps admitted). None when either is unknown."""
     fraction = public_progress(request)
-    if request.state != RequestState.RUNNING or request.started_at is None or fraction is None or fraction <= 0:
+    running = request.state == RequestState.RUNNING
+    if not running or request.started_at is None or fraction is None or fraction <= 0:
         return None
     elapsed = ((now or datetime.now(UTC)) - request.started_at).total_seconds()
     return round(max(0.0, elapsed * (1.0 - fraction) / fraction), 1)

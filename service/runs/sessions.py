@@ -1,4 +1,5 @@
-"""Interactive sessions (docs/privacy.md §6 rule 8, §8.1): open → queries → close, each transition one transaction.
+"""Interactive sessions (docs/privacy.md §6 rule 8, §8.1): open → queries → close, each transition one
+transaction.
 
 * **Open** reserves the session's worst case exactly like a request (its ``requests`` row, kind
   "session") and draws the secret state with ``start`` (no data is read), in one transaction.
@@ -178,7 +179,9 @@ def _close(
     """Commit the realized charge of the public transcript (the worst case on failure); drop the secret."""
     transcript = [(step["query"], step["answer"]) for step in row.steps]
     realized = (
-        None if failed else parts.mechanism.realized(parts.params, parts.public, transcript, reason == "halted")
+        None
+        if failed
+        else parts.mechanism.realized(parts.params, parts.public, transcript, reason == "halted")
     )
     error = "the mechanism failed; its worst case was charged" if failed else None
     settle_locked(session, filters, request, realized, {"steps": transcript}, error)
@@ -253,7 +256,8 @@ def _step(
     try:
         table = runtime.tables.get(parts.dataset, parts.public.schema)
         noise = Noise.system()
-        result = parts.mechanism.step(parts.params, parts.public, json.loads(secret.state), query, table, noise)
+        state = json.loads(secret.state)
+        result = parts.mechanism.step(parts.params, parts.public, state, query, table, noise)
     except Exception as exc:
         log.error(
             "session step failed after reading data; charging the worst case",

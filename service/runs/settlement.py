@@ -57,7 +57,8 @@ def settle_locked(
 ) -> None:
     """Replace the reservation by the realized charge (or the worst case on error); store the release."""
     reservation = UnitsVector.from_json(request.worst_case["units"])
-    record = request.worst_case if realized is None else curve_record(realized)
+    delta = reserved_delta(request)  # an approximate request's δ is always spent once it ran
+    record = request.worst_case if realized is None else curve_record(realized, delta)
     charge = UnitsVector.from_json(record["units"])
     if not charge <= reservation:  # a mechanism bug: never commit more than was admitted
         log.error("realized charge above the reservation; committing the worst case", request_id=request.id)
@@ -75,13 +76,23 @@ def end_reservation(
     charge: UnitsVector | None,
     details: dict[str, Any],
 ) -> None:
-    """Replace the request's reservation by ``charge`` (None: release it) in its filters and the ledger."""
+    """Replace the request's reservation by ``charge`` (None: release it, its δ too) in its filters and
+    the ledger."""
     reservation = UnitsVector.from_json(request.worst_case["units"])
     settle_reservation(
-        session, filters, request.scopes, reservation, charge, request.analyst, details, request.id
+        session, filters, request.scopes, reservation, charge, request.analyst, details, request.id,
+        reserved_delta(request),
     )
     metrics.ended(session, request.dataset_id, request.kind, str(details.get("outcome", "abort")), charge)
     request.updated_at, request.lease_expires_at = datetime.now(UTC), None
+
+
+def reserved_delta(request: AnalysisRequest) -> int:
+    """The δ units an approximate request reserved (0 for every other request)."""
+    delta = request.worst_case.get("delta_units", 0)
+    if type(delta) is not int or delta < 0:
+        raise ValueError(f"request {request.id}: stored δ units must be a non-negative integer")
+    return delta
 
 
 def settle(

@@ -53,7 +53,8 @@ def create_dataset(
         raise InvalidInput("schema", f"not valid JSON ({exc.msg})") from None
     with runtime.sessions() as session, session.begin():
         dataset = datasets.create_dataset(
-            session, runtime.settings.data_dir, name or file.filename or "dataset", data, schema_raw, admin.name
+            session, runtime.settings.data_dir, name or file.filename or "dataset", data, schema_raw,
+            admin.name,
         )
     return _out(dataset, admin)
 
@@ -83,10 +84,14 @@ def list_grants(dataset_id: str, session: SessionDep, admin: Admin) -> list[str]
     return list(DatasetRepository(session).grants(dataset_id))
 
 
-def _set_budget(runtime: RuntimeDep, admin: Principal, dataset_id: str, scope: str, body: BudgetIn) -> dict[str, Any]:
+def _set_budget(
+    runtime: RuntimeDep, admin: Principal, dataset_id: str, scope: str, body: BudgetIn
+) -> dict[str, Any]:
     with runtime.sessions() as session, session.begin():
         dataset = datasets.visible_dataset(session, admin, dataset_id)
-        flt = budget.set_budget(session, dataset, scope, body.epsilon, body.delta, admin.name)
+        flt = budget.set_budget(
+            session, dataset, scope, body.epsilon, body.delta, admin.name, body.delta_share
+        )
         return budget_view(flt, dataset.orders)
 
 

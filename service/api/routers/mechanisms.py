@@ -5,6 +5,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from mechanisms.catalog import INTERACTIVE, MECHANISMS
+from mechanisms.ptr.protocol import is_approximate
 from service.api.deps import AnyRole
 
 router = APIRouter(prefix="/v1/mechanisms", tags=["mechanisms"])
@@ -18,6 +19,7 @@ def catalog(_who: AnyRole) -> list[dict[str, Any]]:
             "kind": "request",
             "summary": mechanism.summary,
             "cost_parameter": mechanism.cost_parameter,
+            "approximate": is_approximate(mechanism),
             "params_schema": mechanism.params_model.model_json_schema(),
         }
         for name, mechanism in MECHANISMS.items()

@@ -1,0 +1,39 @@
+"""The seam of an approximate-DP mechanism (docs/privacy.md §11.5).
+
+Like ``mechanisms.base.Mechanism`` plus ``approximate_charge``: the (ε, δ) charge computed from public
+parameters only, before the data is read. ``worst_case`` returns its curve part (so refusal and
+affordability code that reads curves keeps working) and ``run`` returns a ``Release`` whose ``realized`` is
+that same curve: an approximate request commits what it reserved, ⊥ included.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Protocol, runtime_checkable
+
+from pydantic import BaseModel
+
+from mechanisms.accounting import RdpCurve
+from mechanisms.accounting.approximate import ApproximateCharge
+from mechanisms.base import PublicContext, Release, Table
+from mechanisms.noise import Noise
+
+
+@runtime_checkable
+class ApproximateMechanism(Protocol):
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    params_model: ClassVar[type[BaseModel]]
+    approximate: ClassVar[bool]
+
+    def check(self, params: BaseModel, ctx: PublicContext) -> None: ...
+
+    def approximate_charge(self, params: BaseModel, ctx: PublicContext) -> ApproximateCharge: ...
+
+    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve: ...
+
+    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release: ...
+
+
+def is_approximate(mechanism: object) -> bool:
+    """Whether the filter must admit ``mechanism`` through the δ-ledger (docs/privacy.md §11)."""
+    return bool(getattr(mechanism, "approximate", False))

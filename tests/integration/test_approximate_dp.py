@@ -1,0 +1,161 @@
+"""(ε, δ) mechanisms through the filter's δ-ledger (docs/privacy.md §11), over real HTTP on SQLite and
+PostgreSQL: the δ share, admission and refusal on δ, the ledger, concurrency, and `ledger verify`."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
+from typing import Any
+
+import httpx
+
+from mechanisms.accounting.approximate import DELTA_UNITS, delta_units_down, delta_units_up
+from service.filter.ledger import verify
+from service.store.engine import make_engine, make_sessionmaker
+from service.store.models import DATASET_SCOPE
+from service.store.repositories import FilterRepository
+from tests.conftest import LiveServer
+from tests.integration.helpers import assert_problem, get_budget, ledger_items, make_world
+
+OPS = {"features": {"features": ["age"], "label": "income"}, "lam": 50.0, "epsilon": 1.0, "delta": 1e-7}
+BUDGET = {"epsilon": 100.0, "delta": 1e-5, "delta_share": 3.5e-7}  # 3 × δ_k fit (δ_k rounds up)
+
+
+def ops(delta: float = 1e-7, epsilon: float = 1.0) -> dict[str, Any]:
+    return {**OPS, "delta": delta, "epsilon": epsilon}
+
+
+def stored_filter(server: LiveServer, dataset_id: str) -> dict[str, Any]:
+    engine = make_engine(server.settings.database_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            flt = FilterRepository(session).get(dataset_id, DATASET_SCOPE)
+            assert flt is not None
+            return {"spent": flt.delta_spent, "reserved": flt.delta_reserved, "capacity": flt.delta_capacity}
+    finally:
+        engine.dispose()
+
+
+def ledger_ok(server: LiveServer) -> None:
+    engine = make_engine(server.settings.database_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            report = verify(session)
+        assert report.ok, report.problems
+    finally:
+        engine.dispose()
+
+
+class TestDeltaShare:
+    def test_an_approximate_request_needs_a_share(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, {"epsilon": 100.0, "delta": 1e-5})
+        body = assert_problem(
+            world.request(world.analyst, ops(), "ptr.ops_linear"), 409, "/problems/not-admissible"
+        )
+        assert "delta_share" in body["detail"]
+        assert body["delta"]["requested"] == float(Fraction(delta_units_up(1e-7), DELTA_UNITS))
+        assert body["delta"]["delta_share"] is None
+
+    def test_the_share_is_validated_and_only_grows(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, None)
+        path = f"/v1/datasets/{world.dataset_id}/budget"
+        assert_problem(world.admin.put(path, json={"epsilon": 1.0, "delta": 1e-6, "delta_share": 1e-6}), 422)
+        assert_problem(world.admin.put(path, json={"epsilon": 1.0, "delta": 0.0, "delta_share": 1e-9}), 422)
+        assert (
+            world.admin.put(path, json={"epsilon": 1.0, "delta": 1e-6, "delta_share": 4e-7}).status_code
+            == 200
+        )
+        shrunk = assert_problem(
+            world.admin.put(path, json={"epsilon": 1.0, "delta": 1e-6, "delta_share": 3e-7}), 422
+        )
+        assert shrunk["errors"][0]["field"] == "delta_share"
+        rest_shrunk = world.admin.put(path, json={"epsilon": 1.0, "delta": 1e-6, "delta_share": 5e-7})
+        assert_problem(rest_shrunk, 422)
+        grown = world.admin.put(path, json={"epsilon": 2.0, "delta": 2e-6, "delta_share": 5e-7})
+        assert grown.status_code == 200, grown.text
+        view = grown.json()
+        assert view["delta_share"] == float(Fraction(5 * 10**23, DELTA_UNITS))
+        assert view["delta_spent"] == 0.0
+        assert view["delta_remaining"] == view["delta_share"]
+
+    def test_the_rdp_slots_use_the_remainder(self, live_server: LiveServer) -> None:
+        plain = make_world(live_server, {"epsilon": 1.0, "delta": 1e-6})
+        shared = make_world(live_server, {"epsilon": 1.0, "delta": 1e-6, "delta_share": 5e-7})
+        a, b = get_budget(plain.admin, plain.dataset_id), get_budget(shared.admin, shared.dataset_id)
+        for row_a, row_b in zip(a["orders"], b["orders"], strict=True):
+            if row_a["capacity"] is not None and row_b["capacity"] is not None:
+                assert row_b["capacity"] < row_a["capacity"]  # log(|A|/δ_R) > log(|A|/δ)
+        assert a["pure"]["capacity"] == b["pure"]["capacity"] == 1.0
+
+
+class TestAdmission:
+    def test_delta_is_reserved_spent_and_refused_when_the_share_is_used(
+        self, live_server: LiveServer
+    ) -> None:
+        world = make_world(live_server, BUDGET)
+        unit = delta_units_up(1e-7)
+        for i in range(3):
+            response = world.request(world.analyst, ops(), "ptr.ops_linear")
+            assert response.status_code == 200, (i, response.text)
+            assert stored_filter(live_server, world.dataset_id)["spent"] == str((i + 1) * unit)
+        refused = assert_problem(
+            world.request(world.analyst, ops(), "ptr.ops_linear"), 409, "/problems/budget-exhausted"
+        )
+        assert refused["delta"]["delta_spent"] == float(Fraction(3 * unit, DELTA_UNITS))
+        assert refused["delta"]["delta_remaining"] == float(
+            Fraction(delta_units_down(3.5e-7) - 3 * unit, DELTA_UNITS)
+        )
+        # a request without δ is unaffected by the spent share
+        assert world.request(world.analyst, {"query": {"kind": "count"}, "epsilon": 0.1}).status_code == 200
+        budget = get_budget(world.admin, world.dataset_id)
+        assert budget["delta_spent"] == float(Fraction(3 * unit, DELTA_UNITS))
+        reserves = [
+            e for e in ledger_items(world.admin, world.dataset_id) if e["event"] in ("reserve", "commit")
+        ]
+        assert sum(1 for e in reserves if e.get("delta") == unit) == 6
+        ledger_ok(live_server)
+
+    def test_the_charge_is_the_declared_epsilon(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, BUDGET)
+        response = world.request(world.analyst, ops(epsilon=0.5), "ptr.ops_linear")
+        assert response.status_code == 200, response.text
+        charged = response.json()["realized"]["pure"]
+        assert 0.5 <= charged <= 0.5 * (1 + 1e-12)  # the declared ε, its parts' sum rounded up
+        dry = world.analyst.post(
+            f"/v1/datasets/{world.dataset_id}/requests:estimate",
+            json={"mechanism": "ptr.ops_linear", "params": ops()},
+        )
+        assert dry.status_code == 200, dry.text
+
+    def test_a_sub_budget_limits_the_analysts_delta(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, BUDGET)
+        path = f"/v1/datasets/{world.dataset_id}/analysts/{world.analyst_name}/budget"
+        set_sub = world.admin.put(
+            path, json={"epsilon": 50.0, "delta": 5e-6, "delta_share": 1.5e-7}
+        )  # one δ_k
+        assert set_sub.status_code == 200, set_sub.text
+        assert world.request(world.analyst, ops(), "ptr.ops_linear").status_code == 200
+        refused = assert_problem(world.request(world.analyst, ops(), "ptr.ops_linear"), 409)
+        assert refused["filter"] == f"analyst:{world.analyst_name}"
+        ledger_ok(live_server)
+
+
+def test_parallel_requests_never_overspend_delta(live_server: LiveServer) -> None:
+    """100 concurrent approximate requests against a share that affords exactly 7: 7 admitted."""
+    world = make_world(live_server, {"epsilon": 1000.0, "delta": 1e-5, "delta_share": 7.5e-7})
+    key = world.analyst.headers["Authorization"]
+
+    def submit(_: int) -> int:
+        with httpx.Client(
+            base_url=str(world.analyst.base_url), headers={"Authorization": key}, timeout=120
+        ) as c:
+            return world.request(c, ops(), "ptr.ops_linear").status_code
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        codes = list(pool.map(submit, range(100)))
+    assert codes.count(200) + codes.count(202) == 7, codes
+    assert codes.count(409) == 93, codes
+    stored = stored_filter(live_server, world.dataset_id)
+    assert int(stored["spent"]) + int(stored["reserved"]) == 7 * delta_units_up(1e-7)
+    assert int(stored["spent"]) + int(stored["reserved"]) <= int(stored["capacity"])
+    ledger_ok(live_server)
