@@ -205,3 +205,24 @@ def test_a_wrong_key_is_refused_and_logout_forgets_the_key(live_server: LiveServ
         assert page.evaluate("() => sessionStorage.getItem('expost.apiKey')") is None
         # The 401 of the wrong key is the only console error Chromium reports.
         assert all("401" in e for e in log.errors), log.errors
+
+
+def test_the_delta_share_of_approximate_requests_is_shown(live_server: LiveServer, tmp_path: Path) -> None:
+    """A budget with a δ share shows 'δ share used', and an approximate request moves it by itself."""
+    world = make_world(live_server, budget={"epsilon": 10.0, "delta": 1e-5, "delta_share": 1e-6})
+    plain = make_world(live_server, budget=RDP_BUDGET)
+    ops = {"features": {"features": ["age"], "label": "income"}, "lam": 50.0, "epsilon": 1.0, "delta": 1e-7}
+    with chromium_page(tmp_path / "profile") as (page, _log):
+        log_in(page, world.server.base_url, key_of(world.admin), plain.dataset_id)
+        assert page.is_hidden("#delta-ledger")  # no share: nothing about δ-ledgers
+        page.select_option("#dataset-select", world.dataset_id)
+        page.wait_for_selector("#delta-ledger", state="visible")
+        assert value_of(page, "delta-used") == 0.0
+        released = world.request(world.analyst, ops, "ptr.ops_linear")
+        assert released.status_code == 200, released.text
+        used = get_budget(world.viewer, world.dataset_id)["delta_spent"]
+        assert used > 0
+        page.wait_for_function(
+            "(v) => Number(document.getElementById('delta-used').dataset.value) === v", arg=used
+        )
+        assert (page.text_content("#delta-used") or "").endswith(" of 1e-6")

@@ -350,6 +350,13 @@
     setValue("eps-spent", b.epsilon_spent);
     setValue("eps-remaining", b.epsilon_remaining);
     setValue("binding-alpha", b.binding_alpha, fmtAlpha(b.binding_alpha));
+    // The δ-ledger of approximate-DP mechanisms (docs/privacy.md §11): shown only when a share is set.
+    const hasShare = b.delta_share !== null && b.delta_share !== undefined;
+    $("delta-ledger").hidden = !hasShare;
+    if (hasShare) {
+      const used = (num(b.delta_spent) ?? 0) + (num(b.delta_reserved) ?? 0);
+      setValue("delta-used", used, `${fmt(used)} of ${fmt(b.delta_share)}`);
+    }
 
     const pure = b.pure;
     setValue("pure-capacity", pure.capacity);

@@ -340,12 +340,20 @@ class _Endpoints:
 
     @_endpoint
     def set_budget(
-        self, dataset_id: str, epsilon: float, delta: float, analyst: str | None = None
+        self,
+        dataset_id: str,
+        epsilon: float,
+        delta: float,
+        analyst: str | None = None,
+        *,
+        delta_share: float | None = None,
     ) -> _Op[Budget]:
-        """Set the dataset's (or an analyst's) (ε, δ) budget (admin); δ = 0 makes a pure filter."""
-        call = _Call(
-            "PUT", _budget_path(dataset_id, analyst), Retry.SAFE, {"epsilon": epsilon, "delta": delta}
-        )
+        """Set the dataset's (or an analyst's) (ε, δ) budget (admin); δ = 0 makes a pure filter.
+        ``delta_share`` sets part of δ aside for approximate-DP (``ptr.*``) mechanisms."""
+        body: dict[str, Any] = {"epsilon": epsilon, "delta": delta}
+        if delta_share is not None:
+            body["delta_share"] = delta_share
+        call = _Call("PUT", _budget_path(dataset_id, analyst), Retry.SAFE, body)
         return _budget((yield from self._exchange(call)))
 
     @_endpoint

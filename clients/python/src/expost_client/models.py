@@ -110,6 +110,10 @@ class Budget(ApiModel):
     epsilon_remaining: float | None = None
     binding_alpha: Slot | None = None
     budget_set: bool
+    delta_share: float | None = Field(default=None, description="δ set aside for approximate-DP mechanisms")
+    delta_spent: float = 0.0
+    delta_reserved: float = 0.0
+    delta_remaining: float | None = None
     etag: str | None = Field(default=None, exclude=True, description="the response's ETag")
 
 
@@ -191,6 +195,7 @@ class MechanismInfo(ApiModel):
     kind: str
     summary: str
     cost_parameter: str | None = None
+    approximate: bool = False
     params_schema: dict[str, Any]
     query_schema: dict[str, Any] | None = None
 
