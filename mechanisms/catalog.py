@@ -12,7 +12,9 @@ from mechanisms.base import InteractiveMechanism, Mechanism
 from mechanisms.learners.dp_gd import DpGdMechanism
 from mechanisms.learners.rgm_gd import RgmGdMechanism
 from mechanisms.per_instance.objpert_logistic import ObjPertLogistic
+from mechanisms.ptr.classic import CLASSIC_PTR
 from mechanisms.ptr.ops_linear import OpsLinear
+from mechanisms.ptr.select import PTR_SELECT
 from mechanisms.queries.gaussian import Gaussian
 from mechanisms.queries.laplace import Laplace
 from mechanisms.reduction.accuracy_first import (
@@ -47,6 +49,8 @@ MECHANISMS: dict[str, Mechanism[Any]] = {
     "dp_gd": DpGdMechanism(),
     "tuning.select": TuningSelect(),
     # (ε, δ) mechanisms: admitted through the δ-ledger (docs/privacy.md §11, mechanisms.ptr.protocol)
+    "ptr.classic": CLASSIC_PTR,
+    "ptr.select": PTR_SELECT,
     "ptr.ops_linear": OpsLinear(),
 }
 

@@ -541,6 +541,12 @@ def _budget_tables(budget: Budget) -> list[Group | Table]:
             ("ε spent (at δ)", budget.epsilon_spent),
             ("largest ε admissible", budget.epsilon_remaining),
             ("binding order", budget.binding_alpha),
+            *(
+                [("δ share used (approximate DP)", f"{_fmt(budget.delta_spent + budget.delta_reserved)} of "
+                  f"{_fmt(budget.delta_share)}")]
+                if budget.delta_share is not None
+                else []
+            ),
         ],
     )
     slots = Table("α", "capacity", "spent", "reserved", "remaining", title="per order", title_justify="left")
@@ -764,13 +770,17 @@ def budget_set(
     epsilon: Annotated[float, typer.Option(help="target ε")],
     delta: Annotated[float, typer.Option(help="target δ (0: a pure filter)")],
     analyst: AnalystOption = None,
+    delta_share: Annotated[
+        float | None,
+        typer.Option(help="part of δ set aside for approximate-DP (ptr.*) mechanisms; only grows once set"),
+    ] = None,
     as_json: JsonOption = False,
     url: UrlOption = DEFAULT_URL,
     key: KeyOption = None,
 ) -> None:
     """Set the dataset's (or an analyst's) (ε, δ) budget (admin)."""
     with _remote(url, key, as_json) as client:
-        budget = client.set_budget(dataset_id, epsilon, delta, analyst)
+        budget = client.set_budget(dataset_id, epsilon, delta, analyst, delta_share=delta_share)
     if as_json:
         _print_json(budget.raw)
     else:

@@ -283,6 +283,19 @@ class TestAdminCommands:
         assert cli.analyst_name in output(mine)
         assert "pure" in output(mine)
 
+    def test_budget_set_with_a_delta_share(self, cli: Cli) -> None:
+        args = ("budget", "set", cli.dataset_id, "--epsilon", "2", "--delta", "1e-6", "--delta-share", "2e-7")
+        updated = parsed(cli.invoke(*args, "--json", key=cli.admin_key))
+        assert updated["delta_share"] == pytest.approx(2e-7, rel=1e-12)
+        assert updated["delta_spent"] == 0.0
+        shown = cli.invoke("budget", "show", cli.dataset_id)
+        assert shown.exit_code == 0, shown.stderr
+        assert "δ share used" in output(shown)
+        shrink = ("budget", "set", cli.dataset_id, "--epsilon", "2", "--delta", "1e-6", "--delta-share", "1e-7")
+        refused = cli.invoke(*shrink, key=cli.admin_key)
+        assert refused.exit_code == 2
+        assert "delta_share" in refused.stderr
+
     def test_budget_set_needs_an_admin_and_valid_values(self, cli: Cli) -> None:
         forbidden = cli.invoke("budget", "set", cli.dataset_id, "--epsilon", "2", "--delta", "0")
         assert forbidden.exit_code == 2
