@@ -185,7 +185,7 @@ def test_parallel_requests_never_overspend(live_server: LiveServer, budget: dict
 
 
 class TestPtrMechanismsOverHttp:
-    def test_classic_ptr_releases_the_median_and_select_picks_a_proposal(self, live_server: LiveServer) -> None:
+    def test_classic_releases_the_median_and_select_picks_a_proposal(self, live_server: LiveServer) -> None:
         world = make_world(live_server, {"epsilon": 20.0, "delta": 1e-5, "delta_share": 5e-6})
         classic = {"column": "age", "beta": 10.0, "epsilon": 2.0, "delta": 1e-6}
         response = world.request(world.analyst, classic, "ptr.classic")

@@ -291,7 +291,8 @@ class TestAdminCommands:
         shown = cli.invoke("budget", "show", cli.dataset_id)
         assert shown.exit_code == 0, shown.stderr
         assert "δ share used" in output(shown)
-        shrink = ("budget", "set", cli.dataset_id, "--epsilon", "2", "--delta", "1e-6", "--delta-share", "1e-7")
+        shrink = ("budget", "set", cli.dataset_id, "--epsilon", "2", "--delta", "1e-6")
+        shrink = (*shrink, "--delta-share", "1e-7")
         refused = cli.invoke(*shrink, key=cli.admin_key)
         assert refused.exit_code == 2
         assert "delta_share" in refused.stderr
