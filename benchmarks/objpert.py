@@ -1,24 +1,26 @@
-"""Objective perturbation vs output perturbation vs Gaussian DP-GD at equal (ε, δ) (issue 6, note §3.6).
+"""Objective perturbation vs output perturbation vs Gaussian DP-GD at equal (ε, δ) (Redberg, Koskela, Wang
+2023, experiments of Redberg 2023 ch. 4; docs/mechanisms/objective_perturbation.md).
 
 In the spirit of the thesis's chapter-4 tables (Redberg, Koskela & Wang 2023, Tables 4.1/4.2):
 
 * data: "synthetic-L" = scikit-learn ``make_classification(n=10000, d=40, informative=30, class_sep=2.0,
-  random_state=1000)`` (the generator the note attributes to Synthetic-L) and scikit-learn's bundled
+  random_state=1000)`` (the generator behind the thesis's Synthetic-L) and scikit-learn's bundled
   breast-cancer data (569 × 30); columns standardised with the training split's mean/sd (a non-private
   preprocessing step shared by every method, as in the thesis's experiments — in the service the scales
   would be declared bounds), rows normalised to ‖x‖ = 1, then a bias coordinate ⇒ R = √2, L = √2,
-  β = R²/4 = 0.5 (note §3.2 [DERIVED]); labels ±1; 80/20 split (seeded).
+  β = R²/4 = 0.5 (docs/privacy.md §8.4.1); labels ±1; 80/20 split (seeded).
 * privacy: add/remove neighbours, δ = 1e-5, every method's RDP curve converted with the same tight
   conversion (Balle et al. 2020, ``epsilon_at_delta_tight``, valid for these ex-ante curves) on a fine order
   grid; each method is calibrated until its converted ε ≤ the target.
 * methods (all data-independent calibrations, "honest" in the thesis's sense — no selection on the test set):
-  - **objpert** (``mechanisms.learners.objective_perturbation``, AMP with τ = 1e-6, σ_out = 1000τ/λ): the thesis's
-    rule: σ = 1.3·σ_G (σ_G = the Gaussian mechanism's noise for (ε, δ) at sensitivity L), then the smallest
-    λ > β whose curve converts to ≤ ε (note §3.6 item 4);
+  - **objpert** (``mechanisms.learners.objective_perturbation``, AMP with τ = 1e-6, σ_out = 1000τ/λ): the
+    thesis's rule: σ = 1.3·σ_G (σ_G = the Gaussian mechanism's noise for (ε, δ) at sensitivity L), then the
+    smallest λ > β whose curve converts to ≤ ε (the thesis's ch. 4 experiments);
   - **outpert**: θ* = argmin Σℓ + (λ/2)‖θ‖² solved to ‖∇‖ ≤ τ, + N(0, s²I); ℓ2 sensitivity (L + 2τ)/λ
     (λ-strong convexity), λ = √n_public·0.5 (a data-independent rule), s calibrated to (ε, δ);
-  - **dp-gd** (``mechanisms.learners.dp_gd``, full batch, clip C = √2, add/remove Δ = C, T = 100, step 1/(R²/4+reg),
-    reg = 1e-3 on the mean-scale objective), z calibrated to (ε, δ) with the same conversion.
+  - **dp-gd** (``mechanisms.learners.dp_gd``, full batch, clip C = √2, add/remove Δ = C, T = 100,
+    step 1/(R²/4+reg), reg = 1e-3 on the mean-scale objective), z calibrated to (ε, δ) with the same
+    conversion.
 * also a non-private reference (λ = 1e-3 logistic fit).
 
     .venv/bin/python benchmarks/objpert.py [--quick] [--trials 5] [--output PATH]

@@ -1,4 +1,4 @@
-"""The mechanism seam (DESIGN §3): what every mechanism exposes to the service.
+"""The mechanism seam (docs/privacy.md §2, §6): what every mechanism exposes to the service.
 
 * ``params_model``: frozen, validated pydantic model of **public** inputs (no seeds, no data).
 * ``check(params, ctx)``: schema-dependent validation (unknown column, wrong type); raises ``ParamsError``
@@ -8,10 +8,18 @@
   ``realized <= worst_case``; all randomness from ``noise`` (``mechanisms.noise``).
 * ``cost_parameter``/``with_cost``: the main scalar cost knob (ε, σ, γ, z, …), so a refusal can say what is
   affordable.
+
+The protocols are generic in the params model: an implementation is a ``Mechanism[LaplaceParams]`` and its
+methods take ``p: LaplaceParams`` directly. A registry of heterogeneous mechanisms holds ``Mechanism[Any]``
+and must validate raw params with ``mechanism.params_model`` before calling anything. Implementations derive
+from ``ParamsChecked``, which turns a params (or query) object of the wrong model into a ``TypeError`` at
+the call, so a programming error can never reach the data as a half-valid model.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -38,14 +46,64 @@ class ParamsError(ValueError):
 
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+P = TypeVar("P", bound=BaseModel, contravariant=True)
+"""The params model of a mechanism (contravariant: ``Mechanism[Any]`` holds every mechanism)."""
+Q = TypeVar("Q", bound=BaseModel, contravariant=True)
+"""The query model of one session step."""
 
 
 def params_as(value: object, model: type[ModelT]) -> ModelT:
     """``value`` as ``model``: the service validates params with the mechanism's own model, so anything else
-    reaching a mechanism is a programming error (TypeError), never an input error."""
+    reaching a mechanism is a programming error (TypeError), never an input error.
+
+    Only for mechanisms that do not derive from ``ParamsChecked`` yet (``mechanisms.tuning.select``)."""
     if not isinstance(value, model):
         raise TypeError(f"expected {model.__name__}, got {type(value).__name__}")
     return value
+
+
+_CHECKED_METHODS = ("check", "worst_case", "run", "check_query", "start", "step", "realized")
+_QUERY_POSITION = {"check_query": 1, "step": 2}
+"""Where the query sits among the arguments after ``params`` (``InteractiveMechanism``'s signatures)."""
+
+
+def _checked(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` raising TypeError unless ``params`` is a ``self.params_model`` (and, for ``check_query``
+    and ``step``, the query a ``self.query_model``)."""
+    name = method.__name__
+    position = _QUERY_POSITION.get(name)
+    query_name = list(inspect.signature(method).parameters)[position + 2] if position is not None else ""
+
+    @functools.wraps(method)
+    def checked(self: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+        _expect(params, self.params_model, type(self), name)
+        if position is not None:
+            query = kwargs[query_name] if query_name in kwargs else args[position]
+            _expect(query, self.query_model, type(self), name)
+        return method(self, params, *args, **kwargs)
+
+    setattr(checked, "_params_checked", True)  # noqa: B010 - marker on a function object
+    return checked
+
+
+def _expect(value: object, model: type[BaseModel], owner: type, method: str) -> None:
+    if not isinstance(value, model):
+        got = type(value).__name__
+        raise TypeError(f"{owner.__name__}.{method}: expected {model.__name__}, got {got}")
+
+
+class ParamsChecked:
+    """Base class of the mechanism implementations: the seam's methods (check, worst_case, run, check_query,
+    start, step, realized) defined by a subclass get a runtime check that ``params`` is an instance of the
+    class's ``params_model`` (and ``query`` of its ``query_model``), raising TypeError otherwise. Statically
+    the methods keep their precise ``p: P`` signatures."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in _CHECKED_METHODS:
+            method = cls.__dict__.get(name)
+            if callable(method) and not getattr(method, "_params_checked", False):
+                setattr(cls, name, _checked(method))
 
 
 @dataclass(frozen=True)
@@ -69,20 +127,20 @@ class Release:
 
 
 @runtime_checkable
-class Mechanism(Protocol):
+class Mechanism(Protocol[P]):
+    """A one-shot mechanism whose params model is ``P`` (``params_model`` is that model)."""
+
     name: ClassVar[str]
     summary: ClassVar[str]
     params_model: ClassVar[type[BaseModel]]
     cost_parameter: ClassVar[str]
     cost_increases_with_parameter: ClassVar[bool]
 
-    def check(self, params: BaseModel, ctx: PublicContext) -> None: ...
+    def check(self, params: P, ctx: PublicContext) -> None: ...
 
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve: ...
+    def worst_case(self, params: P, ctx: PublicContext) -> RdpCurve: ...
 
-    def run(
-        self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise
-    ) -> Release: ...
+    def run(self, params: P, ctx: PublicContext, table: Table, noise: Noise) -> Release: ...
 
 
 # ----- long-running mechanisms ---------------------------------------------------------------------------
@@ -96,7 +154,7 @@ def no_progress(fraction: float) -> None:
 
 
 @runtime_checkable
-class LongRunningMechanism(Mechanism, Protocol):
+class LongRunningMechanism(Mechanism[P], Protocol[P]):
     """A mechanism whose ``run`` may take minutes (training, tuning).
 
     ``run`` takes an extra keyword ``progress`` and must call it regularly (at least every few seconds of
@@ -111,7 +169,7 @@ class LongRunningMechanism(Mechanism, Protocol):
 
     def run(
         self,
-        params: BaseModel,
+        params: P,
         ctx: PublicContext,
         table: Table,
         noise: Noise,
@@ -128,7 +186,7 @@ def has_public_progress(mechanism: object) -> bool:
     return is_long_running(mechanism) and bool(getattr(mechanism, "progress_is_public", False))
 
 
-def with_cost(params: BaseModel, name: str, value: float) -> BaseModel:
+def with_cost(params: ModelT, name: str, value: float) -> ModelT:
     """A copy of ``params`` with its cost parameter set to ``value`` (re-validated)."""
     return type(params).model_validate({**params.model_dump(), name: value})
 
@@ -162,8 +220,8 @@ def cost_range(model: type[BaseModel], name: str) -> tuple[float, float] | None:
 
 
 def best_affordable_cost(
-    mechanism: Mechanism,
-    params: BaseModel,
+    mechanism: Mechanism[ModelT],
+    params: ModelT,
     ctx: PublicContext,
     admissible: Callable[[RdpCurve], bool],
     iterations: int = 60,
@@ -218,7 +276,7 @@ class StepResult:
 
 
 @runtime_checkable
-class InteractiveMechanism(Protocol):
+class InteractiveMechanism(Protocol[P, Q]):
     """A session: ``start`` draws the secret state without reading data; each ``step`` answers one query.
 
     * ``params_model``: the session's public parameters (validated at open).
@@ -227,7 +285,8 @@ class InteractiveMechanism(Protocol):
     * ``check_query``: schema- and session-dependent validation of one step, before any data is read.
     * ``realized(params, ctx, steps, halted)``: the ex-post charge of the session's actual outcome, a
       function of the public transcript only (the queries and the released answers).
-    The state is JSON-serialisable so the service can persist it between calls (secret-state table).
+    The state is JSON-serialisable so the service can persist it between calls (secret-state table). ``P``
+    is the params model, ``Q`` the query model; a registry holds ``InteractiveMechanism[Any, Any]``.
     """
 
     name: ClassVar[str]
@@ -235,27 +294,27 @@ class InteractiveMechanism(Protocol):
     params_model: ClassVar[type[BaseModel]]
     query_model: ClassVar[type[BaseModel]]
 
-    def check(self, params: BaseModel, ctx: PublicContext) -> None: ...
+    def check(self, params: P, ctx: PublicContext) -> None: ...
 
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve: ...
+    def worst_case(self, params: P, ctx: PublicContext) -> RdpCurve: ...
 
-    def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None: ...
+    def check_query(self, params: P, ctx: PublicContext, query: Q, asked: int) -> None: ...
 
-    def start(self, params: BaseModel, ctx: PublicContext, noise: Noise) -> dict[str, Any]: ...
+    def start(self, params: P, ctx: PublicContext, noise: Noise) -> dict[str, Any]: ...
 
     def step(
         self,
-        params: BaseModel,
+        params: P,
         ctx: PublicContext,
         state: dict[str, Any],
-        query: BaseModel,
+        query: Q,
         table: Table,
         noise: Noise,
     ) -> StepResult: ...
 
     def realized(
         self,
-        params: BaseModel,
+        params: P,
         ctx: PublicContext,
         steps: list[tuple[dict[str, Any], dict[str, Any]]],
         halted: bool,

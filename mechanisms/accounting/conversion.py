@@ -4,8 +4,8 @@
   minimised over the grid. The only conversion proven for ex-post quantities.
 * ``epsilon_at_delta_tight``: Balle et al. 2020 Thm. 21 (as in Google's dp-accounting):
   ε = ε(α) + log((α−1)/α) − (log δ + log α)/(α−1). Valid for **ex-ante** RDP only.
-* ``capacity_units``: the filter's per-slot capacity B(α) = ε − log(|A|/δ)/(α−1) (DESIGN §4), rounded
-  down, with the pure slot (α = ∞) at capacity ε. ``None`` marks an unusable slot (B(α) ≤ 0, or every
+* ``capacity_units``: the filter's per-slot capacity B(α) = ε − log(|A|/δ)/(α−1) (docs/privacy.md §2),
+  rounded down, with the pure slot (α = ∞) at capacity ε. ``None`` marks an unusable slot (B(α) ≤ 0, or every
   finite order when δ = 0).
 """
 
@@ -18,7 +18,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from mechanisms.accounting.curve import RdpCurve, _pad_up
+from mechanisms.accounting.curve import RdpCurve, pad_up
 from mechanisms.accounting.fixed_point import UNITS_PER_EPSILON, UnitsVector, units_down
 from mechanisms.accounting.orders import validate_orders
 
@@ -33,14 +33,15 @@ def epsilon_at_delta(curve: RdpCurve, delta: float) -> float:
     """Smallest ε over the grid by Lemma 7(ii) (Mironov's conversion); the pure bound at δ = 0.
 
     Minimising over α after the fact is valid for ex-ante curves; for ex-post charges the filter uses
-    δ/|A| per order instead (``filter_epsilon``; Ghazi et al. note §4.3).
+    δ/|A| per order instead (``filter_epsilon``): Lemma 7 of Ghazi et al. 2024 holds at an α fixed in
+    advance, so the filter union-bounds over the grid (docs/privacy.md §3).
     """
     _check_delta(delta, allow_zero=True)
     if delta == 0.0:
         return curve.pure
     alphas = np.asarray(curve.orders)
     eps = np.asarray(curve.values) + math.log(1.0 / delta) / (alphas - 1.0)
-    return _pad_up(min(float(np.min(eps)), curve.pure))
+    return pad_up(min(float(np.min(eps)), curve.pure))
 
 
 def epsilon_at_delta_tight(curve: RdpCurve, delta: float) -> float:
@@ -52,12 +53,12 @@ def epsilon_at_delta_tight(curve: RdpCurve, delta: float) -> float:
         + np.log((alphas - 1.0) / alphas)
         - (math.log(delta) + np.log(alphas)) / (alphas - 1.0)
     )
-    return _pad_up(max(0.0, min(float(np.min(eps)), curve.pure)))
+    return pad_up(max(0.0, min(float(np.min(eps)), curve.pure)))
 
 
 def union_bound_term(orders: Sequence[float], delta: float, alpha: float) -> float:
     """log(|A|/δ)/(α−1), padded up."""
-    return _pad_up(math.log(len(orders) / delta) / (alpha - 1.0))
+    return pad_up(math.log(len(orders) / delta) / (alpha - 1.0))
 
 
 def capacity_units(epsilon: float, delta: float, orders: Sequence[float]) -> tuple[int | None, ...]:

@@ -8,7 +8,7 @@ ex-post charges the pointwise minimum of two valid ex-post functions ε̃_α(o),
 RDP function in general (Def. 6 of Ghazi et al. can fail; tests/unit/test_accounting.py has a
 counterexample). Each slot of the filter therefore sums its own valid function.
 
-Curves computed with floating point are padded upwards by a few ulps (``_pad_up``) so that rounding can
+Curves computed with floating point are padded upwards by a few ulps (``pad_up``) so that rounding can
 only over-charge. Pure values given by the caller are kept exactly as given.
 """
 
@@ -26,8 +26,13 @@ from mechanisms.accounting.orders import validate_orders
 _RELATIVE_PAD = 16 * np.finfo(float).eps
 
 
-def _pad_up(value: float) -> float:
-    """Upper bound for a value computed with a handful of correctly rounded float operations."""
+def pad_up(value: float) -> float:
+    """An upper bound on the exact value of ``value``, computed with a handful of correctly rounded float
+    operations: ``value`` times (1 + 16 machine epsilons), then one ulp up. 0 and ±∞ are returned as is.
+
+    Every charge a mechanism computes in floating point passes through this (or an exact rational rounding
+    such as ``sum_up``), so the float error can only over-charge; the ledger then rounds the padded float up
+    to its fixed-point units (``fixed_point.units_up``, docs/privacy.md §4)."""
     if value == 0.0 or not math.isfinite(value):
         return value
     return math.nextafter(value * (1.0 + _RELATIVE_PAD), math.inf)
@@ -144,7 +149,7 @@ class RdpCurve:
         alphas = np.asarray(orders, dtype=float)
         values = alphas * l2_sensitivity**2 / (2.0 * sigma**2)
         values = _positive_if(values, l2_sensitivity > 0.0)
-        return cls(tuple(orders), tuple(_pad_up(float(v)) for v in values))
+        return cls(tuple(orders), tuple(pad_up(float(v)) for v in values))
 
     @classmethod
     def laplace(cls, shifts: Iterable[float], epsilon: float, orders: Sequence[float]) -> RdpCurve:
@@ -159,7 +164,7 @@ class RdpCurve:
         eps = np.nextafter(shift_array / scale, np.inf)  # ≥ the exact shift/scale
         per_coordinate = laplace_rdp_upper(np.asarray(orders, dtype=float)[:, None], eps[None, :])
         values = _positive_if(per_coordinate.sum(axis=1), bool(np.any(shift_array > 0.0)))
-        return cls(tuple(orders), tuple(_pad_up(float(v)) for v in values), float(epsilon))
+        return cls(tuple(orders), tuple(pad_up(float(v)) for v in values), float(epsilon))
 
     @classmethod
     def pure_product(cls, epsilons: Iterable[float], orders: Sequence[float]) -> RdpCurve:
@@ -175,7 +180,7 @@ class RdpCurve:
         summed = pure_dp_rdp_upper(alphas[:, None], eps[None, :]).sum(axis=1)
         joint = pure_dp_rdp_upper(alphas, np.full(alphas.shape, total))
         values = _positive_if(np.minimum(summed, joint), total > 0.0)
-        return cls(tuple(orders), tuple(_pad_up(float(v)) for v in values), total)
+        return cls(tuple(orders), tuple(pad_up(float(v)) for v in values), total)
 
     # ----- algebra -------------------------------------------------------------------------------
     def _same_grid(self, other: RdpCurve) -> None:
@@ -185,8 +190,8 @@ class RdpCurve:
     def __add__(self, other: RdpCurve) -> RdpCurve:
         """Adaptive composition: RDP values add order by order, pure bounds add."""
         self._same_grid(other)
-        values = tuple(_pad_up(a + b) for a, b in zip(self.values, other.values, strict=True))
-        return RdpCurve(self.orders, values, _pad_up(self.pure + other.pure))
+        values = tuple(pad_up(a + b) for a, b in zip(self.values, other.values, strict=True))
+        return RdpCurve(self.orders, values, pad_up(self.pure + other.pure))
 
     def maximum(self, other: RdpCurve) -> RdpCurve:
         """Pointwise maximum: a bound valid for either release."""
@@ -213,10 +218,15 @@ class RdpCurve:
         """JSON-friendly form; +∞ becomes the string "inf"."""
         return {
             "orders": list(self.orders),
-            "values": [_json_loss(v) for v in self.values],
-            "pure": _json_loss(self.pure),
+            "values": [json_loss(v) for v in self.values],
+            "pure": json_loss(self.pure),
         }
 
 
-def _json_loss(value: float) -> float | str:
+JsonLoss = float | str
+"""A loss in ε units as JSON: a number, or the string "inf" (JSON has no infinity)."""
+
+
+def json_loss(value: float) -> JsonLoss:
+    """A loss (≥ 0 or +∞) for a JSON body: +∞ becomes the string "inf", anything else is kept."""
     return "inf" if math.isinf(value) else value

@@ -4,8 +4,8 @@ Charges are rounded **up** and capacities **down**, so rounding can only refuse,
 Conversion goes through the shortest decimal that round-trips the float (``repr``): the pure ε = 0.1 an
 analyst types is exactly 10¹¹ units, and ten of them are exactly one ε (no OpenDP #2131 drift). Every
 float value is then treated as that decimal; mechanisms calibrate their noise so that their true loss is
-at most the decimal they are charged (see ``mechanisms.queries.laplace``), and computed curves are padded up by a
-few ulps before conversion (``curve._pad_up``).
+at most the decimal they are charged (see ``mechanisms.queries.laplace``), and computed curves are padded up
+by a few ulps before conversion (``curve.pad_up``).
 
 +∞ has its own representation: a total is a pair (finite units, number of infinite charges), which is
 exact under addition and subtraction, so releasing an infinite reservation restores the previous total.

@@ -53,9 +53,9 @@ from typing import Any, ClassVar, Literal, Self
 import numpy as np
 from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
-from mechanisms.accounting.curve import RdpCurve, _pad_up
+from mechanisms.accounting.curve import RdpCurve, pad_up
 from mechanisms.accounting.orders import validate_orders
-from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
+from mechanisms.base import ParamsChecked, ParamsError, ProgressFn, PublicContext, Release, Table, no_progress
 from mechanisms.learners.features import (
     FeatureSpec,
     check_features,
@@ -143,7 +143,7 @@ def dp_gd_curve(config: DpGdConfig, neighboring: Neighboring, orders: Sequence[f
     """
     grid = validate_orders(orders)
     one_step = RdpCurve.gaussian(sensitivity(config.clip, neighboring), noise_std(config), grid)
-    values = tuple(_pad_up(config.steps * v) for v in one_step.values)
+    values = tuple(pad_up(config.steps * v) for v in one_step.values)
     return RdpCurve(grid, values)
 
 
@@ -177,7 +177,7 @@ def noise_multiplier_for(target_epsilon: float, delta: float, steps: int, orders
 
 def _converted(z: float, steps: int, grid: tuple[float, ...], log_term: float) -> float:
     """min_α [padded T·α/(2z²) + padded log(1/δ)/(α−1)]: the ε the charged curve converts to."""
-    return min(_pad_up(steps * _pad_up(a / (2.0 * z * z))) + _pad_up(log_term / (a - 1.0)) for a in grid)
+    return min(pad_up(steps * pad_up(a / (2.0 * z * z))) + pad_up(log_term / (a - 1.0)) for a in grid)
 
 
 def default_radius(
@@ -197,9 +197,9 @@ def default_radius(
     if reg == 0.0:
         return None
     if loss == "logistic":
-        return _pad_up(feature_bound * label_bound / reg)
+        return pad_up(feature_bound * label_bound / reg)
     clipped = min(label_bound / math.sqrt(reg), clip / reg)
-    return _pad_up(max(ridge_theta_bound(reg, feature_bound, label_bound), clipped))
+    return pad_up(max(ridge_theta_bound(reg, feature_bound, label_bound), clipped))
 
 
 def finiteness_problem(config: DpGdConfig, d: int, n_norm: float) -> tuple[str, str] | None:
@@ -295,7 +295,7 @@ def released_noise_std(config: DpGdConfig) -> float:
 
 
 @dataclass(frozen=True)
-class _Records:
+class GridRecords:
     """The data prepared once by per-record maps (neighbours stay neighbours; every entry below depends on
     its own record only, never on its position):
 
@@ -315,13 +315,13 @@ class _Records:
     chunk: int  # rows per exact BLAS sum: chunk·F ≤ 2^51, so every partial sum is an integer < 2^52
 
 
-def _records(
+def grid_records(
     features: np.ndarray,
     labels: np.ndarray,
     clip: float,
     row_norms: np.ndarray | None = None,
     noise_multiplier: float | None = None,
-) -> _Records:
+) -> GridRecords:
     norms = safe_row_norms(features) if row_norms is None else np.asarray(row_norms, dtype=float)
     usable = np.isfinite(norms) & (norms > 0.0) & np.all(np.isfinite(features), axis=1)
     features = np.where(usable[:, None], features, 0.0)
@@ -342,7 +342,7 @@ def _records(
     cap = np.where(squared > 0, cap, 0.0)
     scale = np.ldexp(norms, -ROW_BITS)
     chunk = 1 << (50 - math.frexp(budget)[1] + 1)
-    return _Records(rows, scale, cap, labels, unit, chunk)
+    return GridRecords(rows, scale, cap, labels, unit, chunk)
 
 
 def _dot_bits(d: int) -> int:
@@ -350,7 +350,7 @@ def _dot_bits(d: int) -> int:
     return 52 - ROW_BITS - max(0, math.ceil(math.log2(max(d, 1))))
 
 
-def _margins(theta: np.ndarray, records: _Records) -> np.ndarray:
+def _margins(theta: np.ndarray, records: GridRecords) -> np.ndarray:
     """x̂_iᵀθ̂ with θ̂ = θ rounded to 2^(e−r) (θ is public, e its exponent): û_iᵀθ_int is an exact integer
     (BLAS, any summation order), then scaled by powers of two and ν_i — elementwise, so each margin is a
     function of its own record only, whatever its position (numpy's BLAS matrix-vector product is not: the
@@ -366,7 +366,7 @@ def _margins(theta: np.ndarray, records: _Records) -> np.ndarray:
     return margins
 
 
-def _clipped_sum_units(theta: np.ndarray, records: _Records, loss: Loss) -> np.ndarray:
+def clipped_sum_units(theta: np.ndarray, records: GridRecords, loss: Loss) -> np.ndarray:
     """Σ_i k_i·û_i as an exact int64 vector (units ω): the clipped gradient sum on the term grid.
 
     κ_i = s_i·ν_i is the coefficient of û_i in ∇ℓ_i(θ̂) = s_i·x̂_i; k_i = sign(κ_i)·min(rint(|κ_i|/ω), k̄_i)
@@ -409,15 +409,15 @@ def clipped_gradient_sum(
 ) -> np.ndarray:
     """Σ_i clip(∇ℓ_i(θ), C) on the term grid ω = ``term_unit(C)``, as float64 (ω × the exact integer sum).
 
-    Each term is the clipped gradient of record i at the rows and θ rounded as in ``_records`` /
+    Each term is the clipped gradient of record i at the rows and θ rounded as in ``grid_records`` /
     ``_margins`` (relative error ≲ 2^−12 of C per term), a function of (θ, x_i, y_i) alone, a multiple of ω
     in every coordinate, with exact norm < C, for every θ and every record: ‖S(D) − S(D′)‖ ≤ 2C
     (replace-one) / C (add/remove) holds exactly for the computed sums. ``row_norms`` (‖x_i‖,
     ``safe_row_norms`` when omitted) lets a caller compute them once.
     """
     features, labels = _check_data(x, y)
-    records = _records(features, labels, clip, row_norms)
-    units = _clipped_sum_units(np.asarray(theta, dtype=float), records, loss)
+    records = grid_records(features, labels, clip, row_norms)
+    units = clipped_sum_units(np.asarray(theta, dtype=float), records, loss)
     result: np.ndarray = units.astype(np.float64) * records.unit
     return result
 
@@ -449,7 +449,7 @@ def dp_gd_train(
     """Run clipped DP-GD from θ₀ = 0 and return the final θ (shape (d,)).
 
     Each step's noisy sum is ω·(S_t + Z_t): S_t the exact integer clipped sum on the term grid ω
-    (``_clipped_sum_units``) and Z_t ~ N_Z(0, t²)^d, t = ``noise_units(config)`` (exact discrete Gaussian,
+    (``clipped_sum_units``) and Z_t ~ N_Z(0, t²)^d, t = ``noise_units(config)`` (exact discrete Gaussian,
     ``mechanisms.noise.learners``). The noise does not depend on the data, so all T·d draws are made in one
     vectorised call before the data is read. The iterates are a deterministic function of the grid-valued
     noisy sums and public parameters (post-processing, docs/privacy.md §10).
@@ -470,10 +470,10 @@ def dp_gd_train(
     draws = discrete_gaussian_std(noise, noise_units(config), config.steps * d).reshape(config.steps, d)
     theta = np.zeros(d)
     iterates = np.empty((config.steps, d)) if return_iterates else None
-    records = _records(features, labels, config.clip, noise_multiplier=config.noise_multiplier)
+    records = grid_records(features, labels, config.clip, noise_multiplier=config.noise_multiplier)
     unit = records.unit
     for t in range(config.steps):
-        units = _clipped_sum_units(theta, records, config.loss)
+        units = clipped_sum_units(theta, records, config.loss)
         if units.dtype == object:  # more than 2^24 rows: Python integers
             noisy_sum = np.array([float(u) for u in units + draws[t].astype(object)]) * unit
         else:  # |S| ≤ 2^62 − 2^61 and |Z| ≤ 513·2^52: the int64 sum is exact, then rounded to float once
@@ -569,8 +569,9 @@ class DpGdParams(FeatureSpec):
         return self
 
 
-class DpGdMechanism:
-    """Clipped Gaussian DP gradient descent (full batch), the baseline of issue 5."""
+class DpGdMechanism(ParamsChecked):
+    """Clipped Gaussian DP gradient descent (full batch), the baseline ``rgm.gd`` is measured against
+    (docs/mechanisms/rgm_gd.md; Theorem DPGD, docs/privacy.md §8.3.6)."""
 
     name: ClassVar[str] = "dp_gd"
     summary: ClassVar[str] = (
@@ -583,8 +584,7 @@ class DpGdMechanism:
     long_running: ClassVar[bool] = True
     progress_is_public: ClassVar[bool] = True
 
-    def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        p = params_as(params, DpGdParams)
+    def check(self, p: DpGdParams, ctx: PublicContext) -> None:
         check_features(p, ctx, learner_task(p.model, p.task))
         if ctx.schema.neighboring == "replace_one":
             if p.n_hint is not None:
@@ -629,19 +629,17 @@ class DpGdMechanism:
             raise ParamsError(field, reason)
         return config
 
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        p = params_as(params, DpGdParams)
+    def worst_case(self, p: DpGdParams, ctx: PublicContext) -> RdpCurve:
         return dp_gd_curve(self._config(p, ctx), ctx.schema.neighboring, ctx.orders)
 
     def run(
         self,
-        params: BaseModel,
+        p: DpGdParams,
         ctx: PublicContext,
         table: Table,
         noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> Release:
-        p = params_as(params, DpGdParams)
         self.check(p, ctx)
         config = self._config(p, ctx)
         worst = dp_gd_curve(config, ctx.schema.neighboring, ctx.orders)
@@ -651,8 +649,6 @@ class DpGdMechanism:
         n_norm = float(public_n)
         x, y = design_matrix(p, ctx, table, learner_task(p.model, p.task), p.row_norm)
         path = dp_gd_train(config, x, y, n_norm, noise, progress, return_iterates=True)
-        realized = worst  # every run spends all T steps: the ex-ante curve is the charge
-        assert realized <= worst
         output: dict[str, Any] = {
             "model": p.model,
             "columns": column_names(p, ctx),
@@ -669,9 +665,11 @@ class DpGdMechanism:
                 "the iterates are deterministic post-processing of those sums",
             },
             "normaliser": n_norm,
-            "scale": "coefficients are on the design matrix of mechanisms.learners.features (features divided by "
-            "their declared magnitude, rows clipped to row_norm)",
+            "scale": "coefficients are on the design matrix of mechanisms.learners.features "
+            "(features divided by their declared magnitude, rows clipped to row_norm)",
         }
         if p.return_iterates:
             output["iterates"] = path.tolist()
-        return Release(output=output, realized=realized)
+        # realized = worst case by theorem, not by comparison: every run releases all T noisy sums, so the
+        # charge is the composed T·α/(2z²) curve whatever the output (Theorem DPGD, docs/privacy.md §8.3.6)
+        return Release(output=output, realized=worst)

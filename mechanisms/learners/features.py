@@ -1,7 +1,7 @@
 """Supervised-learning inputs shared by the learners (ERM, gradient descent, objective perturbation, tuning).
 
 A learner names feature columns and a label column of the dataset's public schema. The design matrix is
-built from **declared bounds only** (DESIGN §4, rule 1), so its guarantees are public facts:
+built from **declared bounds only** (docs/privacy.md §6, rule 1), so its guarantees are public facts:
 
 * each numeric feature is divided by its declared magnitude max(|min|, |max|), so |x_j| ≤ 1;
 * a categorical feature becomes one-hot indicators (one column per declared value);

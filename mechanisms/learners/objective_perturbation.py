@@ -1,30 +1,30 @@
 """Objective perturbation (ObjPert) for ℓ2-regularised logistic regression, with its Rényi-DP bound.
 
-Source: Redberg's thesis, read through ``notes/seed_000_redberg_thesis.md`` (cited "note §x"): chapter 4
-(Redberg, Koskela & Wang 2023) for the privacy bounds, chapter 2 for the per-instance reports
-(``mechanisms.per_instance.reports``).
+Source: Redberg 2023 (PhD thesis, UCSB; cited "thesis"): chapter 4 (Redberg, Koskela & Wang 2023, NeurIPS)
+for the privacy bounds, chapter 2 (Redberg & Wang 2021) for the per-instance reports
+(``mechanisms.per_instance.reports``). Proofs and corrections: docs/privacy.md §8.4.
 
-Mechanism (note §3.2–3.3, Alg 7 with C = L, i.e. approximate minima perturbation without clipping)
------------------------------------------------------------------------------------------------------
+Mechanism (thesis §4.4, Alg 7 with C = L, i.e. approximate minima perturbation without clipping)
+---------------------------------------------------------------------------------------------------
     L^P(θ) = Σ_i f(x_iᵀθ; y_i) + (λ/2)‖θ‖² + bᵀθ,   b ~ N(0, σ² I_d),   f(u; y) = log(1 + e^{−yu})
     θ̃  : any point with ‖∇L^P(θ̃)‖₂ ≤ τ (exact full gradient, float64, with a rounding margin)
     out = θ̃ + N(0, σ_out² I_d)
 
-Assumptions, all enforced from public information (note §3.2): GLM loss; rows ‖x_i‖ ≤ R by per-row
-clipping (``mechanisms.learners.features.design_matrix``, the intercept column included **before** clipping, so
-the bias is inside the radius: the note's "β := sup f''·R², L := sup|f'|·R"); labels ±1; Θ = R^d
+Assumptions, all enforced from public information (thesis §4.3, docs/privacy.md §8.4.1): GLM loss; rows ‖x_i‖
+≤ R by per-row clipping (``mechanisms.learners.features.design_matrix``, the intercept column included
+**before** clipping, so the bias is inside the radius: β := sup f''·R², L := sup|f'|·R); labels ±1; Θ = R^d
 (unconstrained); logistic f is convex, |f'| ≤ 1, 0 ≤ f'' ≤ 1/4, so L = R and β = R²/4; **λ > β** strictly.
 The logistic loss never needs clipping here (|f'|‖x‖ ≤ R = L), so Alg 7's ℓ_C = ℓ.
 
-Privacy (add/remove neighbours, note §3.4)
-------------------------------------------
-* Thm 4.3.2 (RDP of exact ObjPert, GLM) in the closed form of the note (verified against quadrature in
+Privacy (add/remove neighbours, thesis §4.3)
+--------------------------------------------
+* Thm 4.3.2 (RDP of exact ObjPert, GLM) in closed form (docs/privacy.md §8.4.2; verified against quadrature in
   tests/unit/test_objective_perturbation.py): with a = −log(1 − β/λ),
       ε(α) = a + αL²/(2σ²) + log(2Φ((α − 1)L/σ))/(α − 1).
 * Thm 4.4.1 / C.6.1 (approximate minimizer): given θ^P = argmin L^P, ‖θ̃ − θ^P‖ ≤ τ/λ by λ-strong
   convexity, so θ̃ moves by ≤ 2τ/λ between neighbours given θ^P; the output noise is a Gaussian mechanism
-  of sensitivity 2τ/λ composed adaptively: + α(2τ/λ)²/(2σ_out²) = 2τ²α/(σ_out²λ²). (Erratum 8 of the
-  note: the appendix's γ/λ sensitivity under-charges by 4×; 2τ/λ is used.)
+  of sensitivity 2τ/λ composed adaptively: + α(2τ/λ)²/(2σ_out²) = 2τ²α/(σ_out²λ²). (The thesis's
+  App. C.7 uses sensitivity γ/λ, which under-charges by 4×; 2τ/λ, from Thm C.6.1, is used.)
 
 Replace-one neighbours (D = D₀ + z vs D₀ + z′), derived here from the same change of variables:
 ``log p_D(θ)/p_D′(θ) = log det H_D/det H_D′ + (‖b′‖² − ‖b‖²)/(2σ²)`` with b′ = b + v,
@@ -36,8 +36,8 @@ the add/remove formula with L → 2L. It is ≥ the Gaussian lower bound α(2L)�
 4.3.4) and the MC audit checks it on a replace-one pair. The output step is unchanged (θ̃ and θ̃′ are
 both within τ/λ of θ^P).
 
-Rules kept (note §3.7, §3.8): the charge is data-independent (realized = worst case; no iteration counts,
-gradient norms, objective values or timings are released); b and the output noise are drawn once; the
+Rules kept (docs/privacy.md §6 rules 1–4): the charge is data-independent (realized = worst case; no iteration
+counts, gradient norms, objective values or timings are released); b and the output noise are drawn once; the
 solver is never restarted with a larger tolerance or smaller noise; if it cannot reach the tolerance
 within a generous iteration cap it raises ``ObjPertDidNotConverge`` and the service commits the worst case.
 
@@ -51,7 +51,7 @@ The request is refused at check time unless 0.99τ ≥ 10·S_pub (``minimum_tole
 stop is reachable on every dataset.
 Exact ObjPert (no output noise) is not offered: an iterative solver has no exact minimizer.
 Huber-SVM is not offered: its f'' is discontinuous, and the change-of-variables proof needs a twice
-differentiable f (the thesis leaves the piecewise-C² case "as an exercise", note §3.3).
+differentiable f (the thesis leaves the piecewise-C² case "as an exercise", §4.4).
 
 Finite precision (docs/privacy.md §10.4.4, Lemma COUPLE and Theorem OBJPERT-GRID): b is a discrete
 Gaussian on a fine public lattice (the quantile coupling of a continuous Gaussian, within 3γ_b per
@@ -83,7 +83,8 @@ ReportKind = Literal["none", "public", "data_dependent"]
 
 #: default output-noise factor: σ_out = OUTPUT_NOISE_FACTOR·τ/λ makes the AMP term 2α/factor² = 2e-6·α.
 OUTPUT_NOISE_FACTOR = 1000.0
-#: the stopping rule uses this fraction of τ (note §3.8 pitfall 3: "require ≤ 0.99τ"), minus rounding.
+#: the stopping rule uses this fraction of τ, minus rounding: a safety margin so that float error can never
+#: certify a point outside the τ-ball that the τ/λ sensitivity of thesis Thm C.6.1 needs.
 TOLERANCE_MARGIN = 0.99
 #: ‖b‖ ≤ σ(√d + NOISE_NORM_T) except with probability ≤ e^{−T²/2} = e^{−200} (Gaussian concentration).
 NOISE_NORM_T = 20.0
@@ -138,7 +139,8 @@ def _alphas(orders: Sequence[float] | np.ndarray) -> np.ndarray:
 def objpert_rdp(
     orders: Sequence[float] | np.ndarray, sigma: float, beta: float, lam: float, lipschitz: float
 ) -> np.ndarray:
-    """Thm 4.3.2 (note §3.4), closed form: −log(1−β/λ) + αL²/(2σ²) + log(2Φ((α−1)L/σ))/(α−1).
+    """Thm 4.3.2 of the thesis, closed form (docs/privacy.md §8.4.2): −log(1−β/λ) + αL²/(2σ²) +
+    log(2Φ((α−1)L/σ))/(α−1).
 
     Needs 0 ≤ β < λ, σ > 0, L ≥ 0, α > 1. log Φ by ``scipy.stats.norm.logcdf``.
     """
@@ -218,7 +220,8 @@ def amp_grid_rdp(
 
 
 def gaussian_hockey_stick(sensitivity: float, sigma: float, eps: float) -> float:
-    """H_{e^ε}(N(Δ,σ²)‖N(0,σ²)) = Φ(Δ/(2σ) − εσ/Δ) − e^ε Φ(−Δ/(2σ) − εσ/Δ) (note P1), in log space."""
+    """H_{e^ε}(N(Δ,σ²)‖N(0,σ²)) = Φ(Δ/(2σ) − εσ/Δ) − e^ε Φ(−Δ/(2σ) − εσ/Δ) (Balle & Wang 2018, Thm 8),
+    in log space."""
     if sensitivity == 0.0:
         return 0.0
     u = sensitivity / (2.0 * sigma)
@@ -231,7 +234,8 @@ def gaussian_hockey_stick(sensitivity: float, sigma: float, eps: float) -> float
 
 
 def objpert_delta(eps: float, sigma: float, beta: float, lam: float, lipschitz: float) -> float:
-    """Thm 4.3.1 (note §3.4, corrected signs): the privacy profile δ(ε) of exact ObjPert (add/remove).
+    """Thm 4.3.1 of the thesis (signs corrected as in its App. C.4.5): the privacy profile δ(ε) of exact
+    ObjPert (add/remove).
 
     ε̃ = ε − a, ε̂ = ε − a − c (a = −log(1−β/λ), c = L²/(2σ²)), P = N(L,σ²), Q = N(0,σ²):
     δ = 2H_{e^{ε̃}}(P‖Q) if ε̂ ≥ 0, else (1 − e^{ε̂}) + e^{ε̂}·2H_{e^c}(P‖Q).
@@ -280,7 +284,7 @@ class ObjPertConfig:
         if self.sigma_out is not None and not (math.isfinite(self.sigma_out) and self.sigma_out > 0):
             raise ValueError("sigma_out must be finite and > 0")
         if not self.lam > self.beta:
-            raise ValueError(f"λ must exceed β = row_norm²/4 = {self.beta!r} (note §3.8 pitfall 2)")
+            raise ValueError(f"λ must exceed β = row_norm²/4 = {self.beta!r} (thesis Thm 4.3.2 needs λ > β)")
 
     @property
     def lipschitz(self) -> float:
@@ -450,7 +454,7 @@ def solve_to_tolerance(
     n_bound: int | None = None,
     b_bound: float = 0.0,
 ) -> np.ndarray:
-    """θ̃ with ‖∇L^P(θ̃)‖ ≤ τ certified on the exact full gradient (note §3.8 pitfall 3).
+    """θ̃ with ‖∇L^P(θ̃)‖ ≤ τ certified on the exact full gradient (thesis Thm C.6.1 needs it).
 
     The rounding slack uses the public constants ``row_norm`` R (rows must have ‖x_i‖ ≤ R(1 + 1e-12)),
     ``n_bound`` n̄ (None ⇒ the number of rows given, public only under replace_one) and ``b_bound`` B_b
@@ -558,8 +562,8 @@ def train_objpert_logistic(
 ) -> tuple[np.ndarray, RdpCurve]:
     """A reusable DP base learner (e.g. for tuning): (released θ, its data-independent RDP curve).
 
-    ``x`` rows must already satisfy ‖x_i‖ ≤ config.row_norm (``mechanisms.learners.features.design_matrix``) and
-    ``y`` ∈ {±1}. The curve is the worst case (= the realized charge) on ``orders`` (default grid).
+    ``x`` rows must already satisfy ‖x_i‖ ≤ config.row_norm (``mechanisms.learners.features.design_matrix``)
+    and ``y`` ∈ {±1}. The curve is the worst case (= the realized charge) on ``orders`` (default grid).
     """
     curve = objpert_curve(config, orders if orders is not None else DEFAULT_ORDERS)
     return fit_objpert(x, y, config, noise, progress).released, curve
@@ -619,7 +623,7 @@ class ObjPertLogisticParams(FeatureSpec):
     @model_validator(mode="after")
     def _consistent(self) -> ObjPertLogisticParams:
         if self.regularization <= self.row_norm**2 / 4.0:
-            raise ValueError("regularization λ must exceed β = row_norm²/4 (note §3.8 pitfall 2)")
+            raise ValueError("regularization λ must exceed β = row_norm²/4 (thesis Thm 4.3.2 needs λ > β)")
         dependent = self.report == "data_dependent"
         given = (self.report_gradient_sigma is not None, self.report_hessian_sigma is not None)
         if dependent and not all(given):

@@ -1,8 +1,8 @@
 """The Relative Gaussian Mechanism (RGM) and the relative sensitivity of ridge gradients: pure numerics.
 
 Source: Hendrikx, Mangold, Bellet, "The Relative Gaussian Mechanism and its Application to Private Gradient
-Descent", AISTATS 2024, read through the project note ``seed_004_relative_gaussian.md`` (cited "note §x").
-Nothing here is wired into the service; the curves are ex-ante bounds and the same for every outcome.
+Descent", AISTATS 2024 (cited "the paper"); the derivations and corrections are proved in docs/privacy.md
+§8.3. Nothing here is wired into the service; the curves are ex-ante bounds and the same for every outcome.
 
 Definitions (paper Def. 2 and Def. 3)
 -------------------------------------
@@ -16,10 +16,10 @@ Bounds
 ------
 * ``theorem1_epsilon``: Theorem 1, eq. (5),
   ε_T1(α) = αη²/(2γρ_α) + αdη²(2+η)²(1+η)²/(2ρ_α), ρ_α = 1 − η(α−1)(2+η),
-  for 1 ≤ α < α_max = 1 + 1/(η(2+η)) (+∞ at and beyond α_max: the ceiling is real, note §2.3 item 2),
+  for 1 ≤ α < α_max = 1 + 1/(η(2+η)) (+∞ at and beyond α_max: the ceiling is real, ε_T1 → ∞ as α → α_max),
   under the σ² condition σ² ≥ γη⁻²[1 − η(α−1)]R_rel².
 * ``exact_epsilon``: the exact worst case over all queries with (η, R_rel)-relative sensitivity, under the
-  same conditions (note §2.6, a **derived** result that is not in the paper):
+  same conditions (Lemma EXACT of docs/privacy.md §8.3.1, a **derived** result that is not in the paper):
   ε_ex(α) = αη²/(2γρ_α) + (d/(α−1))·[−α log(1+η) − ½ log(1 − αη(2+η)/(1+η)²)] ≤ ε_T1(α),
   evaluated here in the cancellation-free form (d/2)·[(w − log(1+w)) + w(φ(t) − 1)] with w = η(2+η),
   t = (α−1)w and φ(t) = −log(1−t)/t. The service must not rely on it unless the verification in
@@ -34,34 +34,38 @@ Conditions enforced by ``rgm_rdp_curve``
   η = 0 is plain absolute sensitivity: γ must be 0 and the curve is ``RdpCurve.gaussian(R_rel, σ)``.
 * σ² below Lemma 1's threshold (γR_rel²/η²)(1+η)/(2+η) is rejected (ValueError): it fails the σ²
   condition at every α < α_max.
-* σ² ≥ γR_rel²/η² satisfies the σ² condition at every order (the paper's and the note's default).
+* σ² ≥ γR_rel²/η² satisfies the σ² condition at every order (the paper's default, stated below Theorem 1).
   Otherwise the condition holds only for α ≥ α_lo = 1 + (1 − σ²η²/(γR_rel²))/η, and for orders below α_lo
-  the curve charges ε(α_lo), which is valid because D_α is nondecreasing in α (note §2.3 item 1, §6.1
-  pitfall 4). Charging ε(α) there would be wrong: with such σ² the worst-case divergence exceeds ε_ex(α)
+  the curve charges ε(α_lo), which is valid because D_α is nondecreasing in α (van Erven & Harremoës 2014,
+  Thm 3). Charging ε(α) there would be wrong: with such σ² the worst-case divergence exceeds ε_ex(α)
   and even ε_T1(α) (0.134 > 0.106 at α = 2, η = 0.01, γ = 1e-3, d = 10, R_rel = 1, σ² = 7.46; unit tests).
 * +∞ at every order α ≥ α_max (computed with ρ_α rounded down, so orders within rounding of the ceiling
   are +∞ too). α_max can be small (5.76 at η = 0.1), so standard grids get +∞ entries.
 
-Corrections to the paper taken from the note, and why
-----------------------------------------------------
-1. **Variance, not standard deviation** (note §2.1, §5.2, §6.1 pitfall 1). Eq. (4) and Lemma 2 (σ₁²I_d)
-   make γ‖R(x)‖² + σ² the per-coordinate variance. The authors' code draws with *standard deviation*
-   γ_c‖g‖ + σ_c, which is a different mechanism that Theorem 1 does not literally cover; here the variance
-   convention of eq. (4) is implemented and the noise is applied to all d coordinates.
-2. **Eq. (20) has x and y swapped** (note §2.3): s = ασ₂² + (1−α)σ₁² = σ² + γα‖R(y)‖² − γ(α−1)‖R(x)‖².
+Corrections to the paper, and why (docs/privacy.md §8.3)
+-------------------------------------------------------
+1. **Variance, not standard deviation** (eq. (4) and Lemma 2 of the paper vs its code). Eq. (4) and
+   Lemma 2 (σ₁²I_d) make γ‖R(x)‖² + σ² the per-coordinate variance. The authors' code draws with *standard
+   deviation* γ_c‖g‖ + σ_c, which is a different mechanism that Theorem 1 does not literally cover; here the
+   variance convention of eq. (4) is implemented and the noise is applied to all d coordinates.
+2. **Eq. (20) has x and y swapped** (proof of Theorem 1, App. A):
+   s = ασ₂² + (1−α)σ₁² = σ² + γα‖R(y)‖² − γ(α−1)‖R(x)‖².
    This changes no result; ``exact_epsilon`` relies on the corrected mean-term bound.
 3. **The log term of Theorem 1 is not tight**: the paper's factor (1+η)² and the 1/2 lost in eq. (36) are
-   what ``exact_epsilon`` removes (note §2.6). The A.6 tCDP constant (η²d(2+η)²/2) is a typo and is not used.
-4. **Eq. (10) scaling** (note §3.2): the paper's b_i = X_i y_i/n makes eq. (10) inconsistent by a factor n.
-   ``ridge_relative_sensitivity`` uses the consistent form with unnormalised per-record gradients,
+   what ``exact_epsilon`` removes (Lemma EXACT, docs/privacy.md §8.3.1). The A.6 tCDP constant
+   (η²d(2+η)²/2) is a typo and is not used.
+4. **Eq. (10) scaling** (ridge relative sensitivity, eqs. 9–10 of the paper): the paper's b_i = X_i y_i/n
+   makes eq. (10) inconsistent by a factor n. ``ridge_relative_sensitivity`` uses the consistent form with
+   unnormalised per-record gradients,
    η² = (3/n²)(‖A₀A⁻¹‖² + ‖A₀′A⁻¹‖²), R_rel² = (3/n²)·sup‖∇ℓ₀(θ*) − ∇ℓ₀′(θ*)‖².
-5. **Prop. 1's η** (note §3.3): its proof uses "Ã ⪰ ρC ⇒ Ã⁻² ⪯ ρ⁻²C⁻²", false for a C that does not
+5. **Prop. 1's η** (feature clipping): its proof uses "Ã ⪰ ρC ⇒ Ã⁻² ⪯ ρ⁻²C⁻²", false for a C that does not
    commute with Ã; for a general C the valid constant is η² = 6κ_C R_c⁴/(ρ²n²). This module only uses C = I
    (rows clipped to ‖x_i‖ ≤ X, curvature A ⪰ λI from the public ridge λ, so ρ = λ), where Prop. 1 holds:
-   η² = 6X⁴/(λ²n²). Nothing here depends on the data, unlike the paper's experiments (note §6.1 pitfall 9).
-6. **Theorem 2's factor d** (note §3.4), for callers that run gradient descent with ``rgm_release``: with
-   per-coordinate variance the noise floor is τdσ²/μ (not τσ²/μ) and the step size must satisfy
-   τ ≤ 1/((1+dγ)L) (not (L+γ)⁻¹), because E‖noise‖² = d·v.
+   η² = 6X⁴/(λ²n²). Nothing here depends on the data, unlike the paper's experiments (which compute η from
+   the data).
+6. **Theorem 2's factor d** (utility, Theorem 2 and App. B.1 of the paper), for callers that run gradient
+   descent with ``rgm_release``: with per-coordinate variance the noise floor is τdσ²/μ (not τσ²/μ) and the
+   step size must satisfy τ ≤ 1/((1+dγ)L) (not (L+γ)⁻¹), because E‖noise‖² = d·v.
 
 Numerics: every value returned by the bound functions is an upper bound on the exact real value (inputs
 rounded in the conservative direction, series with tail bounds where the direct formula cancels, then a
@@ -140,6 +144,28 @@ def _t_and_rho(alpha: float, w: float) -> tuple[float, float]:
     """(t, ρ) with t ≥ (α−1)w and ρ = 1 − t ≤ ρ_α (ρ ≤ 0 means: at or beyond the ceiling)."""
     t = _up((alpha - 1.0) * w, 4 * _EPS) if alpha > 1.0 else 0.0
     return t, 1.0 - t
+
+
+@dataclass(frozen=True)
+class _Order:
+    """The checked inputs of a per-order bound and the derived w ≥ η(2+η), t ≥ (α−1)w, ρ = 1 − t."""
+
+    alpha: float
+    eta: float
+    gamma: float
+    d: int
+    w: float
+    t: float
+    rho: float
+
+
+def _order(alpha: float, eta: float, gamma: float, d: int) -> _Order:
+    alpha = _check_order(alpha)
+    eta, gamma = _check_eta_gamma(eta, gamma)
+    d = _check_dimension(d)
+    w = _w_upper(eta)
+    t, rho = _t_and_rho(alpha, w)
+    return _Order(alpha, eta, gamma, d, w, t, rho)
 
 
 def _w_minus_log1p(w: float) -> float:
@@ -241,20 +267,17 @@ def theorem1_epsilon(alpha: float, eta: float, gamma: float, d: int) -> float:
     Valid for the RGM on any query with (η, R_rel)-relative L2 sensitivity **provided** σ² satisfies the
     condition at α (``sigma2_required``); ``rgm_rdp_curve`` enforces that. α = 1 gives the KL bound.
     """
-    alpha = _check_order(alpha)
-    eta, gamma = _check_eta_gamma(eta, gamma)
-    d = _check_dimension(d)
-    w = _w_upper(eta)
-    _, rho = _t_and_rho(alpha, w)
-    if rho <= 0.0:
+    o = _order(alpha, eta, gamma, d)
+    if o.rho <= 0.0:
         return math.inf
     # η²(2+η)²(1+η)² = w²(1+w)
-    noise_term = _up(alpha * d * w * w * (1.0 + w) / (2.0 * rho))
-    return _up(_mean_term(alpha, eta, gamma, rho) + noise_term, 4 * _EPS)
+    noise_term = _up(o.alpha * o.d * o.w * o.w * (1.0 + o.w) / (2.0 * o.rho))
+    return _up(_mean_term(o.alpha, o.eta, o.gamma, o.rho) + noise_term, 4 * _EPS)
 
 
 def exact_epsilon(alpha: float, eta: float, gamma: float, d: int) -> float:
-    """The exact worst-case D_α of the RGM over relative-sensitivity queries (note §2.6, derived).
+    """The exact worst-case D_α of the RGM over relative-sensitivity queries (Lemma EXACT, docs/privacy.md
+    §8.3.1).
 
     αη²/(2γρ_α) + (d/(α−1))·[−α log(1+η) − ½ log(1 − αη(2+η)/(1+η)²)], computed as
     αη²/(2γρ_α) + (d/2)·[(w − log(1+w)) + w(φ(t) − 1)], w = η(2+η), t = (α−1)w, φ(t) = −log(1−t)/t.
@@ -262,15 +285,11 @@ def exact_epsilon(alpha: float, eta: float, gamma: float, d: int) -> float:
     η²/(2γ) + (d/2)(w − log(1+w)). The supremum is approached (not attained) by R(x) = p·e,
     R(y) = R(x)/(1+η), p → ∞.
     """
-    alpha = _check_order(alpha)
-    eta, gamma = _check_eta_gamma(eta, gamma)
-    d = _check_dimension(d)
-    w = _w_upper(eta)
-    t, rho = _t_and_rho(alpha, w)
-    if rho <= 0.0:
+    o = _order(alpha, eta, gamma, d)
+    if o.rho <= 0.0:
         return math.inf
-    log_term = _up(0.5 * d * (_w_minus_log1p(w) + _up(w * _phi_minus_one(t, rho))))
-    return _up(_mean_term(alpha, eta, gamma, rho) + log_term, 4 * _EPS)
+    log_term = _up(0.5 * o.d * (_w_minus_log1p(o.w) + _up(o.w * _phi_minus_one(o.t, o.rho))))
+    return _up(_mean_term(o.alpha, o.eta, o.gamma, o.rho) + log_term, 4 * _EPS)
 
 
 def rgm_rdp_curve(
@@ -286,8 +305,9 @@ def rgm_rdp_curve(
     """The RDP curve of one RGM_{γ,σ} release of a d-dimensional query with (η, R_rel)-relative sensitivity.
 
     ``bound="theorem1"`` (default) is the paper's eq. (5); ``bound="exact"`` is the derived exact worst case
-    of note §2.6. Orders below α_lo are charged ε(α_lo); orders ≥ α_max are +∞; no pure bound.
-    Raises ValueError on invalid parameters or σ² below Lemma 1's threshold (see the module docstring).
+    of Lemma EXACT (docs/privacy.md §8.3.1). Orders below α_lo are charged ε(α_lo); orders ≥ α_max are +∞; no
+    pure bound. Raises ValueError on invalid parameters or σ² below Lemma 1's threshold (see the module
+    docstring).
     """
     grid = validate_orders(orders)
     eta = _finite_nonnegative(eta, "eta")
@@ -558,9 +578,9 @@ def ridge_relative_sensitivity(
 ) -> RelativeSensitivity:
     """(η, R_rel) of the full-batch ridge gradient θ ↦ ∇f(θ; D), uniformly in θ, from public parameters.
 
-    Setting (note §3.2, paper eqs. 9–11 with the corrected scaling): replace-one neighbours with n public,
-    every record clipped to ‖x_i‖ ≤ X = ``feature_bound`` and |y_i| ≤ Y = ``label_bound``, ridge λ = ``reg``
-    > 0, so A = (1/n)Σ x_i x_iᵀ + λI ⪰ λI for every dataset. With A₀ = x₀x₀ᵀ, θ* = A⁻¹b,
+    Setting (paper eqs. 9–11 with the corrected scaling of item 4 above): replace-one neighbours with n
+    public, every record clipped to ‖x_i‖ ≤ X = ``feature_bound`` and |y_i| ≤ Y = ``label_bound``, ridge λ =
+    ``reg`` > 0, so A = (1/n)Σ x_i x_iᵀ + λI ⪰ λI for every dataset. With A₀ = x₀x₀ᵀ, θ* = A⁻¹b,
     n(∇f − ∇f′)(θ) = (A₀ − A₀′)A⁻¹∇f(θ) + [∇ℓ₀(θ*) − ∇ℓ₀′(θ*)] and (a+b+c)² ≤ 3(a²+b²+c²) give
 
     * η² = (3/n²)(‖A₀A⁻¹‖² + ‖A₀′A⁻¹‖²) ≤ 6X⁴/(λ²n²)  (‖x₀x₀ᵀA⁻¹‖ ≤ ‖x₀‖²/λ),

@@ -1,8 +1,7 @@
 """Private full-batch gradient descent with the Relative Gaussian Mechanism on every step (RGM-GD).
 
-Source: Hendrikx, Mangold, Bellet (AISTATS 2024), eq. (7), read through ``seed_004_relative_gaussian.md``
-(cited "note §x"); the RGM and its curves are ``mechanisms.learners.relative_gaussian``. The soundness argument is
-written out in docs/privacy.md §8.3.
+Source: Hendrikx, Mangold, Bellet (AISTATS 2024), eq. (7); the RGM and its curves are
+``mechanisms.learners.relative_gaussian``. The soundness argument is written out in docs/privacy.md §8.3.
 
 Algorithm (replace-one neighbours, n public; K = {‖θ‖ ≤ r} a public ball)::
 
@@ -11,8 +10,8 @@ Algorithm (replace-one neighbours, n public; K = {‖θ‖ ≤ r} a public ball)
         θ_{t+1} = Π_K(θ_t − τ·g̃_t)                               (projection: post-processing of g̃_t)
         stop after step t if the stopping rule, evaluated on the released θ₀ … θ_{t+1} only, says so
 
-f(θ; D) = (1/n)Σ ℓ(x_iᵀθ, y_i) + (λ/2)‖θ‖² on the design matrix of ``mechanisms.learners.features`` (rows ‖x_i‖ ≤ X,
-labels |y_i| ≤ Y = 1), with ℓ the squared loss ½(x_iᵀθ − y_i)² ("ridge") or the logistic loss
+f(θ; D) = (1/n)Σ ℓ(x_iᵀθ, y_i) + (λ/2)‖θ‖² on the design matrix of ``mechanisms.learners.features`` (rows
+‖x_i‖ ≤ X, labels |y_i| ≤ Y = 1), with ℓ the squared loss ½(x_iᵀθ − y_i)² ("ridge") or the logistic loss
 log(1 + e^{−y_i x_iᵀθ}) with y_i = ±1 ("logistic").
 
 Projection and finite arithmetic (docs/privacy.md §8.3.2.1). The radius r = ``theta_bound``
@@ -27,30 +26,31 @@ projection at all: both relative sensitivities hold for every θ.
 
 Relative sensitivity, uniformly in θ (so it holds at every public iterate θ_t), from public parameters:
 
-* ridge: ``ridge_relative_sensitivity_split`` with κ = 3 (note §3.2 with the corrected scaling, C = I in
-  Prop. 1, curvature A ⪰ λI from the public λ, no data-dependent test and no PTR; tightened in
+* ridge: ``ridge_relative_sensitivity_split`` with κ = 3 (the paper's eq. (10) with the corrected scaling, C =
+  I in Prop. 1, curvature A ⪰ λI from the public λ, no data-dependent test and no PTR; tightened in
   docs/privacy.md §8.3.4): η = 2X²/(λn), R_rel = (2/√3)·D/n with D = ``ridge_gradient_gap_bound`` the
   diameter of the per-record gradient set over the ball ‖θ‖ ≤ B = Y/(2√λ) ≥ ‖θ*‖ (for X ≥ √λ), at most
   the triangle inequality's 2X(XB + Y). The paper-faithful ``ridge_relative_sensitivity``
   (η = √6X²/(λn), R_rel = √12·X(XB′ + Y)/n, B′ = Y·min(X/λ, 1/√λ)) is looser in both.
-* logistic: ``logistic_relative_sensitivity`` (App. B.2 of the paper, instantiated in note §3.2 "[derived]
-  Logistic / GLM instantiation"; proof in docs/privacy.md §8.3.3): each per-record loss is convex
+* logistic: ``logistic_relative_sensitivity`` (App. B.2 of the paper, instantiated for the logistic
+  GLM in Lemma LOG, docs/privacy.md §8.3.3): each per-record loss is convex
   and L = X²/4 smooth, f is λ-strongly convex, so η = √(6·L·(L/λ)/λ)/n = √(3/8)·X²/(λn) and
   R_rel = √12·X/n (‖∇ℓ_i‖ ≤ X). Checked on adversarial neighbours in tests/unit/test_rgm_gd.py.
 
 Charge (docs/privacy.md §8.3.2). Each step is an RGM release of a query with (η, R_rel)-relative
-sensitivity, so it is (α, ε_step(α))-RDP conditionally on the past (Theorem 1, or the exact curve of note
-§2.6), with ε_step a function of (α, η, γ, d) only (σ² = γR_rel²/η² satisfies the σ² condition at every α).
-The stopping time T_run is decided from released iterates only, so Π_{s≤t} (p_s/q_s)^{α−1}e^{−(α−1)ε_step}
-is a non-negative supermartingale on the released filtration and optional stopping at T_run ≤ T gives the
-ex-post RDP inequality with the realized charge T_run·ε_step(α). The worst case is T·ε_step(α). Orders
-≥ α_max(η) are +∞. The charge never depends on a true gradient norm or the secret noise variance.
+sensitivity, so it is (α, ε_step(α))-RDP conditionally on the past (Theorem 1, or the exact curve of Lemma
+EXACT, docs/privacy.md §8.3.1), with ε_step a function of (α, η, γ, d) only (σ² = γR_rel²/η² satisfies the σ²
+condition at every α). The stopping time T_run is decided from released iterates only, so Π_{s≤t}
+(p_s/q_s)^{α−1}e^{−(α−1)ε_step} is a non-negative supermartingale on the released filtration and optional
+stopping at T_run ≤ T gives the ex-post RDP inequality with the realized charge T_run·ε_step(α). The worst
+case is T·ε_step(α). Orders ≥ α_max(η) are +∞. The charge never depends on a true gradient norm or the secret
+noise variance.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Self
 
@@ -58,9 +58,9 @@ import numpy as np
 from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from mechanisms.accounting.conversion import epsilon_at_delta
-from mechanisms.accounting.curve import RdpCurve, _pad_up
+from mechanisms.accounting.curve import RdpCurve, pad_up
 from mechanisms.accounting.orders import validate_orders
-from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
+from mechanisms.base import ParamsChecked, ParamsError, ProgressFn, PublicContext, Release, Table, no_progress
 from mechanisms.learners.dp_gd import safe_row_norms
 from mechanisms.learners.features import (
     FeatureSpec,
@@ -84,7 +84,8 @@ from mechanisms.learners.relative_gaussian import (
 from mechanisms.noise import Noise
 
 Model = Literal["ridge", "logistic"]
-LABEL_BOUND = 1.0  # Y: the design matrix's labels are scaled to [−1, 1] or mapped to ±1 (mechanisms.learners.features)
+#: Y: the design matrix's labels are scaled to [−1, 1] or mapped to ±1 (mechanisms.learners.features)
+LABEL_BOUND = 1.0
 
 _UP = 1.0 + 1e-12
 RIDGE_SPLIT = 3.0  # Young's κ of ``ridge_relative_sensitivity_split``: η = 2X²/(λn), R_rel = (2/√3)·D/n
@@ -120,7 +121,7 @@ def model_objective(theta: np.ndarray, x: np.ndarray, y: np.ndarray, model: Mode
 def logistic_relative_sensitivity(n_rows: int, reg: float, feature_bound: float) -> RelativeSensitivity:
     """(η, R_rel) of the full-batch ridge-regularised logistic gradient, uniformly in θ (replace-one).
 
-    Paper App. B.2 (general convex losses), instantiated as in note §3.2 and proved in
+    Paper App. B.2 (general convex losses), instantiated and proved in
     docs/privacy.md §8.3.3: with ℓ_i convex and L-smooth (L = X²/4), f λ-strongly convex and
     D_{ℓ} ≤ (L/λ)·D_f (relative smoothness, L_rel = L/λ), θ* = argmin f(·; D),
 
@@ -136,8 +137,8 @@ def logistic_relative_sensitivity(n_rows: int, reg: float, feature_bound: float)
     if not (math.isfinite(feature_bound) and feature_bound >= 0.0):
         raise ValueError(f"feature_bound must be finite and ≥ 0, got {feature_bound!r}")
     n = float(n_rows)
-    eta = _pad_up(math.sqrt(3.0 / 8.0) * feature_bound * feature_bound / (reg * n))
-    r_rel = _pad_up(math.sqrt(12.0) * feature_bound / n)
+    eta = pad_up(math.sqrt(3.0 / 8.0) * feature_bound * feature_bound / (reg * n))
+    r_rel = pad_up(math.sqrt(12.0) * feature_bound / n)
     return RelativeSensitivity(eta=eta, r_rel=r_rel)
 
 
@@ -164,7 +165,7 @@ def theta_bound(model: Model, reg: float, feature_bound: float, label_bound: flo
     if model == "logistic":
         if not (math.isfinite(reg) and reg > 0.0):
             raise ValueError("reg must be > 0")
-        return _pad_up(feature_bound * label_bound / reg)
+        return pad_up(feature_bound * label_bound / reg)
     raise ValueError(f"model must be 'ridge' or 'logistic', got {model!r}")
 
 
@@ -187,12 +188,12 @@ def never_clipping_threshold(
     logistic RGM-GD (Proposition NOGAIN (c)); for ridge that holds only when R_rel ≥ 2C/n.
     """
     if model == "ridge":
-        return _pad_up(
+        return pad_up(
             feature_bound
             * (feature_bound * theta_bound(model, reg, feature_bound, label_bound) + label_bound)
         )
     if model == "logistic":
-        return _pad_up(feature_bound * label_bound)
+        return pad_up(feature_bound * label_bound)
     raise ValueError(f"model must be 'ridge' or 'logistic', got {model!r}")
 
 
@@ -243,7 +244,8 @@ def smoothness(model: Model, reg: float, feature_bound: float) -> float:
 
 
 def auto_step_size(model: Model, reg: float, feature_bound: float, gamma: float, d: int) -> float:
-    """τ = 1/((1 + dγ)L): corrected Theorem 2 step condition (note §3.4), from public parameters."""
+    """τ = 1/((1 + dγ)L): corrected Theorem 2 step condition (with the factor d of the
+    per-coordinate variance; ``mechanisms.learners.relative_gaussian`` item 6), from public parameters."""
     return 1.0 / ((1.0 + d * gamma) * smoothness(model, reg, feature_bound))
 
 
@@ -269,31 +271,19 @@ def scale_curve(curve: RdpCurve, steps: int) -> RdpCurve:
         return RdpCurve.zero(curve.orders)
     if steps == 1:
         return curve
-    values = tuple(v if math.isinf(v) else _pad_up(steps * v) for v in curve.values)
-    pure = curve.pure if math.isinf(curve.pure) else _pad_up(steps * curve.pure)
+    values = tuple(v if math.isinf(v) else pad_up(steps * v) for v in curve.values)
+    pure = curve.pure if math.isinf(curve.pure) else pad_up(steps * curve.pure)
     return RdpCurve(curve.orders, values, pure)
 
 
 # ----- calibration ------------------------------------------------------------------------------------------
-def gamma_for_step(epsilon: float, alpha: float, eta: float, d: int, bound: Bound = "theorem1") -> float:
-    """The smallest γ (up to 1e-9 relative, bisection in log γ) with the grid per-step bound
-    ``grid_rgm_epsilon(α; η, γ, d) ≤ epsilon`` (σ² = γR_rel²/η²).
-
-    The bound is (αη²/(2ρ_q))·(1/√γ + c)² + floor(α) with c, floor independent of γ (docs/privacy.md §10.5),
-    decreasing in γ. Raises ValueError when ε ≤ its limit γ → ∞ or α is at or beyond the ceiling.
-    """
-    if not (math.isfinite(epsilon) and epsilon > 0.0):
-        raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
-
-    def value(gamma: float) -> float:
-        return grid_rgm_epsilon(alpha, eta, gamma, d, bound)
-
+def smallest_gamma(value: Callable[[float], float], epsilon: float, unreachable: str) -> float:
+    """The smallest γ in [1e-30, 1e12] with ``value(γ) ≤ epsilon`` for a ``value`` decreasing in γ:
+    bisection in log γ to 1e-9, returning the admissible end of the bracket. ValueError(``unreachable``)
+    when even γ = 1e12 is not admissible (a NaN value counts as not admissible)."""
     hi = 1e12
     if not value(hi) <= epsilon:
-        raise ValueError(
-            f"epsilon {epsilon!r} at order {alpha!r} is below the RGM floor (the norm-leak term "
-            "αdη²K/(2ρ_α), note §2.5) or the order is at or beyond α_max: no γ up to 1e12 reaches it"
-        )
+        raise ValueError(unreachable)
     lo = 1e-30
     if value(lo) <= epsilon:
         return lo
@@ -307,6 +297,27 @@ def gamma_for_step(epsilon: float, alpha: float, eta: float, d: int, bound: Boun
     gamma = math.exp(log_hi)
     assert value(gamma) <= epsilon
     return gamma
+
+
+def gamma_for_step(epsilon: float, alpha: float, eta: float, d: int, bound: Bound = "theorem1") -> float:
+    """The smallest γ (up to 1e-9 relative, bisection in log γ) with the grid per-step bound
+    ``grid_rgm_epsilon(α; η, γ, d) ≤ epsilon`` (σ² = γR_rel²/η²).
+
+    The bound is (αη²/(2ρ_q))·(1/√γ + c)² + floor(α) with c, floor independent of γ (docs/privacy.md §10.5),
+    decreasing in γ. Raises ValueError when ε ≤ its limit γ → ∞ or α is at or beyond the ceiling.
+    """
+    if not (math.isfinite(epsilon) and epsilon > 0.0):
+        raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
+
+    def value(gamma: float) -> float:
+        return grid_rgm_epsilon(alpha, eta, gamma, d, bound)
+
+    return smallest_gamma(
+        value,
+        epsilon,
+        f"epsilon {epsilon!r} at order {alpha!r} is below the RGM floor (the norm-leak term "
+        "αdη²K/(2ρ_α) of Theorem 1) or the order is at or beyond α_max: no γ up to 1e12 reaches it",
+    )
 
 
 def gamma_for_total(
@@ -329,23 +340,12 @@ def gamma_for_total(
         one = step_curve(grid, sens, gamma, baseline_sigma(gamma, sens), d, bound)
         return epsilon_at_delta(scale_curve(one, steps), delta)
 
-    hi = 1e12
-    if converted(hi) > epsilon:
-        raise ValueError(
-            f"(epsilon, delta) = ({epsilon!r}, {delta!r}) over {steps} steps is unreachable with the RGM on "
-            "this grid: the norm-leak floor and the α ceiling bound what any γ can give"
-        )
-    lo = 1e-30
-    if converted(lo) <= epsilon:
-        return lo
-    log_lo, log_hi = math.log(lo), math.log(hi)
-    while log_hi - log_lo > 1e-9:
-        mid = 0.5 * (log_lo + log_hi)
-        if converted(math.exp(mid)) <= epsilon:
-            log_hi = mid
-        else:
-            log_lo = mid
-    return math.exp(log_hi)
+    return smallest_gamma(
+        converted,
+        epsilon,
+        f"(epsilon, delta) = ({epsilon!r}, {delta!r}) over {steps} steps is unreachable with the RGM on "
+        "this grid: the norm-leak floor and the α ceiling bound what any γ can give",
+    )
 
 
 # ----- training ---------------------------------------------------------------------------------------------
@@ -485,7 +485,8 @@ def rgm_gd_train(
     service's design matrix; per-record maps, so neighbours stay neighbours). Before reading the data,
     ``finiteness_problem(config, n, d)`` (public) must pass, else ValueError: then no step can overflow,
     whatever the data, and the only data-dependent quantities are the released values.
-    The noise variance γ‖∇f(θ_t)‖² + σ² is secret: it is neither returned nor logged (note §6.1 pitfall 2).
+    The noise variance γ‖∇f(θ_t)‖² + σ² is secret: it is neither returned nor logged (docs/privacy.md §6 rule
+    6: Theorem 1 covers the leak through the noisy output only).
     ``progress((t+1)/T)`` is called after every step (and ``progress(1.0)`` when stopping early).
     """
     features = np.asarray(x, dtype=float)
@@ -539,13 +540,13 @@ class RgmGdParams(FeatureSpec):
 
     model: Literal["ridge", "logistic"] = Field(
         default="ridge",
-        description="ridge least squares (note §3.2) or ridge-regularised logistic regression "
+        description="ridge least squares (the paper's eq. (9)) or ridge-regularised logistic regression "
         "(derived bound, docs/privacy.md §8.3.3)",
     )
     task: Literal["regression", "classification"] | None = Field(
         default=None,
-        description="label handling (mechanisms.learners.features): labels scaled to [-1, 1] or mapped to ±1; "
-        "default: regression for ridge, classification for logistic (which requires it)",
+        description="label handling (mechanisms.learners.features): labels scaled to [-1, 1] or mapped to "
+        "±1; default: regression for ridge, classification for logistic (which requires it)",
     )
     regularization: StrictFloat = Field(
         gt=0, le=1e6, allow_inf_nan=False, description="ridge λ > 0: the public curvature lower bound"
@@ -580,7 +581,8 @@ class RgmGdParams(FeatureSpec):
     )
     bound: Literal["theorem1", "exact"] = Field(
         default="theorem1",
-        description="per-step curve: Theorem 1 (paper) or the exact worst case (note §2.6, derived)",
+        description="per-step curve: Theorem 1 (paper) or the exact worst case "
+        "(docs/privacy.md §8.3.1, derived)",
     )
     stop_tolerance: StrictFloat | None = Field(
         default=None,
@@ -619,7 +621,7 @@ class _Resolved:
     step: RdpCurve
 
 
-class RgmGdMechanism:
+class RgmGdMechanism(ParamsChecked):
     """RGM gradient descent: noise that follows the gradient norm, charged T_run·ε_step (ex post)."""
 
     name: ClassVar[str] = "rgm.gd"
@@ -633,8 +635,7 @@ class RgmGdMechanism:
     long_running: ClassVar[bool] = True
     progress_is_public: ClassVar[bool] = True
 
-    def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        p = params_as(params, RgmGdParams)
+    def check(self, p: RgmGdParams, ctx: PublicContext) -> None:
         check_features(p, ctx, learner_task(p.model, p.task))
         self._resolve(p, ctx)
 
@@ -643,7 +644,7 @@ class RgmGdMechanism:
             raise ParamsError(
                 "model",
                 "rgm.gd needs replace_one neighbouring (public n): the relative sensitivity of the gradient "
-                "is derived for replace-one only (note §6.1 pitfall 8)",
+                "is derived for replace-one only (Hendrikx et al. 2024, eqs. 9–10)",
             )
         d = dimension(p, ctx)
         sens = relative_sensitivity(p.model, ctx.n_rows, p.regularization, p.row_norm)
@@ -687,19 +688,18 @@ class RgmGdMechanism:
             raise ParamsError("regularization", f"the relative sensitivity overflows: {error}") from error
         return _Resolved(sens, d, config, step)
 
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        resolved = self._resolve(params_as(params, RgmGdParams), ctx)
+    def worst_case(self, p: RgmGdParams, ctx: PublicContext) -> RdpCurve:
+        resolved = self._resolve(p, ctx)
         return scale_curve(resolved.step, resolved.config.steps)
 
     def run(
         self,
-        params: BaseModel,
+        p: RgmGdParams,
         ctx: PublicContext,
         table: Table,
         noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> Release:
-        p = params_as(params, RgmGdParams)
         self.check(p, ctx)
         resolved = self._resolve(p, ctx)
         worst = scale_curve(resolved.step, resolved.config.steps)
@@ -731,8 +731,8 @@ class RgmGdMechanism:
                 "note": "each noisy gradient is a multiple of the granularity; theta and the iterates are "
                 "deterministic post-processing of them (projected steps)",
             },
-            "scale": "coefficients are on the design matrix of mechanisms.learners.features (features divided by "
-            "their declared magnitude, rows clipped to row_norm)",
+            "scale": "coefficients are on the design matrix of mechanisms.learners.features "
+            "(features divided by their declared magnitude, rows clipped to row_norm)",
         }
         if p.return_iterates:
             output["iterates"] = result.iterates.tolist()

@@ -35,6 +35,14 @@ _MAX_GEOMETRIC = 1 << 9  # V of CKS Algorithm 2 beyond this has probability < e^
 IntArray = np.ndarray
 
 
+def _has_ties(sorted_keys: list[np.ndarray]) -> bool:
+    """Whether two adjacent rows of lexicographically sorted digit columns are equal in every column."""
+    equal = np.ones(sorted_keys[0].size - 1, dtype=bool)
+    for column in sorted_keys:
+        equal &= column[1:] == column[:-1]
+    return bool(equal.any())
+
+
 def _system_bytes(count: int) -> bytes:
     return os.urandom(count)
 
@@ -132,8 +140,9 @@ class Noise:
             raise ValueError("uniform_below needs 1 ≤ m ≤ 2^62")
         m_u = m.astype(np.uint64)
         limit = (np.uint64(_TWO63) // m_u) * m_u
-        out = np.empty(m.size, dtype=np.int64)
-        pending = np.arange(m.size)
+        u = self.words(m.size) >> np.uint64(1)
+        out = (u % m_u).astype(np.int64)
+        pending = np.flatnonzero(u >= limit)  # rejected (probability < m/2^63 each): redrawn in order
         while pending.size:
             u = self.words(pending.size) >> np.uint64(1)
             accept = u < limit[pending]
@@ -313,13 +322,22 @@ class Noise:
 
     # ----- data-independent helpers ---------------------------------------------------------------------
     def permutation(self, n: int) -> IntArray:
-        """A random permutation of range(n): a stable sort by two independent 62-bit uniform keys. Uniform
-        except on key ties (probability ≤ n²/2^125); the privacy proofs that use it (data splits) need only
-        that it is independent of the data."""
-        keys_high = self.uniform_below(_MAX_MODULUS, n)
-        keys_low = self.uniform_below(_MAX_MODULUS, n)
-        order: np.ndarray = np.lexsort((keys_low, keys_high))
+        """A uniform random permutation of range(n), exactly: the order that sorts n i.i.d. uniform reals
+        K_i ∈ [0, 1), revealed 32 bits at a time. The 32-bit prefixes are sorted (stable); while two of
+        them tie (probability ≤ n²/2^33 per round), 32 more bits of every key are revealed and the keys are
+        sorted by their whole prefixes. The result is the sort order of the reals themselves (distinct with
+        probability one), which is uniform by exchangeability; the data-split proofs need only that it is
+        independent of the data."""
+        keys = [self._key_digits(n)]
+        order: np.ndarray = np.argsort(keys[0], kind="stable")
+        while n > 1 and _has_ties([k[order] for k in keys]):
+            keys.append(self._key_digits(n))
+            order = np.lexsort(keys[::-1])
         return order
+
+    def _key_digits(self, n: int) -> np.ndarray:
+        """n uniform 32-bit digits (uint32)."""
+        return np.frombuffer(self._bytes(4 * n), dtype="<u4").astype(np.uint32)
 
     def unit_floats(self, size: int | tuple[int, ...]) -> np.ndarray:
         """Uniform multiples of 2^-53 in [0, 1): only for data-independent choices whose distribution the

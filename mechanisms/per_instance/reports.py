@@ -1,25 +1,28 @@
-"""Per-instance privacy reports for ``objpert.logistic`` releases (thesis ch. 2; Wang's pDP, note §3, §5).
+"""Per-instance privacy reports for ``objpert.logistic`` releases (Redberg & Wang 2021;
+Wang 2019, per-instance DP). Proofs: docs/privacy.md §8.4.3–§8.4.4.
 
 A **reporting function** is published with the model: anyone evaluates it on their own record z = (x, y)
 and gets an upper bound, holding with probability ≥ 1 − ρ over the mechanism's noise, on their ex-post
-per-instance loss (Def 2.2.3 of the thesis note §1.2: |log p_D(o)/p_{D±z}(o)| at the realized output;
-add/remove of z, the pDP notion, whatever the dataset's neighbour relation). Evaluating it reads only the
-release and public parameters, so it is post-processing and costs 0 (billboard lemma, note P7).
+per-instance loss (ex-post pDP, Def 2.2.3 of Redberg 2023, PhD thesis, ch. 2: |log p_D(o)/p_{D±z}(o)| at the
+realized output; add/remove of z, the pDP notion, whatever the dataset's neighbour relation). Evaluating it
+reads only the release and public parameters, so it is post-processing and costs 0 (billboard lemma, Lemma
+A.7.8 of Redberg 2023).
 
 What is bounded, exactly
 ------------------------
-Cor 2.3.2 (note §1.3) gives the ex-post loss of **exact** ObjPert at its minimizer θ^P:
+Cor 2.3.2 of Redberg 2023 (Redberg & Wang 2021): the ex-post loss of **exact** ObjPert at its minimizer θ^P is
     ε₁ = | −log(1 ± f''μ(x)) + f'²‖x‖²/(2σ²) ± f'·bᵀx/σ² |,  μ(x) = xᵀH⁻¹x,  H = ∇²J(θ^P; D),
 with f', f'' at (xᵀθ^P; y). The service releases AMP (``mechanisms.learners.objective_perturbation``):
 out = θ̃ + w with ‖θ̃ − θ^P‖ ≤ τ/λ and w ~ N(0, σ_out² I). No ex-post formula exists for the marginal of
-``out`` (note §1.7 pitfall 4), so the report bounds the ex-post loss of the transcript (θ^P, out[, ĝ, Ĥ]),
-of which the release is a post-processing: ε₁ at θ^P plus the Gaussian output step's ex-post loss
-(note P3: |‖v‖²/(2σ_out²) − vᵀw/σ_out²| with ‖v‖ ≤ 2τ/λ). θ^P is unknown but lies in the ball
-‖θ^P − out‖ ≤ r := τ/λ + σ_out(√d + √(2 log(1/ρ_ball))) (Gaussian norm concentration, E‖w‖ ≤ σ_out√d), so
-f', f'' are replaced by their suprema over u ∈ [xᵀout − r‖x‖, xᵀout + r‖x‖] (f'' is largest nearest 0,
-|f'(u; y)| = σ(−yu) is largest at the smallest yu).
+``out`` (Thm 2.3.1 needs the exact minimizer; the thesis gives no ex-post analysis of AMP), so the report
+bounds the ex-post loss of the transcript (θ^P, out[, ĝ, Ĥ]), of which the release is a post-processing: ε₁ at
+θ^P plus the Gaussian output step's ex-post loss (Thm A.6.1 of Redberg 2023: |‖v‖²/(2σ_out²) − vᵀw/σ_out²|
+with ‖v‖ ≤ 2τ/λ). θ^P is unknown but lies in the ball ‖θ^P − out‖ ≤ r := τ/λ + σ_out(√d + √(2 log(1/ρ_ball)))
+(Gaussian norm concentration, E‖w‖ ≤ σ_out√d), so f', f'' are replaced by their suprema over
+u ∈ [xᵀout − r‖x‖, xᵀout + r‖x‖] (f'' is largest nearest 0, |f'(u; y)| = σ(−yu) is largest at the smallest
+yu).
 
-Bounds per term (Alg 2 of note §1.3, with erratum 9 applied: absolute values in ḡ):
+Bounds per term (Alg 2 of Redberg 2023, with absolute values in ḡ, which the thesis omits):
 * leverage: −log(1 ± f''μ) ≤ −log(1 − f''μ̄) with μ̄ ≥ μ. Public: μ̄ = ‖x‖²/λ (H ⪰ λI; Thm 2.3.3).
   Data-dependent: Ĥ = H(out) + σ₃(Z + Zᵀ)/√2 (Alg 11, GOE); on ‖G‖ ≤ σ₃τ_GOE and λ ≥ 2σ₃τ_GOE,
   xᵀH(out)⁻¹x ≤ (3/2)xᵀĤ⁻¹x (Prop A.5.1); logistic is self-concordant with |f'''| ≤ f'' so
@@ -40,25 +43,27 @@ data-dependent: ball, b, e·x, GOE, w, e·v_g, G·v_H → ρ/7 each); z = Φ⁻�
 Gaussian events. The bound holds for a record fixed before the release (a record chosen after seeing the
 model is not covered).
 
-GOE quantile (erratum 12 of the note: the thesis's τ = 12 is in the wrong normalization). Used here:
+GOE quantile (Redberg 2023 §A.4.1's τ = 12 is in Chiani's normalization, not Alg 11's (Z + Zᵀ)/√2). Used here:
 τ_GOE = 2√d + 2√(log(2/ρ_GOE)) for W = (Z + Zᵀ)/√2. Proof: E λ_max(W) ≤ 2√d by Sudakov–Fernique
 (X_v = vᵀWv = √2 vᵀZv has increments E(X_u − X_v)² = 4(1 − (uᵀv)²) ≤ 8(1 − uᵀv) = E(Y_u − Y_v)² for
 Y_v = 2gᵀv, E sup Y = 2E‖g‖ ≤ 2√d); λ_max is √2-Lipschitz in Z (‖W‖_F ≤ √2‖Z‖_F) so
 P(λ_max ≥ 2√d + t) ≤ e^{−t²/4}; the same for −λ_min; a union bound gives ‖W‖ ≤ τ_GOE w.p. ≥ 1 − ρ_GOE.
 Conservative versus Tracy–Widom (21.2 vs 17.1 at d = 50, ρ = 8.5e-6); checked by Monte Carlo in tests.
 
-Charges: the public report costs 0. The data-dependent report adds Gaussian RDP (note §1.6): gradient
-sensitivity L + 2τ given θ^P (‖∇ℓ(θ^P; z)‖ ≤ L, and θ̃, θ̃′ each within τ of stationarity) — 2L + 2τ under
-replace_one; Hessian at the released ``out`` through the GOE vector [diag/√2, upper] with iid N(0, σ₃²)
+Charges: the public report costs 0. The data-dependent report adds Gaussian RDP (Mironov 2017, Prop. 7):
+gradient sensitivity L + 2τ given θ^P (‖∇ℓ(θ^P; z)‖ ≤ L, and θ̃, θ̃′ each within τ of stationarity) — 2L + 2τ
+under replace_one; Hessian at the released ``out`` through the GOE vector [diag/√2, upper] with iid N(0, σ₃²)
 noise and sensitivity ‖ΔH‖_F/√2 ≤ β/√2 (add/remove) or β (replace_one: ‖A − B‖_F² ≤ ‖A‖_F² + ‖B‖_F² for
 PSD A, B). Adaptive composition: θ^P, θ̃ are functions of (D, θ^P) and the AMP proof already composes
-(θ^P, out) (note §3.3 Remark 4.4.2).
+(θ^P, out) (Redberg, Koskela, Wang 2023, Remark 4.4.2 of Redberg 2023).
 
-The personalized RDP curve ρ_z(α) (note §3.4 [DERIVED], add/remove) depends on z's own record only:
+The personalized RDP curve ρ_z(α) (derived in docs/privacy.md §8.4.5 from the proof of Thm 4.3.2 of
+Redberg 2023; add/remove) depends on z's own record only:
 −log(1 − β_z/λ) + αL_z²/(2σ²) + log(2Φ((α−1)L_z/σ))/(α−1) + AMP term (+ report terms with L_z, β_z),
 L_z = ‖x‖, β_z = ‖x‖²/4.
 
-**True per-record losses are never returned, stored or charged** (note §1.2 Example 2.2.4, §4.1 rule 3).
+**True per-record losses are never returned, stored or charged** (Example 2.2.4 of Redberg 2023: published
+per-instance losses reveal the data; docs/privacy.md §6 rule 1).
 ``exact_ex_post_loss`` below needs the whole dataset; it exists only to verify the bounds in tests and
 is not reachable from the service.
 """
@@ -276,7 +281,7 @@ def ex_post_terms(
 ) -> dict[str, np.ndarray]:
     """The terms of the reported bound for rows ``x`` (m×d, already clipped) and labels ``y`` (±1).
 
-    With radius = τ = 0 and no Ĥ/ĝ this is exactly Alg 2 DATA-INDEP of the thesis (note §1.3).
+    With radius = τ = 0 and no Ĥ/ĝ this is exactly Alg 2 DATA-INDEP of Redberg 2023.
     ``theta`` is the released ``out`` (the ball of radius ``radius`` around it holds θ^P).
 
     When ĝ (``g_hat``, std ``sigma_g``) and Ĥ (``h_hat``, GOE scale ``sigma_h``) were released, their own
@@ -343,7 +348,8 @@ def ex_post_terms(
 def personalized_rdp(
     norms: np.ndarray, p: ObjPertLogisticParams, sigma_out: float, orders: Sequence[float]
 ) -> list[RdpCurve]:
-    """ρ_z(α) per record (note §3.4 [DERIVED], add/remove): the bound with L_z = ‖x‖, β_z = ‖x‖²/4.
+    """ρ_z(α) per record (docs/privacy.md §8.4.5, derived; add/remove): the bound with L_z = ‖x‖, β_z =
+    ‖x‖²/4.
 
     Vectorised over records (rows) and orders (columns) with the closed form of ``objpert_rdp``.
     """
@@ -427,7 +433,8 @@ def exact_ex_post_loss(
     sigma: float,
     member: bool,
 ) -> float:
-    """Cor 2.3.2 (note §1.3): the true ex-post loss of exact ObjPert at its minimizer θ for record z=(x,y).
+    """Cor 2.3.2 of Redberg 2023: the true ex-post loss of exact ObjPert at its minimizer θ for record
+    z=(x,y).
 
     D = (data_x, data_y) is the dataset actually used; ``member`` says whether z ∈ D (neighbour D \\ {z})
     or not (neighbour D ∪ {z}). Needs all of D: **for tests only**, never returned by any endpoint.

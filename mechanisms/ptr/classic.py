@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictStr
 
 from mechanisms.accounting import RdpCurve
 from mechanisms.accounting.approximate import ApproximateCharge
-from mechanisms.base import ParamsError, PublicContext, Release, Table, params_as
+from mechanisms.base import ParamsChecked, ParamsError, PublicContext, Release, Table
 from mechanisms.data.schema import FloatColumn, IntColumn
 from mechanisms.noise import Grid, Noise, laplace_grid
 from mechanisms.ptr.generalized import GenPtrBudget, gen_ptr, laplace_scale_units
@@ -243,7 +243,7 @@ def classic_plan(params: ClassicPtrParams) -> ClassicPtrPlan:
         raise ParamsError("epsilon", str(error)) from error
 
 
-class ClassicPtr:
+class ClassicPtr(ParamsChecked):
     """``ptr.classic``: the median of a bounded numeric column by classic PTR (Alg 3), or ⊥."""
 
     name: ClassVar[str] = "ptr.classic"
@@ -257,19 +257,17 @@ class ClassicPtr:
     cost_increases_with_parameter: ClassVar[bool] = True
     approximate: ClassVar[bool] = True
 
-    def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        p = params_as(params, ClassicPtrParams)
+    def check(self, p: ClassicPtrParams, ctx: PublicContext) -> None:
         check_beta(numeric_column(ctx, p.column, "column"), p.beta, "beta")
         classic_plan(p)
 
-    def approximate_charge(self, params: BaseModel, ctx: PublicContext) -> ApproximateCharge:
-        return classic_plan(params_as(params, ClassicPtrParams)).charge(ctx.orders)
+    def approximate_charge(self, p: ClassicPtrParams, ctx: PublicContext) -> ApproximateCharge:
+        return classic_plan(p).charge(ctx.orders)
 
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        return self.approximate_charge(params, ctx).curve
+    def worst_case(self, p: ClassicPtrParams, ctx: PublicContext) -> RdpCurve:
+        return self.approximate_charge(p, ctx).curve
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
-        p = params_as(params, ClassicPtrParams)
+    def run(self, p: ClassicPtrParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         column = numeric_column(ctx, p.column, "column")
         pl = classic_plan(p)
         values = np.sort(clipped_column(table, column))
@@ -283,7 +281,7 @@ class ClassicPtr:
             "median": released,
             **pl.grid.describe(),
         }
-        return Release(output=output, realized=self.worst_case(params, ctx))
+        return Release(output=output, realized=self.worst_case(p, ctx))
 
 
 CLASSIC_PTR = ClassicPtr()

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
 from mechanisms.accounting import RdpCurve
 from mechanisms.accounting.approximate import ApproximateCharge
-from mechanisms.base import ParamsError, PublicContext, Release, Table, params_as
+from mechanisms.base import ParamsChecked, ParamsError, PublicContext, Release, Table
 from mechanisms.learners.features import FeatureSpec, check_features, design_matrix, dimension
 from mechanisms.noise import Noise, dyadic_scale_up
 from mechanisms.noise.learners import discrete_gaussian_std
@@ -267,7 +267,7 @@ def _ceil_units(value: Fraction) -> int:
 # ----- the mechanism ------------------------------------------------------------------------------------
 
 
-class OpsLinear:
+class OpsLinear(ParamsChecked):
     """``ptr.ops_linear``: private ridge regression by one posterior sample, γ tuned by Gen-PTR."""
 
     name: ClassVar[str] = "ptr.ops_linear"
@@ -280,28 +280,25 @@ class OpsLinear:
     cost_increases_with_parameter: ClassVar[bool] = True
     approximate: ClassVar[bool] = True
 
-    def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        p = params_as(params, OpsLinearParams)
+    def check(self, p: OpsLinearParams, ctx: PublicContext) -> None:
         check_features(p.features, ctx, "regression", "features")
         d = dimension(p.features, ctx)
         if d > MAX_DIMENSION:
             raise ParamsError("features", f"dimension {d} exceeds {MAX_DIMENSION} (exact arithmetic)")
         plan(p, d, ctx.schema.neighboring)
 
-    def approximate_charge(self, params: BaseModel, ctx: PublicContext) -> ApproximateCharge:
-        p = params_as(params, OpsLinearParams)
+    def approximate_charge(self, p: OpsLinearParams, ctx: PublicContext) -> ApproximateCharge:
         budget = plan(p, dimension(p.features, ctx), ctx.schema.neighboring).budget
         return ApproximateCharge.from_epsilon_delta(budget.epsilon, budget.delta, ctx.orders)
 
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        return self.approximate_charge(params, ctx).curve
+    def worst_case(self, p: OpsLinearParams, ctx: PublicContext) -> RdpCurve:
+        return self.approximate_charge(p, ctx).curve
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
-        p = params_as(params, OpsLinearParams)
+    def run(self, p: OpsLinearParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         x, y = design_matrix(p.features, ctx, table, "regression", row_norm=p.row_norm)
         pl = plan(p, x.shape[1], ctx.schema.neighboring)
         output = ops_release(pl, x, y, noise)
-        return Release(output=output, realized=self.worst_case(params, ctx))
+        return Release(output=output, realized=self.worst_case(p, ctx))
 
 
 def quantise(x: np.ndarray, grid: float) -> np.ndarray:

@@ -8,7 +8,7 @@ that same curve: an approximate request commits what it reserved, ⊥ included.
 
 from __future__ import annotations
 
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel
 
@@ -17,21 +17,23 @@ from mechanisms.accounting.approximate import ApproximateCharge
 from mechanisms.base import PublicContext, Release, Table
 from mechanisms.noise import Noise
 
+P = TypeVar("P", bound=BaseModel, contravariant=True)
+
 
 @runtime_checkable
-class ApproximateMechanism(Protocol):
+class ApproximateMechanism(Protocol[P]):
     name: ClassVar[str]
     summary: ClassVar[str]
     params_model: ClassVar[type[BaseModel]]
     approximate: ClassVar[bool]
 
-    def check(self, params: BaseModel, ctx: PublicContext) -> None: ...
+    def check(self, p: P, ctx: PublicContext) -> None: ...
 
-    def approximate_charge(self, params: BaseModel, ctx: PublicContext) -> ApproximateCharge: ...
+    def approximate_charge(self, p: P, ctx: PublicContext) -> ApproximateCharge: ...
 
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve: ...
+    def worst_case(self, p: P, ctx: PublicContext) -> RdpCurve: ...
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release: ...
+    def run(self, p: P, ctx: PublicContext, table: Table, noise: Noise) -> Release: ...
 
 
 def is_approximate(mechanism: object) -> bool:

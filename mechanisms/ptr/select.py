@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictStr
 
 from mechanisms.accounting import RdpCurve
 from mechanisms.accounting.approximate import ApproximateCharge
-from mechanisms.base import ParamsError, PublicContext, Release, Table, params_as
+from mechanisms.base import ParamsChecked, ParamsError, PublicContext, Release, Table
 from mechanisms.noise import Noise
 from mechanisms.ptr.classic import (
     ClassicPtrPlan,
@@ -154,7 +154,7 @@ def random_stopping_select(
     return None if best is None else (best[3], best[2])
 
 
-class PtrSelect:
+class PtrSelect(ParamsChecked):
     """``ptr.select``: the median by classic PTR with β chosen among public candidates (Alg 5)."""
 
     name: ClassVar[str] = "ptr.select"
@@ -168,8 +168,7 @@ class PtrSelect:
     cost_increases_with_parameter: ClassVar[bool] = True
     approximate: ClassVar[bool] = True
 
-    def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        p = params_as(params, PtrSelectParams)
+    def check(self, p: PtrSelectParams, ctx: PublicContext) -> None:
         column = numeric_column(ctx, p.column, "column")
         if len(set(p.betas)) != len(p.betas):
             raise ParamsError("betas", "candidates must be distinct")
@@ -179,14 +178,13 @@ class PtrSelect:
             check_beta(column, beta, "betas")
         select_plan(p)
 
-    def approximate_charge(self, params: BaseModel, ctx: PublicContext) -> ApproximateCharge:
-        return select_plan(params_as(params, PtrSelectParams)).charge(ctx.orders)
+    def approximate_charge(self, p: PtrSelectParams, ctx: PublicContext) -> ApproximateCharge:
+        return select_plan(p).charge(ctx.orders)
 
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        return self.approximate_charge(params, ctx).curve
+    def worst_case(self, p: PtrSelectParams, ctx: PublicContext) -> RdpCurve:
+        return self.approximate_charge(p, ctx).curve
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
-        p = params_as(params, PtrSelectParams)
+    def run(self, p: PtrSelectParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         column = numeric_column(ctx, p.column, "column")
         pl = select_plan(p)
         values = np.sort(clipped_column(table, column))
@@ -199,7 +197,7 @@ class PtrSelect:
         else:
             index, value = chosen
             output.update(beta=p.betas[index], median=value, **pl.plans[index].grid.describe())
-        return Release(output=output, realized=self.worst_case(params, ctx))
+        return Release(output=output, realized=self.worst_case(p, ctx))
 
 
 PTR_SELECT = PtrSelect()

@@ -1,8 +1,8 @@
 """The Gaussian mechanism on a query (count, sum, mean, histogram), released on a public grid.
 
 Construction (docs/mechanisms/gaussian.md, docs/privacy.md §10): the answer f(D) is rounded to a public
-grid γ = 2^k (``mechanisms.queries.language.plan_grid``: γ = 1 and no rounding for counts, histograms and sums over
-int columns; otherwise the largest 2^k ≤ 2^-10·Δ₂/√d) and the release is γ·(round(f/γ) + Z) with Z the
+grid γ = 2^k (``mechanisms.queries.language.plan_grid``: γ = 1 and no rounding for counts, histograms and sums
+over int columns; otherwise the largest 2^k ≤ 2^-10·Δ₂/√d) and the release is γ·(round(f/γ) + Z) with Z the
 discrete Gaussian N_Z(0, s²), P(z) ∝ exp(−z²/(2s²)), drawn exactly from the OS CSPRNG
 (``Noise.discrete_gaussian``; Canonne, Kamath, Steinke 2020, Algorithm 3). The scale parameter s² in grid
 units is (σ/γ)² rounded **up** to a cheap rational (12 significant bits, an integer when ≥ 2^12), so s ≥ σ/γ.
@@ -28,7 +28,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
 from mechanisms.accounting import RdpCurve
-from mechanisms.base import PublicContext, Release, Table, params_as
+from mechanisms.base import ParamsChecked, PublicContext, Release, Table
 from mechanisms.noise import Noise, dyadic_scale_up
 from mechanisms.queries.language import (
     MAX_SCALE_BITS,
@@ -62,7 +62,7 @@ def gaussian_plan(params: GaussianParams, ctx: PublicContext) -> tuple[GridPlan,
     return plan, sigma_units, variance_units
 
 
-class Gaussian:
+class Gaussian(ParamsChecked):
     """Discrete Gaussian noise on a public grid; RDP curve α·Δ₂_grid²/(2(σ/γ)²)."""
 
     name: ClassVar[str] = "gaussian"
@@ -71,18 +71,15 @@ class Gaussian:
     cost_parameter: ClassVar[str] = "sigma"
     cost_increases_with_parameter: ClassVar[bool] = False
 
-    def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        p = params_as(params, GaussianParams)
+    def check(self, p: GaussianParams, ctx: PublicContext) -> None:
         check_query(p.query, ctx)
         gaussian_plan(p, ctx)  # refuses a grid that cannot hold the release
 
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        p = params_as(params, GaussianParams)
+    def worst_case(self, p: GaussianParams, ctx: PublicContext) -> RdpCurve:
         plan, sigma_units, _ = gaussian_plan(p, ctx)
         return RdpCurve.gaussian(plan.l2_units, sigma_units, ctx.orders)
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
-        p = params_as(params, GaussianParams)
+    def run(self, p: GaussianParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         self.check(p, ctx)
         plan, sigma_units, variance_units = gaussian_plan(p, ctx)  # the public plan of worst_case
         worst = RdpCurve.gaussian(plan.l2_units, sigma_units, ctx.orders)

@@ -2,8 +2,8 @@
 
 A query's output is a vector of reals (one coordinate, or one per histogram bin). ``shifts`` gives the
 worst-case change of that vector between neighbouring datasets, derived **only** from the declared bounds
-and the neighbour relation (never from the data, DESIGN §4 rule 1). The data is clipped to the declared
-bounds on load, so the bounds hold for every table a query can see. ``where`` conditions are combined
+and the neighbour relation (never from the data, docs/privacy.md §6 rule 1). The data is clipped to the
+declared bounds on load, so the bounds hold for every table a query can see. ``where`` conditions are combined
 with AND and evaluated on the clipped data; categorical conditions compare codes.
 
 Sensitivities are rounded **up** to the next float whenever their exact value is not a float, so rounding

@@ -1,8 +1,8 @@
 """The Laplace mechanism on a query (count, sum, mean, histogram), released on a public grid.
 
 Construction (docs/mechanisms/laplace.md, docs/privacy.md §10): the answer f(D) is rounded to a public
-grid γ = 2^k (``mechanisms.queries.language.plan_grid``: γ = 1 and no rounding for integer answers, i.e. counts,
-histograms and sums over int columns; otherwise the largest 2^k ≤ 2^-10·Δ₁/d), and the release is
+grid γ = 2^k (``mechanisms.queries.language.plan_grid``: γ = 1 and no rounding for integer answers, i.e.
+counts, histograms and sums over int columns; otherwise the largest 2^k ≤ 2^-10·Δ₁/d), and the release is
 γ·(round(f/γ) + Z) with Z discrete Laplace, P(z) ∝ exp(−|z|/t), drawn exactly from the OS CSPRNG
 (``Noise.discrete_laplace``; Canonne, Kamath, Steinke 2020, Algorithm 2). Every released number is an exact
 multiple of γ, so its low-order bits carry no information (the attack of Mironov 2012 has nothing to read).
@@ -26,7 +26,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
 from mechanisms.accounting import RdpCurve
-from mechanisms.base import PublicContext, Release, Table, params_as
+from mechanisms.base import ParamsChecked, PublicContext, Release, Table
 from mechanisms.noise import Noise, float_up
 from mechanisms.queries.language import (
     AnyQuery,
@@ -63,7 +63,7 @@ def _release_plan(query: AnyQuery, ctx: PublicContext, epsilon: float) -> tuple[
     return plan, scale, laplace_curve(plan, scale, epsilon, ctx.orders)
 
 
-class Laplace:
+class Laplace(ParamsChecked):
     """Discrete Laplace noise on a public grid, calibrated to the ℓ1 sensitivity in grid units; pure ε-DP."""
 
     name: ClassVar[str] = "laplace"
@@ -72,17 +72,14 @@ class Laplace:
     cost_parameter: ClassVar[str] = "epsilon"
     cost_increases_with_parameter: ClassVar[bool] = True
 
-    def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        p = params_as(params, LaplaceParams)
+    def check(self, p: LaplaceParams, ctx: PublicContext) -> None:
         check_query(p.query, ctx)
         _release_plan(p.query, ctx, p.epsilon)  # refuses an ε whose noise would not fit the grid
 
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        p = params_as(params, LaplaceParams)
+    def worst_case(self, p: LaplaceParams, ctx: PublicContext) -> RdpCurve:
         return _release_plan(p.query, ctx, p.epsilon)[2]
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
-        p = params_as(params, LaplaceParams)
+    def run(self, p: LaplaceParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         check_query(p.query, ctx)
         plan, scale, worst = _release_plan(p.query, ctx, p.epsilon)  # the plan of check and worst_case
         units, labels = evaluate_units(p.query, ctx, table, plan)

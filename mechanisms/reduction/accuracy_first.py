@@ -20,7 +20,7 @@ Every release is an exact multiple of the published γ (``noise.granularity``); 
 
 Targets (``target``):
 
-* ``{"relative": r, "scale_multiplier": k}``: the check of Ghazi et al. §6.1 (notes/seed_003 §5.1) with the
+* ``{"relative": r, "scale_multiplier": k}``: the check of Ghazi et al. 2024 §6.1 (Table 1) with the
   ``ŷ > 0`` fix: accept ŷ iff ŷ > 0 and (ŷ + σ)/(ŷ − σ) ≤ 1 + r, i.e. σ·(2 + r) ≤ r·ŷ, where σ = k × the
   noise scale (the discrete Laplace scale γ/x_t, or Gaussian std √t); every coordinate of a histogram must
   pass. For r = 0.1, k = 1 this is b ≤ ŷ/21 (Table 1's rule).
@@ -38,11 +38,11 @@ read.
 ``check = "private"``: the check reads the data, through InteractiveAboveThreshold (Ligett et al. Lemma 2.8)
 on the query f_t(D) = min_j(r·|y_j| − |ŷ_{t,j} − y_j|) (relative; sensitivity (1 + r)·max_j γ·m_j) or
 a − max_j |ŷ_{t,j} − y_j| (absolute; sensitivity max_j γ·m_j), y the grid answer γ·round(v/γ), passing
-when f_t + Lap(4Δ_q/ε_A) ≥ W + Lap(2Δ_q/ε_A) (on the IAT's own grid, ``mechanisms.threshold.above_threshold``).
-Charge ε_A + (level charge) at the pass, ε_A + (last level charge) without a pass. ε_A and W are given
-explicitly or by a labelled calibration (paper-theorem or reference-code) with width α and
-failure γ. For the Brownian family the pure ε_A is added to the RDP curve at every order (proof in
-docs/privacy.md §8.1.4).
+when f_t + Lap(4Δ_q/ε_A) ≥ W + Lap(2Δ_q/ε_A) (on the IAT's own grid,
+``mechanisms.threshold.above_threshold``). Charge ε_A + (level charge) at the pass, ε_A + (last level charge)
+without a pass. ε_A and W are given explicitly or by a labelled calibration (paper-theorem or reference-code)
+with width α and failure γ. For the Brownian family the pure ε_A is added to the RDP curve at every order
+(proof in docs/privacy.md §8.1.4).
 
 Interactive sessions (``InteractiveMechanism``): ``noise_reduction.laplace`` and ``noise_reduction.gaussian``.
 Laplace: ``start`` draws the level-0 integer noise of the lazy sampler without reading data; Gaussian: each
@@ -66,9 +66,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from scipy import special
 
-from mechanisms.accounting import RdpCurve
-from mechanisms.accounting.curve import _pad_up
-from mechanisms.base import ParamsError, PublicContext, Release, StepResult, Table, params_as
+from mechanisms.accounting import RdpCurve, pad_up
+from mechanisms.base import ParamsChecked, ParamsError, PublicContext, Release, StepResult, Table
 from mechanisms.data.schema import CategoricalColumn, IntColumn
 from mechanisms.noise import Grid, Noise
 from mechanisms.queries.language import (
@@ -164,7 +163,9 @@ class PrivateCheck(_Frozen):
         description="W with an explicit ε_A: pass when f_t + Lap(4Δ/ε_A) ≥ W + Lap(2Δ/ε_A) (f ≥ 0: met)",
     )
     calibration: Literal["paper", "reference"] | None = Field(
-        default=None, description="paper-theorem (Ligett Thm A.1) or reference-code (note §2.11 C2/C3)"
+        default=None,
+        description="paper-theorem (Ligett Thm A.1) or reference-code (the authors' code, "
+        "docs/privacy.md §8.2.4)",
     )
     width: float | None = Field(
         default=None, strict=True, gt=0.0, le=1e15, allow_inf_nan=False, description="α of the calibration"
@@ -268,6 +269,9 @@ class GaussianOneShotParams(_OneShotParams, GaussianGridParams):
 
 class NextQuery(_Frozen):
     """A session step has no parameters: ``{}`` asks for the next, less noisy level."""
+
+
+SessionParams = LaplaceSessionParams | GaussianSessionParams
 
 
 # ----- shared helpers ------------------------------------------------------------------------------------
@@ -514,7 +518,7 @@ def _checked_plan(
     return family.plan(query, ctx, grid_values)
 
 
-def _relative_pass(noisy: np.ndarray, sigma: np.ndarray, target: RelativeTarget) -> np.ndarray:
+def relative_pass(noisy: np.ndarray, sigma: np.ndarray, target: RelativeTarget) -> np.ndarray:
     """Per level (rows): every coordinate has ŷ > 0 and σ·(2 + r) ≤ r·ŷ (Ghazi's check, ŷ > 0 fix)."""
     r = target.relative
     s = target.scale_multiplier * sigma[:, None]
@@ -527,7 +531,7 @@ def _private_query_sensitivity(plan: _Plan, target: Target) -> float:
     whose coordinates move by ≤ γ·m_j, so Δ_q = (max_j γ·m_j) × (1 + r) when relative (rounded up)."""
     largest = max(plan.grid_plan.unit_shifts) * plan.grid.granularity
     factor = 1.0 + target.relative if isinstance(target, RelativeTarget) else 1.0
-    return _pad_up(largest * factor)
+    return pad_up(largest * factor)
 
 
 def _private_values(noisy: np.ndarray, truth: np.ndarray, target: Target) -> float:
@@ -551,7 +555,7 @@ def _plus_pure(curve: RdpCurve, epsilon: float) -> RdpCurve:
 
 
 # ----- one-shot mechanisms -------------------------------------------------------------------------------
-class AccuracyFirst:
+class AccuracyFirst(ParamsChecked):
     """Walk a noise-reduction grid and release the first level meeting the target (see module doc)."""
 
     family: ClassVar[_Family]
@@ -560,9 +564,6 @@ class AccuracyFirst:
     params_model: ClassVar[type[BaseModel]]
     cost_parameter: ClassVar[str]
     cost_increases_with_parameter: ClassVar[bool] = True
-
-    def _params(self, params: BaseModel) -> _OneShotParams:
-        return params_as(params_as(params, self.params_model), _OneShotParams)
 
     def _plan(self, p: _OneShotParams, ctx: PublicContext) -> _Plan:
         return _checked_plan(self.family, p.query, ctx, self.family.grid(p))
@@ -574,8 +575,7 @@ class AccuracyFirst:
         ok = self.family.absolute_ok(plan, p.target.absolute, p.target.confidence)
         return int(np.argmax(ok)) if bool(np.any(ok)) else None
 
-    def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        p = self._params(params)
+    def check(self, p: _OneShotParams, ctx: PublicContext) -> None:
         check_query(p.query, ctx)
         levels = len(self.family.grid(p))
         if levels * output_dim(p.query, ctx) > MAX_PATH_ENTRIES:
@@ -588,8 +588,7 @@ class AccuracyFirst:
         if p.private is not None:
             p.private.resolve(_private_query_sensitivity(plan, p.target), levels)
 
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        p = self._params(params)
+    def worst_case(self, p: _OneShotParams, ctx: PublicContext) -> RdpCurve:
         plan = self._plan(p, ctx)
         levels = len(plan.grid_values)
         if isinstance(p.target, AbsoluteTarget) and p.check == "released":
@@ -603,8 +602,7 @@ class AccuracyFirst:
         calibration = p.private.resolve(_private_query_sensitivity(plan, p.target), levels)
         return _plus_pure(last, calibration.epsilon_a)
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
-        p = self._params(params)
+    def run(self, p: _OneShotParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         self.check(p, ctx)
         worst = self.worst_case(p, ctx)
         plan = self._plan(p, ctx)
@@ -625,7 +623,7 @@ class AccuracyFirst:
             level, noisy, reached = last, np.zeros(0), False
             for index, values in enumerate(walk):
                 level, noisy = index, values
-                if bool(_relative_pass(values[None, :], plan.scales[index : index + 1], p.target)[0]):
+                if bool(relative_pass(values[None, :], plan.scales[index : index + 1], p.target)[0]):
                     reached = True
                     break
             realized = self.family.charge(plan, level, ctx.orders)
@@ -693,7 +691,7 @@ class AccuracyFirstGaussian(AccuracyFirst):
 
 
 # ----- interactive sessions ------------------------------------------------------------------------------
-class NoiseReductionSession:
+class NoiseReductionSession(ParamsChecked):
     """A noise-reduction session: each step releases the next, less noisy level of one chain.
 
     Secret state (JSON): ``{"mechanism": name, "sampler": <sampler state>, "released": n,
@@ -708,34 +706,26 @@ class NoiseReductionSession:
     params_model: ClassVar[type[BaseModel]]
     query_model: ClassVar[type[BaseModel]] = NextQuery
 
-    def _params(self, params: BaseModel) -> BaseModel:
-        return params_as(params, self.params_model)
+    def _plan(self, p: SessionParams, ctx: PublicContext) -> _Plan:
+        return _checked_plan(self.family, p.query, ctx, self.family.grid(p))
 
-    def _query(self, params: BaseModel) -> AnyQuery:
-        query: AnyQuery = getattr(self._params(params), "query")  # noqa: B009 - field of a session model
-        return query
+    def check(self, p: SessionParams, ctx: PublicContext) -> None:
+        self._plan(p, ctx)
 
-    def _plan(self, params: BaseModel, ctx: PublicContext) -> _Plan:
-        return _checked_plan(self.family, self._query(params), ctx, self.family.grid(self._params(params)))
-
-    def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        self._plan(params, ctx)
-
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        plan = self._plan(params, ctx)
+    def worst_case(self, p: SessionParams, ctx: PublicContext) -> RdpCurve:
+        plan = self._plan(p, ctx)
         return self.family.charge(plan, len(plan.grid_values) - 1, ctx.orders)
 
-    def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None:
-        params_as(query, NextQuery)
-        self.check(params, ctx)
-        levels = len(self.family.grid(self._params(params)))
+    def check_query(self, p: SessionParams, ctx: PublicContext, query: NextQuery, asked: int) -> None:
+        self.check(p, ctx)
+        levels = len(self.family.grid(p))
         if asked < 0:
             raise ValueError("asked must be ≥ 0")
         if asked >= levels:
             raise ParamsError("query", f"the session has already released all {levels} levels")
 
-    def start(self, params: BaseModel, ctx: PublicContext, noise: Noise) -> dict[str, Any]:
-        sampler = self.family.start(self._plan(params, ctx), noise)
+    def start(self, p: SessionParams, ctx: PublicContext, noise: Noise) -> dict[str, Any]:
+        sampler = self.family.start(self._plan(p, ctx), noise)
         return {"mechanism": self.name, "sampler": sampler, "released": 0, "halted": False}
 
     def _read_state(self, state: dict[str, Any]) -> tuple[dict[str, Any], int]:
@@ -753,19 +743,19 @@ class NoiseReductionSession:
 
     def step(
         self,
-        params: BaseModel,
+        p: SessionParams,
         ctx: PublicContext,
         state: dict[str, Any],
-        query: BaseModel,
+        query: NextQuery,
         table: Table,
         noise: Noise,
     ) -> StepResult:
         sampler, released = self._read_state(state)
-        self.check_query(params, ctx, query, released)
-        plan = self._plan(params, ctx)
+        self.check_query(p, ctx, query, released)
+        plan = self._plan(p, ctx)
         if not self.family.matches(plan, sampler):
             raise ValueError(f"not a {self.name} session state")  # the chain must be the one params describe
-        units, labels = evaluate_units(self._query(params), ctx, table, plan.grid_plan)
+        units, labels = evaluate_units(p.query, ctx, table, plan.grid_plan)
         values, level, sampler = self.family.step(plan, sampler, released, units, noise)
         if level != released or values.size != plan.dim:
             raise ValueError(f"not a {self.name} session state")
@@ -777,9 +767,9 @@ class NoiseReductionSession:
         new_state = {"mechanism": self.name, "sampler": sampler, "released": released + 1, "halted": halted}
         return StepResult(answer, new_state, halted)
 
-    def realized(self, params: BaseModel, ctx: PublicContext, steps: Steps, halted: bool) -> RdpCurve:
+    def realized(self, p: SessionParams, ctx: PublicContext, steps: Steps, halted: bool) -> RdpCurve:
         """The charge of the last released level: the transcript's length − 1 (public), 0 if none."""
-        plan = self._plan(params, ctx)
+        plan = self._plan(p, ctx)
         if len(steps) > len(plan.grid_values):
             raise ValueError("the transcript is longer than the grid")
         for index, (query, answer) in enumerate(steps):

@@ -1,19 +1,20 @@
 """Accuracy-first ERM: the most private ridge / logistic model whose excess empirical risk is ≤ α.
 
 Ligett, Neel, Roth, Waggoner, Wu, "Accuracy First: Selecting a Differential Privacy Level for
-Accuracy-Constrained ERM" (NeurIPS 2017); notation, errata and test vectors: notes/seed_001_accuracy_first.md
-(cited as "note §x"). Documentation: docs/mechanisms/accuracy_first_erm.md; soundness argument:
-docs/privacy.md §8.2.
+Accuracy-Constrained ERM" (NeurIPS 2017; cited "the paper"). Documentation:
+docs/mechanisms/accuracy_first_erm.md; soundness argument, errata and their corrections: docs/privacy.md §8.2.
 
-Objective (note §2.0): L(θ, D) = (1/n) Σ_i ℓ(θ, x_i, y_i) + (λ/2)‖θ‖², with θ* = argmin L (secret).
+Objective (the paper's §3, eq. (3.1)): L(θ, D) = (1/n) Σ_i ℓ(θ, x_i, y_i) + (λ/2)‖θ‖², with θ* = argmin L
+(secret).
 
-``ridge`` (CovNR, Algorithm 3 / Theorem 3.2, note §2.4)
+``ridge`` (CovNR, Algorithm 3 / Theorem 3.2)
     ℓ = ½(y − θᵀx)². Rows need ‖x‖₁ ≤ 1 and |y| ≤ 1. The statistic S(D) = (XᵀX, Xᵀy) ∈ R^{p²+p} has joint
     ℓ1 sensitivity 4 under replace-one (Lemma A.6: 2 for each part, ‖xxᵀ‖₁ = ‖x‖₁²). Noise reduction runs on
     S with per-entry coins (one chain on the concatenation has the law of the paper's two chains at ε_t/2
     with Δ = 2 each: per-entry noise Lap(4/ε_t)). θ^t is the exact minimiser of (3.1) over the ball
-    ‖θ‖₂ ≤ M = 1/√λ (a trust-region subproblem, note P8). Query sensitivity Δ_q = (M+1)²/n (Claim A.5).
-``logistic`` (OutputNR, Algorithm 5 / Theorem 3.4 **with the note's errata**, note §2.5)
+    ‖θ‖₂ ≤ M = 1/√λ (a trust-region subproblem, Moré & Sorensen 1983). Query sensitivity Δ_q = (M+1)²/n (Claim
+    A.5).
+``logistic`` (OutputNR, Algorithm 5 / Theorem 3.4 **with two errata**, docs/privacy.md §8.2.3)
     ℓ = log(1 + e^{−y θᵀx}). Rows need ‖x‖₂ ≤ 1 (weaker than the paper's ‖x‖₁ ≤ 1; every step of the proof
     uses only the ℓ2 norm: 1-Lipschitz loss, |θᵀx| ≤ M) and y = ±1. Noise reduction on θ* with ℓ1 sensitivity
     2√p/(nλ) (Chaudhuri–Monteleoni–Sarwate 2011 Cor. 8 gives ℓ2 sensitivity 2/(nλ)). θ^t is projected onto
@@ -23,24 +24,26 @@ Objective (note §2.0): L(θ, D) = (1/n) Σ_i ℓ(θ, x_i, y_i) + (λ/2)‖θ‖
 Both run InteractiveAboveThreshold (Algorithm 2, Lemma 2.8) on f_t(D) = L(θ*, D) − L(θ^t, D) and release
 (t, θ^t) at the first acceptance: the ex-post loss is pure **ε_A + ε_t** (Lemma 2.8 with Theorem 2.7 for
 the prefix privacy of noise reduction). If no level passes, θ^T is released with ``target_reached = False``
-and charged ε_A + ε_T (the no-halt outcome of Lemma 2.8 is t = T, note §2.2 and P6); θ* is never released.
+and charged ε_A + ε_T (the no-halt outcome of Lemma 2.8 is t = T; the paper's ∞ is for releasing θ*); θ* is
+never released.
 
 Calibrations of the test (all are pure ε_A-DP for any α; they differ only in the accuracy guarantee):
 ``paper_theorem``   ε_A = 16·Δ_q·ln(2T/γ)/α, threshold −α/2 (Theorem A.1 ⇒ excess ≤ α w.p. ≥ 1−γ).
-``reference_code``  the authors' code (note §2.11 C2 with the paper's Δ_q, C3): b = α/(4·ln(1.5^{3/4}√T/γ)),
-                    threshold noise Lap(b), query noise Lap(2b), accept iff excess ≤ s + noise with
-                    s = α/4 + (3/4)·b·ln 1.5 − ½·b·ln T; ε_A = 2Δ_q/b. Its worst-case failure rate is
-                    0.0152 at T = 1000, γ = 0.1 (note T11), not a theorem for every (T, γ).
+``reference_code``  the authors' code (with the paper's Δ_q; docs/privacy.md §8.2.4):
+                    b = α/(4·ln(1.5^{3/4}√T/γ)), threshold noise Lap(b), query noise Lap(2b), accept iff
+                    excess ≤ s + noise with s = α/4 + (3/4)·b·ln 1.5 − ½·b·ln T; ε_A = 2Δ_q/b. Its
+                    worst-case failure rate is 0.0152 at T = 1000, γ = 0.1 (docs/privacy.md §8.2.4), not a
+                    theorem for every (T, γ).
 ``exact_bound``     ours: W = −α/2 and the smallest ε_A whose *exact* failure probability is ≤ γ (the event
                     Theorem A.1 union-bounds is {max_t ν_t − ρ > W + α}; its probability is a 1-D integral,
                     ``iat_failure_probability``). Proven, and about 2.3× cheaper than paper_theorem.
 
 Baselines (library functions, for the benchmark): ``doubling`` (Algorithm 4 / Theorem A.2, charged by
 pure composition ℰ(k) = k·ε_test + (2^k − 1)ε_1) and ``theory_epsilon`` (ε from the inverted utility
-theorems, note §2.8).
+theorems, e.g. Theorem 3.2's E[excess] bound).
 
-Numerical exactness (note P7): θ* comes from a solver whose result carries a certificate from strong
-convexity, ‖∇L(θ̂)‖ ≤ g_tol ⇒ ‖θ̂ − θ*‖ ≤ g_tol/λ and L(θ̂) − L(θ*) ≤ g_tol²/(2λ); the sensitivities used
+Numerical exactness (docs/privacy.md §8.2.5): θ* comes from a solver whose result carries a certificate from
+strong convexity, ‖∇L(θ̂)‖ ≤ g_tol ⇒ ‖θ̂ − θ*‖ ≤ g_tol/λ and L(θ̂) − L(θ*) ≤ g_tol²/(2λ); the sensitivities used
 are inflated by a public relative slack (``SLACK``) that covers these and float rounding by orders of
 magnitude. A solver that cannot certify raises (the service then commits the worst case).
 
@@ -53,8 +56,9 @@ discrete Laplace noise reduction (``LazyLaplaceNR``, pure Δ_g·x_t ≤ ε_t per
 The models θ^t are post-processing of those grid vectors, and the released coefficients are truncated toward
 zero onto a public model grid (``coefficient_grid``: γ_S for logistic, where θ^t is the noisy statistic
 itself; 2^⌊log2 M⌋−40 for ridge), so every released number is a multiple of the published granularity. The
-test is the grid InteractiveAboveThreshold (``mechanisms.threshold.above_threshold``; only the level is released).
-Charges are unchanged (pure ε_A + ε_t). Timing is not claimed (rejection samplers run variable time).
+test is the grid InteractiveAboveThreshold (``mechanisms.threshold.above_threshold``; only the level is
+released). Charges are unchanged (pure ε_A + ε_t). Timing is not claimed (rejection samplers run variable
+time).
 """
 
 from __future__ import annotations
@@ -70,9 +74,8 @@ import numpy as np
 from pydantic import BaseModel, Field, StrictFloat, StrictInt, model_validator
 from scipy import integrate, optimize
 
-from mechanisms.accounting import RdpCurve
-from mechanisms.accounting.curve import _pad_up, sum_up
-from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
+from mechanisms.accounting import RdpCurve, pad_up, sum_up
+from mechanisms.base import ParamsChecked, ParamsError, ProgressFn, PublicContext, Release, Table, no_progress
 from mechanisms.learners.features import FeatureSpec, check_features, design_matrix, dimension
 from mechanisms.learners.features import Task as LearningTask
 from mechanisms.noise import Grid, Noise, dyadic_scale_up, laplace_grid
@@ -115,7 +118,7 @@ FLOAT_ALLOWANCE = Fraction(1, 64)
 """Per-coordinate float allowance (grid units) on top of Δ_S's relative slack, as ``queries.unit_shift``."""
 
 
-# ----- public constants of the problem (note §2.0, §2.4, §2.5) ---------------------------------------------
+# ----- public constants of the problem (the paper's §3: Algorithms 3 and 5, Claims A.5 and A.12) ----------
 def radius(task: Task, lam: float) -> float:
     """M with ‖θ*‖₂ ≤ M: 1/√λ for ridge (Lemma A.4), √(2 ln 2/λ) for logistic (Claim A.11)."""
     return 1.0 / math.sqrt(lam) if task == "ridge" else math.sqrt(2.0 * math.log(2.0) / lam)
@@ -125,19 +128,20 @@ def query_sensitivity(task: Task, n: int, lam: float) -> float:
     """Δ_q of f(D) = L(θ*, D) − L(θ, D) over θ ∈ C, replace-one (Claim A.5 / A.12), with the slack.
 
     Each point's loss lies in an interval of length (M+1)²/2 (ridge, |θᵀx| ≤ M, |y| ≤ 1) or M (logistic);
-    L(θ, ·) and min_C L(·, ·) each move by at most that over n, hence twice the range over n (note P7).
+    L(θ, ·) and min_C L(·, ·) each move by at most that over n, hence twice the range over n (Claims A.5,
+    A.12).
     """
     m = radius(task, lam)
     exact = (m + 1.0) ** 2 / n if task == "ridge" else 2.0 * m / n
-    return _pad_up(exact * (1.0 + SLACK) + ABSOLUTE_SLACK)
+    return pad_up(exact * (1.0 + SLACK) + ABSOLUTE_SLACK)
 
 
 def statistic_sensitivity(task: Task, n: int, lam: float, p: int) -> float:
     """ℓ1 sensitivity of the noised statistic, times (1 + slack): 4 for (XᵀX, Xᵀy) (Lemma A.6, ‖x‖₁ ≤ 1,
     |y| ≤ 1); 2√p/(nλ) for θ* (Lemma A.10 / CMS 2011 Cor. 8 with ‖x‖₂ ≤ 1, and ‖·‖₁ ≤ √p‖·‖₂)."""
     if task == "ridge":
-        return _pad_up(4.0 * (1.0 + SLACK))
-    return _pad_up(2.0 * math.sqrt(p) / (n * lam) * (1.0 + SLACK))
+        return pad_up(4.0 * (1.0 + SLACK))
+    return pad_up(2.0 * math.sqrt(p) / (n * lam) * (1.0 + SLACK))
 
 
 def gradient_tolerance(n: int, lam: float) -> float:
@@ -146,10 +150,11 @@ def gradient_tolerance(n: int, lam: float) -> float:
 
 
 def theory_epsilon(task: Task, n: int, p: int, lam: float, alpha: float) -> float:
-    """ε of the one-shot mechanism whose *expected* excess risk is ≤ α by the utility theorem (note §2.8).
+    """ε of the one-shot mechanism whose *expected* excess risk is ≤ α by the utility theorem (Theorems 3.2,
+    3.4).
 
     ridge: E_cov = 4√2(2√p·M + p·M²)/(nα) (Theorem 3.1); logistic: E_log = 2√2·p/(nλα) (Theorem 3.3,
-    first term, as the reference code; the exact quadratic differs by ~1e−4 relative, note T13).
+    first term, as the reference code; the exact quadratic differs by ~1e−4 relative).
     """
     if task == "ridge":
         m = radius(task, lam)
@@ -251,14 +256,14 @@ def snap(thetas: np.ndarray, grid: Grid) -> np.ndarray:
     return result
 
 
-# ----- the test: Ligett's InteractiveAboveThreshold (mechanisms.threshold.above_threshold; note §2.2, C2/C3, P11) ----
+# ----- the test: InteractiveAboveThreshold (Algorithm 2; mechanisms.threshold.above_threshold) -------------
 def iat_calibration(
     calibration: Calibration, delta_q: float, alpha: float, gamma: float, levels: int
 ) -> IatCalibration:
     """ε_A and the threshold W on f = L(θ*) − L(θ) (target f ≥ −α, i.e. excess ≤ α).
 
     paper_theorem: ε_A = 16Δ_q ln(2T/γ)/α and W = −α/2 (Theorem 3.2 / 3.4, Alg. 5 erratum: −α/2);
-    reference_code: note §2.11 C2 + C3 (W = −s). Both are pure ε_A-DP (Lemma 2.8).
+    reference_code: the authors' code, docs/privacy.md §8.2.4 (W = −s). Both are pure ε_A-DP (Lemma 2.8).
     """
     if calibration == "exact_bound":
         return iat_exact_calibration(delta_q, alpha, gamma, levels)
@@ -266,8 +271,8 @@ def iat_calibration(
     return calibrate(delta_q, alpha, gamma, levels, target=-alpha)
 
 
-# The exact-bound calibration (ours; an adapter on top of mechanisms.threshold.above_threshold). Theorem A.1 bounds
-# the failure by a union bound over the threshold and the T query noises. The exact probability of the
+# The exact-bound calibration (ours; an adapter on top of mechanisms.threshold.above_threshold). Theorem A.1
+# bounds the failure by a union bound over the threshold and the T query noises. The exact probability of the
 # event it controls is a one-dimensional integral: if a level with excess > α is accepted at t, then
 # f_t < −α and f_t + ν_t ≥ W + ρ, so ν_t − ρ > W + α =: c. Pre-drawing ν_1..ν_T (same law),
 #   P[an accepted level has excess > α] ≤ P[max_{t≤T} ν_t − ρ > c] = 1 − E_ρ[F_ν(c + ρ)^T],
@@ -291,7 +296,8 @@ def _failure_in_units(u: float, levels: int) -> float:
 
 
 def iat_failure_probability(epsilon_a: float, delta_q: float, margin: float, levels: int) -> float:
-    """Upper bound on P[some accepted level has excess > α] when W + α = ``margin`` (exact, note T11)."""
+    """Upper bound on P[some accepted level has excess > α] when W + α = ``margin``
+    (exact; docs/privacy.md §8.2.4)."""
     return _failure_in_units(margin * epsilon_a / (4.0 * delta_q), levels)
 
 
@@ -344,20 +350,21 @@ def iat_exact_calibration(delta_q: float, alpha: float, gamma: float, levels: in
     u = optimize.brentq(lambda v: _failure_in_units(v, levels) - target, 1e-9, 200.0, xtol=1e-12, rtol=1e-12)
     u *= 1.0 + 1e-9
     margin = alpha / 2.0
-    epsilon_a = _pad_up(4.0 * delta_q * u / margin)
+    epsilon_a = pad_up(4.0 * delta_q * u / margin)
     threshold = -alpha / 2.0
     for _ in range(200):
         if iat_discrete_failure_probability(epsilon_a, delta_q, threshold, alpha, levels) <= target:
             return IatCalibration(epsilon_a, threshold, "exact-bound")
-        epsilon_a = _pad_up(epsilon_a * (1.0 + 5e-4))
+        epsilon_a = pad_up(epsilon_a * (1.0 + 5e-4))
     raise ArithmeticError("the exact-bound calibration could not be certified")
 
 
 def doubling_test(calibration: Calibration, delta_q: float, alpha: float, gamma: float, levels: int) -> float:
     """Noise scale of one Doubling test (accept iff f + Lap ≥ −α/2); ε_test = Δ_q/scale.
 
-    paper_theorem: Lap(α/(2 ln(T/γ))) (Algorithm 4); reference_code: Lap((α/2)/ln(T/(2γ))) (note C7);
-    exact_bound: the exact failure 1 − (1 − ½e^{−(α/2)/s})^T = γ, i.e. s = (α/2)/(−ln(2(1 − (1−γ)^{1/T}))).
+    paper_theorem: Lap(α/(2 ln(T/γ))) (Algorithm 4); reference_code: Lap((α/2)/ln(T/(2γ))) (the authors'
+    code); exact_bound: the exact failure 1 − (1 − ½e^{−(α/2)/s})^T = γ,
+    i.e. s = (α/2)/(−ln(2(1 − (1−γ)^{1/T}))).
     """
     if calibration == "paper_theorem":
         log_term = math.log(levels / gamma)
@@ -438,14 +445,14 @@ class LogisticData:
         return int(self.x.shape[0])
 
     def losses(self, thetas: np.ndarray, lam: float) -> np.ndarray:
-        """L(θ) = mean log(1 + e^{−y θᵀx}) + (λ/2)‖θ‖² for each row θ (logaddexp: no overflow, note P9)."""
+        """L(θ) = mean log(1 + e^{−y θᵀx}) + (λ/2)‖θ‖² for each row θ (logaddexp: no overflow)."""
         # (k, n): the mean runs along the contiguous axis, where numpy sums pairwise (error O(log n · u)).
         margins = (thetas @ self.x.T) * self.y[None, :]
         result: np.ndarray = np.logaddexp(0.0, -margins).mean(axis=1) + 0.5 * lam * np.sum(thetas * thetas, 1)
         return result
 
     def minimizer(self, lam: float) -> np.ndarray:
-        """θ* by damped Newton; returns only once ‖∇L‖ ≤ g_tol (certificate, note P7)."""
+        """θ* by damped Newton; returns only once ‖∇L‖ ≤ g_tol (certificate, docs/privacy.md §8.2.5)."""
         n, p = self.x.shape
         theta = np.zeros(p)
         tol = gradient_tolerance(n, lam)
@@ -477,7 +484,7 @@ ErmData = RidgeData | LogisticData
 
 
 def trust_region_minimizer(a: np.ndarray, z: np.ndarray, m: float) -> np.ndarray:
-    """argmin_{‖θ‖₂ ≤ M} ½θᵀAθ − zᵀθ for symmetric A (Moré & Sorensen 1983; note P8).
+    """argmin_{‖θ‖₂ ≤ M} ½θᵀAθ − zᵀθ for symmetric A (Moré & Sorensen 1983).
 
     With A = QΛQᵀ and z̃ = Qᵀz: the unconstrained solution if A ≻ 0 and ‖A⁻¹z‖ ≤ M; otherwise
     θ(μ) = Q(Λ + μI)⁻¹z̃ with μ > max(0, −λ_min) solving ‖θ(μ)‖ = M (bisection on a monotone function), and
@@ -529,11 +536,12 @@ def hypotheses(task: Task, noisy: np.ndarray, p: int, n: int, lam: float) -> np.
     return project(noisy, radius(task, lam))
 
 
-# ----- the accuracy-first walk (note §2.3) ----------------------------------------------------------------
+# ----- the accuracy-first walk (the paper's §3: noise reduction + Algorithm 2) ----------------------------
 @dataclass(frozen=True)
 class WalkResult:
     """Public outcome: the released level (1-based), its model (on the grid ``granularity``) and ε's.
-    ``excess`` is a non-private diagnostic (for benchmarks only, never returned by the service, note P13);
+    ``excess`` is a non-private diagnostic (for benchmarks only, never returned by the service: it reads the
+    data);
     ``statistic`` is the level's noisy statistic (a multiple of ``statistic_granularity``; for logistic it
     is the unprojected model, for ridge it stays internal)."""
 
@@ -601,14 +609,15 @@ def accuracy_first(
     noise: Noise,
     progress: ProgressFn = no_progress,
 ) -> WalkResult:
-    """Noise reduction + InteractiveAboveThreshold (Algorithms 2, 3, 5; note §2.3), on the grid.
+    """Noise reduction + InteractiveAboveThreshold (Algorithms 2, 3, 5), on the grid.
 
-    The levels are walked from the most private with the lazy forward sampler (note §2.1), which holds one
-    level's noise at a time (integers in grid units). Level t's noisy statistic is γ_S·(U + η_t), U the
-    exactly rounded statistic and Δ_g its ℓ1 sensitivity in grid units (``statistic_plan``). Models and
-    queries are computed in chunks of levels (one matrix product), but each test uses only its own level's
-    query and fresh noise, in order, and stops at the first pass, so the law is that of the sequential
-    algorithm; values of levels past the stop are discarded unreleased. Levels are 1-based in the result.
+    The levels are walked from the most private with the lazy forward sampler (Algorithm 1, Koufogiannis et
+    al. 2015), which holds one level's noise at a time (integers in grid units). Level t's noisy statistic is
+    γ_S·(U + η_t), U the exactly rounded statistic and Δ_g its ℓ1 sensitivity in grid units
+    (``statistic_plan``). Models and queries are computed in chunks of levels (one matrix product), but each
+    test uses only its own level's query and fresh noise, in order, and stops at the first pass, so the law is
+    that of the sequential algorithm; values of levels past the stop are discarded unreleased. Levels are
+    1-based in the result.
     """
     lam, levels = problem.lam, len(epsilons)
     calibration = problem.test(levels)
@@ -655,7 +664,7 @@ def accuracy_first(
 
 # ----- baselines -------------------------------------------------------------------------------------------
 def doubling_grid(epsilon_min: float, epsilon_max: float) -> np.ndarray:
-    """ε_1·2^i for i = 0..K with K = ⌈log2(ε_max/ε_1)⌉, so the last level is ≥ ε_max (note §2.7)."""
+    """ε_1·2^i for i = 0..K with K = ⌈log2(ε_max/ε_1)⌉, so the last level is ≥ ε_max (Algorithm 4)."""
     k = max(0, math.ceil(math.log2(epsilon_max / epsilon_min)))
     return epsilon_min * 2.0 ** np.arange(k + 1)
 
@@ -697,7 +706,7 @@ def doubling(problem: Problem, data: ErmData, epsilons: np.ndarray, noise: Noise
     """DoublingMethod (Algorithm 4): independent ε_i-DP grid models, each tested with fresh grid noise."""
     lam, levels = problem.lam, len(epsilons)
     scale = doubling_test(problem.calibration, problem.delta_q, problem.alpha, problem.gamma, levels)
-    eps_test = _pad_up(problem.delta_q / scale)
+    eps_test = pad_up(problem.delta_q / scale)
     test = GridTest.build(problem.delta_q, eps_test, -problem.alpha / 2.0)
     plan = problem.plan(float(epsilons[0]))
     model_grid = problem.coefficient_grid(plan)
@@ -763,7 +772,7 @@ class AccuracyFirstParams(FeatureSpec):
         ge=MIN_EPSILON,
         le=MAX_EPSILON,
         allow_inf_nan=False,
-        description="largest level ε_T of the grid (default 4× the theory-inverted ε, note §2.11 C1)",
+        description="largest level ε_T of the grid (default 4× the theory-inverted ε, as the authors' code)",
     )
     epsilon_min: StrictFloat | None = Field(
         default=None,
@@ -776,7 +785,7 @@ class AccuracyFirstParams(FeatureSpec):
     calibration: Calibration = Field(
         default="paper_theorem",
         description=(
-            "test calibration: paper_theorem (Thm 3.2/3.4), reference_code (note §2.11 C2/C3) or "
+            "test calibration: paper_theorem (Thm 3.2/3.4), reference_code (the authors' code) or "
             "exact_bound (W = −α/2, smallest ε_A whose exact failure bound is ≤ γ)"
         ),
     )
@@ -789,7 +798,7 @@ class AccuracyFirstParams(FeatureSpec):
         return self
 
 
-class AccuracyFirstErm:
+class AccuracyFirstErm(ParamsChecked):
     """Shared implementation of ``accuracy_first.ridge`` and ``accuracy_first.logistic``."""
 
     name: ClassVar[str]
@@ -805,12 +814,11 @@ class AccuracyFirstErm:
         super().__init_subclass__(**kwargs)
         cls.task = task
 
-    def problem(self, params: BaseModel, ctx: PublicContext) -> tuple[Problem, np.ndarray]:
+    def problem(self, p: AccuracyFirstParams, ctx: PublicContext) -> tuple[Problem, np.ndarray]:
         """Schema checks, then the public problem constants and the ε grid (raises ParamsError)."""
-        p = params_as(params, AccuracyFirstParams)
         check_features(p, ctx, LEARNING_TASK[self.task])
         if ctx.n_rows is None or ctx.schema.neighboring != "replace_one":
-            reason = "needs a replace_one dataset: n must be public (bounded DP, note §2.0)"
+            reason = "needs a replace_one dataset: n must be public (bounded DP, the paper's §2)"
             raise ValueError(reason)  # not a field: the service reports it on "params"
         if ctx.n_rows < 2:
             raise ValueError("needs at least 2 rows")
@@ -828,7 +836,7 @@ class AccuracyFirstErm:
             if eps_max > MAX_EPSILON:
                 reason = f"the default 4× theory ε is {eps_max:.4g} > {MAX_EPSILON:g}: set epsilon_max"
                 raise ParamsError("epsilon_max", reason)
-        # default min(1/n, ε_T/1000): 1/n as the paper (note C1), and still a valid grid for a tiny ε_T;
+        # default min(1/n, ε_T/1000): 1/n as the paper's App. B.1, and still a valid grid for a tiny ε_T;
         # never below the smallest ε an exact grid release supports (``smallest_level_epsilon``)
         eps_min = p.epsilon_min
         if eps_min is None:
@@ -846,22 +854,21 @@ class AccuracyFirstErm:
             raise ParamsError(field, f"too small for an exact grid release: {error}") from None
         return problem, grid
 
-    def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        self.problem(params, ctx)
+    def check(self, p: AccuracyFirstParams, ctx: PublicContext) -> None:
+        self.problem(p, ctx)
 
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        problem, grid = self.problem(params, ctx)
+    def worst_case(self, p: AccuracyFirstParams, ctx: PublicContext) -> RdpCurve:
+        problem, grid = self.problem(p, ctx)
         return _charge(problem, grid, len(grid), ctx.orders)
 
     def run(
         self,
-        params: BaseModel,
+        p: AccuracyFirstParams,
         ctx: PublicContext,
         table: Table,
         noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> Release:
-        p = params_as(params, AccuracyFirstParams)
         problem, grid = self.problem(p, ctx)
         worst = _charge(problem, grid, len(grid), ctx.orders)
         x, y = design_matrix(p, ctx, table, LEARNING_TASK[self.task])
@@ -894,7 +901,7 @@ class AccuracyFirstErm:
 
 
 def _charge(problem: Problem, grid: np.ndarray, level: int, orders: Sequence[float]) -> RdpCurve:
-    """ε_A + ε_level (1-based level) as a pure curve (Lemma 2.8 with Theorem 2.7; note §3 item 8)."""
+    """ε_A + ε_level (1-based level) as a pure curve (Lemma 2.8 with Theorem 2.7; docs/privacy.md §8.2.3)."""
     epsilon_a = problem.test(len(grid)).epsilon_a
     return iat_charge(epsilon_a, [float(e) for e in grid], level - 1, orders)
 

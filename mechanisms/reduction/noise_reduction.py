@@ -44,8 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from mechanisms.accounting import RdpCurve
-from mechanisms.accounting.curve import _pad_up
+from mechanisms.accounting import RdpCurve, pad_up
 from mechanisms.noise import Grid, Noise, dyadic_scale_up, float_up
 from mechanisms.noise.reduction import RATE_DENOMINATOR, dlap_nr_advance, dlap_nr_path
 
@@ -65,26 +64,25 @@ def _check_dim(dim: int) -> int:
     return int(dim)
 
 
+def _monotone_grid(values: Sequence[float], grid: str, item: str, increasing: bool) -> np.ndarray:
+    """``values`` as a 1-D array of 1..MAX_LEVELS finite positive entries, strictly monotone as asked."""
+    array = np.asarray(values, dtype=float)
+    if array.ndim != 1 or array.size == 0 or array.size > MAX_LEVELS:
+        raise ValueError(f"the {grid} must have between 1 and {MAX_LEVELS} levels")
+    if not np.all(np.isfinite(array)) or np.any(array <= 0.0):
+        raise ValueError(f"every {item} of the grid must be finite and > 0")
+    steps = np.diff(array)
+    if np.any(steps <= 0.0) if increasing else np.any(steps >= 0.0):
+        raise ValueError(f"the {grid} must be strictly {'increasing' if increasing else 'decreasing'}")
+    return array
+
+
 def _increasing_epsilons(epsilons: Sequence[float]) -> np.ndarray:
-    eps = np.asarray(epsilons, dtype=float)
-    if eps.ndim != 1 or eps.size == 0 or eps.size > MAX_LEVELS:
-        raise ValueError(f"the ε-grid must have between 1 and {MAX_LEVELS} levels")
-    if not np.all(np.isfinite(eps)) or np.any(eps <= 0.0):
-        raise ValueError("every ε of the grid must be finite and > 0")
-    if np.any(np.diff(eps) <= 0.0):
-        raise ValueError("the ε-grid must be strictly increasing")
-    return eps
+    return _monotone_grid(epsilons, "ε-grid", "ε", increasing=True)
 
 
 def _decreasing_variances(variances: Sequence[float]) -> np.ndarray:
-    var = np.asarray(variances, dtype=float)
-    if var.ndim != 1 or var.size == 0 or var.size > MAX_LEVELS:
-        raise ValueError(f"the variance grid must have between 1 and {MAX_LEVELS} levels")
-    if not np.all(np.isfinite(var)) or np.any(var <= 0.0):
-        raise ValueError("every variance of the grid must be finite and > 0")
-    if np.any(np.diff(var) >= 0.0):
-        raise ValueError("the variance grid must be strictly decreasing")
-    return var
+    return _monotone_grid(variances, "variance grid", "variance", increasing=False)
 
 
 def _check_sensitivity(value: float, what: str) -> float:
@@ -381,7 +379,7 @@ def brownian_rdp_values(cost: float, orders: Sequence[float]) -> tuple[float, ..
     """α·cost at each order, rounded up (a positive loss is never charged 0)."""
     values = []
     for alpha in orders:
-        value = _pad_up(alpha * cost)
+        value = pad_up(alpha * cost)
         if cost > 0.0:
             value = max(value, math.nextafter(0.0, 1.0))
         values.append(value)

@@ -2,8 +2,8 @@
 
 Three interactive mechanisms (``InteractiveMechanism`` in ``mechanisms.base``) and their batch forms
 (``Mechanism``). Documentation, theorems and the interleaving argument: docs/mechanisms/above_threshold.md.
-Notation and conventions: notes/seed_003_expost_tuning.md (Ghazi, Kamath, Knop, Kumar, Manurangsi, Zhang,
-"Private hyperparameter tuning with ex-post guarantee"), §2, §3.1, §3.2, §4.4.
+Notation and conventions: Ghazi, Kamath, Knop, Kumar, Manurangsi, Zhang 2024, "Private hyperparameter tuning
+with ex-post guarantee", §3 (geometric distributions), Algorithms 1–2, Theorems 8–10.
 
 ``above_threshold`` (Ghazi et al. Algorithm 1, geometric noise)
     Integer queries f_i with ℓ1 sensitivity ≤ 1 (a count, or a sum over an int column whose shift is ≤ 1).
@@ -43,14 +43,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Annotated, Any, ClassVar, Self, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, Self, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
-from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve
-from mechanisms.accounting.curve import _pad_up, sum_up
-from mechanisms.base import ParamsError, PublicContext, Release, StepResult, Table, params_as
+from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve, pad_up, sum_up
+from mechanisms.base import ParamsChecked, ParamsError, PublicContext, Release, StepResult, Table
 from mechanisms.data.schema import MAX_EXACT_INT, IntColumn
 from mechanisms.noise import Grid, Noise, dyadic_scale_up, laplace_grid
 from mechanisms.queries.language import (
@@ -189,7 +188,7 @@ def _draw(noise: Noise, scale: Fraction) -> int:
 # ----- charges -----------------------------------------------------------------------------------------
 def _charge(terms: Sequence[float], orders: Sequence[float]) -> RdpCurve:
     """The pure curve of Σ terms, rounded up (so the ledger's decimal is ≥ the exact sum)."""
-    return RdpCurve.from_pure(_pad_up(sum_up(terms)), orders)
+    return RdpCurve.from_pure(pad_up(sum_up(terms)), orders)
 
 
 def is_monotone(query: AnyQuery, ctx: PublicContext) -> bool:
@@ -303,6 +302,9 @@ class LaplaceBatchParams(LaplaceSessionParams):
 
 # ----- shared session machinery --------------------------------------------------------------------------
 ModelT = TypeVar("ModelT", bound=BaseModel)
+SessionP = TypeVar("SessionP", bound=BaseModel)
+StepQ = TypeVar("StepQ", bound=BaseModel)
+BatchP = TypeVar("BatchP", bound=BaseModel)
 
 
 def _check_asked(asked: int, max_queries: int) -> None:
@@ -348,7 +350,7 @@ def _transcript(steps: Steps, model: type[ModelT], max_queries: int) -> tuple[li
     return queries, above
 
 
-class AboveThresholdSession(ABC):
+class AboveThresholdSession(ParamsChecked, ABC, Generic[SessionP, StepQ]):
     """What the three sessions share: the JSON secret-state layout and its validation.
 
     State: ``{"mechanism": name, <secret_key>: secret, "asked": n, "halted": bool}``; the secret is the
@@ -368,30 +370,30 @@ class AboveThresholdSession(ABC):
         return {"mechanism": self.name, self.secret_key: secret, "asked": asked, "halted": halted}
 
     @abstractmethod
-    def check(self, params: BaseModel, ctx: PublicContext) -> None: ...
+    def check(self, params: SessionP, ctx: PublicContext) -> None: ...
 
     @abstractmethod
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve: ...
+    def worst_case(self, params: SessionP, ctx: PublicContext) -> RdpCurve: ...
 
     @abstractmethod
-    def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None: ...
+    def check_query(self, params: SessionP, ctx: PublicContext, query: StepQ, asked: int) -> None: ...
 
     @abstractmethod
-    def start(self, params: BaseModel, ctx: PublicContext, noise: Noise) -> dict[str, Any]: ...
+    def start(self, params: SessionP, ctx: PublicContext, noise: Noise) -> dict[str, Any]: ...
 
     @abstractmethod
     def step(
         self,
-        params: BaseModel,
+        params: SessionP,
         ctx: PublicContext,
         state: dict[str, Any],
-        query: BaseModel,
+        query: StepQ,
         table: Table,
         noise: Noise,
     ) -> StepResult: ...
 
     @abstractmethod
-    def realized(self, params: BaseModel, ctx: PublicContext, steps: Steps, halted: bool) -> RdpCurve: ...
+    def realized(self, params: SessionP, ctx: PublicContext, steps: Steps, halted: bool) -> RdpCurve: ...
 
     def _read_state(self, state: dict[str, Any]) -> tuple[Any, int]:
         """(secret, asked) of a live session; ValueError (without the secret) if invalid or halted."""
@@ -410,7 +412,7 @@ class AboveThresholdSession(ABC):
         return secret, asked
 
 
-class GeometricAboveThreshold(AboveThresholdSession):
+class GeometricAboveThreshold(AboveThresholdSession[GeometricSessionParams, QueryParams]):
     """Ghazi et al. Algorithm 1: one-sided geometric noise on integer, sensitivity-≤1 queries."""
 
     name: ClassVar[str] = "above_threshold"
@@ -424,19 +426,16 @@ class GeometricAboveThreshold(AboveThresholdSession):
     cost_parameter: ClassVar[str] = "max_query_epsilon"
     secret_key: ClassVar[str] = "k"
 
-    def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        p = params_as(params, GeometricSessionParams)
+    def check(self, p: GeometricSessionParams, ctx: PublicContext) -> None:
         if p.require_monotone and ctx.schema.neighboring != "add_remove":
             reason = "monotone queries exist only on add_remove datasets (replace_one pairs are unordered)"
             raise ParamsError("require_monotone", reason)
 
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        p = params_as(params, GeometricSessionParams)
+    def worst_case(self, p: GeometricSessionParams, ctx: PublicContext) -> RdpCurve:
         eps, eps_threshold = p.max_query_epsilon, p.epsilon_threshold
         return _charge((eps, eps_threshold) if p.require_monotone else (eps, eps, eps_threshold), ctx.orders)
 
-    def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None:
-        p, q = params_as(params, GeometricSessionParams), params_as(query, QueryParams)
+    def check_query(self, p: GeometricSessionParams, ctx: PublicContext, q: QueryParams, asked: int) -> None:
         self.check(p, ctx)
         _check_asked(asked, p.max_queries)
         _check_epsilon(q, p.max_query_epsilon)
@@ -452,20 +451,18 @@ class GeometricAboveThreshold(AboveThresholdSession):
             reason = "require_monotone: only counts and sums over int columns with min ≥ 0 are monotone"
             raise ParamsError("query", reason)
 
-    def start(self, params: BaseModel, ctx: PublicContext, noise: Noise) -> dict[str, Any]:
-        p = params_as(params, GeometricSessionParams)
+    def start(self, p: GeometricSessionParams, ctx: PublicContext, noise: Noise) -> dict[str, Any]:
         return self._new_state(geometric(noise, p.epsilon_threshold), 0, False)
 
     def step(
         self,
-        params: BaseModel,
+        p: GeometricSessionParams,
         ctx: PublicContext,
         state: dict[str, Any],
-        query: BaseModel,
+        q: QueryParams,
         table: Table,
         noise: Noise,
     ) -> StepResult:
-        p, q = params_as(params, GeometricSessionParams), params_as(query, QueryParams)
         k, asked = self._read_state(state)
         self.check_query(p, ctx, q, asked)
         eps = _query_epsilon(q, p.max_query_epsilon)
@@ -480,8 +477,7 @@ class GeometricAboveThreshold(AboveThresholdSession):
         halted = asked + 1 >= p.max_queries
         return StepResult({"above": False, "index": asked}, self._new_state(k, asked + 1, halted), halted)
 
-    def realized(self, params: BaseModel, ctx: PublicContext, steps: Steps, halted: bool) -> RdpCurve:
-        p = params_as(params, GeometricSessionParams)
+    def realized(self, p: GeometricSessionParams, ctx: PublicContext, steps: Steps, halted: bool) -> RdpCurve:
         queries, above = _transcript(steps, QueryParams, p.max_queries)
         if not queries:
             return RdpCurve.zero(ctx.orders)  # nothing was released: the data was never read
@@ -495,7 +491,7 @@ class GeometricAboveThreshold(AboveThresholdSession):
         return _charge((eps, eps, p.epsilon_threshold), ctx.orders)  # Theorem 8
 
 
-class DroppingAboveThreshold(AboveThresholdSession):
+class DroppingAboveThreshold(AboveThresholdSession[DroppingSessionParams, QueryParams]):
     """Ghazi et al. Algorithm 2: Laplace candidates kept with probability e^{−ε_i·k}, known threshold."""
 
     name: ClassVar[str] = "above_threshold.dropping"
@@ -509,34 +505,30 @@ class DroppingAboveThreshold(AboveThresholdSession):
     cost_parameter: ClassVar[str] = "max_query_epsilon"
     secret_key: ClassVar[str] = "k"
 
-    def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        params_as(params, DroppingSessionParams)
+    def check(self, p: DroppingSessionParams, ctx: PublicContext) -> None:
+        """Nothing schema-dependent to check: the params model validates everything."""
 
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        p = params_as(params, DroppingSessionParams)
+    def worst_case(self, p: DroppingSessionParams, ctx: PublicContext) -> RdpCurve:
         return _charge((p.max_query_epsilon, p.max_query_epsilon, p.epsilon_threshold), ctx.orders)
 
-    def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None:
-        p, q = params_as(params, DroppingSessionParams), params_as(query, QueryParams)
+    def check_query(self, p: DroppingSessionParams, ctx: PublicContext, q: QueryParams, asked: int) -> None:
         _check_asked(asked, p.max_queries)
         _check_epsilon(q, p.max_query_epsilon)
         _scalar_query(q.query, ctx)
         laplace_plan(q.query, ctx, _query_epsilon(q, p.max_query_epsilon))  # ε_i small enough for the grid
 
-    def start(self, params: BaseModel, ctx: PublicContext, noise: Noise) -> dict[str, Any]:
-        p = params_as(params, DroppingSessionParams)
+    def start(self, p: DroppingSessionParams, ctx: PublicContext, noise: Noise) -> dict[str, Any]:
         return self._new_state(geometric(noise, p.epsilon_threshold), 0, False)
 
     def step(
         self,
-        params: BaseModel,
+        p: DroppingSessionParams,
         ctx: PublicContext,
         state: dict[str, Any],
-        query: BaseModel,
+        q: QueryParams,
         table: Table,
         noise: Noise,
     ) -> StepResult:
-        p, q = params_as(params, DroppingSessionParams), params_as(query, QueryParams)
         k, asked = self._read_state(state)
         self.check_query(p, ctx, q, asked)
         eps = _query_epsilon(q, p.max_query_epsilon)
@@ -556,8 +548,7 @@ class DroppingAboveThreshold(AboveThresholdSession):
         halted = asked + 1 >= p.max_queries
         return StepResult({"above": False, "index": asked}, self._new_state(k, asked + 1, halted), halted)
 
-    def realized(self, params: BaseModel, ctx: PublicContext, steps: Steps, halted: bool) -> RdpCurve:
-        p = params_as(params, DroppingSessionParams)
+    def realized(self, p: DroppingSessionParams, ctx: PublicContext, steps: Steps, halted: bool) -> RdpCurve:
         queries, above = _transcript(steps, QueryParams, p.max_queries)
         if not queries:
             return RdpCurve.zero(ctx.orders)
@@ -569,7 +560,7 @@ class DroppingAboveThreshold(AboveThresholdSession):
         return _charge((eps, eps, p.epsilon_threshold), ctx.orders)  # Theorem 10
 
 
-class LaplaceAboveThreshold(AboveThresholdSession):
+class LaplaceAboveThreshold(AboveThresholdSession[LaplaceSessionParams, LaplaceQueryParams]):
     """Classic AboveThreshold (Dwork & Roth 2014, Alg. 1): Lap(2Δ/ε) threshold, Lap(4Δ/ε) per query."""
 
     name: ClassVar[str] = "above_threshold.laplace"
@@ -594,36 +585,35 @@ class LaplaceAboveThreshold(AboveThresholdSession):
         queries (the grid's M·γ ≥ Δ, so these are at least the continuous mechanism's scales)."""
         return cls.grid(params).scales()
 
-    def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        params_as(params, LaplaceSessionParams)
+    def check(self, p: LaplaceSessionParams, ctx: PublicContext) -> None:
+        """Nothing schema-dependent to check: the params model validates everything."""
 
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        return RdpCurve.from_pure(params_as(params, LaplaceSessionParams).epsilon, ctx.orders)
+    def worst_case(self, p: LaplaceSessionParams, ctx: PublicContext) -> RdpCurve:
+        return RdpCurve.from_pure(p.epsilon, ctx.orders)
 
-    def check_query(self, params: BaseModel, ctx: PublicContext, query: BaseModel, asked: int) -> None:
-        p, q = params_as(params, LaplaceSessionParams), params_as(query, LaplaceQueryParams)
+    def check_query(
+        self, p: LaplaceSessionParams, ctx: PublicContext, q: LaplaceQueryParams, asked: int
+    ) -> None:
         _check_asked(asked, p.max_queries)
         sensitivity = _scalar_query(q.query, ctx)
         if sensitivity > p.max_sensitivity:
             reason = f"ℓ1 sensitivity {sensitivity:g} exceeds max_sensitivity {p.max_sensitivity:g}"
             raise ParamsError("query", reason)
 
-    def start(self, params: BaseModel, ctx: PublicContext, noise: Noise) -> dict[str, Any]:
-        p = params_as(params, LaplaceSessionParams)
+    def start(self, p: LaplaceSessionParams, ctx: PublicContext, noise: Noise) -> dict[str, Any]:
         grid = self.grid(p)
         noisy_threshold = grid.threshold_units(p.threshold) + _draw(noise, grid.threshold_scale)
         return self._new_state(noisy_threshold, 0, False)
 
     def step(
         self,
-        params: BaseModel,
+        p: LaplaceSessionParams,
         ctx: PublicContext,
         state: dict[str, Any],
-        query: BaseModel,
+        q: LaplaceQueryParams,
         table: Table,
         noise: Noise,
     ) -> StepResult:
-        p, q = params_as(params, LaplaceSessionParams), params_as(query, LaplaceQueryParams)
         noisy_threshold, asked = self._read_state(state)
         self.check_query(p, ctx, q, asked)
         grid = self.grid(p)
@@ -639,36 +629,36 @@ class LaplaceAboveThreshold(AboveThresholdSession):
         new_state = self._new_state(noisy_threshold, asked + 1, halted)
         return StepResult({"above": False, "index": asked}, new_state, halted)
 
-    def realized(self, params: BaseModel, ctx: PublicContext, steps: Steps, halted: bool) -> RdpCurve:
-        p = params_as(params, LaplaceSessionParams)
+    def realized(self, p: LaplaceSessionParams, ctx: PublicContext, steps: Steps, halted: bool) -> RdpCurve:
         queries, above = _transcript(steps, LaplaceQueryParams, p.max_queries)
         if not queries:
             return RdpCurve.zero(ctx.orders)
         if not above:
-            return RdpCurve.from_pure(_pad_up(p.epsilon / 2.0), ctx.orders)  # ⊥: only the threshold pays
+            return RdpCurve.from_pure(pad_up(p.epsilon / 2.0), ctx.orders)  # ⊥: only the threshold pays
         return RdpCurve.from_pure(p.epsilon, ctx.orders)
 
 
 # ----- batch forms (non-interactive Mechanism) ------------------------------------------------------------
-class BatchAboveThreshold:
+class BatchAboveThreshold(ParamsChecked, Generic[BatchP]):
     """A whole session in one request: params = the session's fields plus ``queries`` (≤ max_queries).
 
-    Generic over the session (``class X(BatchAboveThreshold, session=...)``). ``run`` = ``start`` and then
-    ``step`` until the session halts or the list ends; the release is ``{"answers": [...]}`` (answers up to
-    and including the halt) and the charge is the session's own ``realized`` on that transcript. The worst
-    case is the session's. ``cost_parameter`` is the session's top-level ε field; when every query omits
-    its ``epsilon`` (so each uses max_query_epsilon) the service can bisect it for the affordable value,
-    otherwise lowering it below a query's explicit ε fails validation and nothing is affordable (None).
+    Generic over the session (``class X(BatchAboveThreshold[XBatchParams], session=...)``).
+    ``run`` = ``start`` and then ``step`` until the session halts or the list ends; the release is
+    ``{"answers": [...]}`` (answers up to and including the halt) and the charge is the session's own
+    ``realized`` on that transcript. The worst case is the session's. ``cost_parameter`` is the session's
+    top-level ε field; when every query omits its ``epsilon`` (so each uses max_query_epsilon) the service
+    can bisect it for the affordable value, otherwise lowering it below a query's explicit ε fails
+    validation and nothing is affordable (None).
     """
 
-    session: ClassVar[AboveThresholdSession]
+    session: ClassVar[AboveThresholdSession[Any, Any]]
     name: ClassVar[str]
     summary: ClassVar[str]
     params_model: ClassVar[type[BaseModel]]
     cost_parameter: ClassVar[str]
     cost_increases_with_parameter: ClassVar[bool] = True
 
-    def __init_subclass__(cls, /, session: AboveThresholdSession, **kwargs: Any) -> None:
+    def __init_subclass__(cls, /, session: AboveThresholdSession[Any, Any], **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.session = session
         cls.name = f"{session.name}.batch"
@@ -676,15 +666,14 @@ class BatchAboveThreshold:
         cls.params_model = session.batch_params_model
         cls.cost_parameter = session.cost_parameter
 
-    def split(self, params: BaseModel) -> tuple[BaseModel, list[BaseModel]]:
+    def split(self, p: BatchP) -> tuple[BaseModel, list[BaseModel]]:
         """The session params and the query list of a batch request."""
-        p = params_as(params, self.params_model)
         session_params = self.session.params_model.model_validate(p.model_dump(exclude={"queries"}))
         queries: list[BaseModel] = list(getattr(p, "queries"))  # noqa: B009 - field of a dynamic model
         return session_params, queries
 
-    def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        session_params, queries = self.split(params)
+    def check(self, p: BatchP, ctx: PublicContext) -> None:
+        session_params, queries = self.split(p)
         self.session.check(session_params, ctx)
         for index, query in enumerate(queries):
             try:
@@ -692,13 +681,13 @@ class BatchAboveThreshold:
             except ParamsError as exc:
                 raise ParamsError(f"queries.{index}.{exc.field}", exc.reason) from None
 
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        session_params, _ = self.split(params)
+    def worst_case(self, p: BatchP, ctx: PublicContext) -> RdpCurve:
+        session_params, _ = self.split(p)
         return self.session.worst_case(session_params, ctx)
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
-        self.check(params, ctx)
-        session_params, queries = self.split(params)
+    def run(self, p: BatchP, ctx: PublicContext, table: Table, noise: Noise) -> Release:
+        self.check(p, ctx)
+        session_params, queries = self.split(p)
         worst = self.session.worst_case(session_params, ctx)
         state = self.session.start(session_params, ctx, noise)
         steps: Steps = []
@@ -719,15 +708,15 @@ DROPPING = DroppingAboveThreshold()
 LAPLACE = LaplaceAboveThreshold()
 
 
-class GeometricAboveThresholdBatch(BatchAboveThreshold, session=GEOMETRIC):
+class GeometricAboveThresholdBatch(BatchAboveThreshold[GeometricBatchParams], session=GEOMETRIC):
     """``above_threshold.batch``."""
 
 
-class DroppingAboveThresholdBatch(BatchAboveThreshold, session=DROPPING):
+class DroppingAboveThresholdBatch(BatchAboveThreshold[DroppingBatchParams], session=DROPPING):
     """``above_threshold.dropping.batch``."""
 
 
-class LaplaceAboveThresholdBatch(BatchAboveThreshold, session=LAPLACE):
+class LaplaceAboveThresholdBatch(BatchAboveThreshold[LaplaceBatchParams], session=LAPLACE):
     """``above_threshold.laplace.batch``."""
 
 
@@ -746,11 +735,12 @@ class LaplaceAboveThresholdBatch(BatchAboveThreshold, session=LAPLACE):
 #   iat_charge(epsilon_a, level_epsilons, level | None, orders) -> RdpCurve   # ε_A + ε_t, or ε_A + ε_{T−1}
 #
 # Ligett, Neel, Roth, Waggoner, Wu, "Accuracy First" (NeurIPS 2017), Algorithm 2 and Lemma 2.8
-# (notes/seed_001_accuracy_first.md §2.2, §2.3, §2.11 C2/C3, §4.5): Ŵ = W + Lap(2Δ/ε_A) drawn once; at
+# (soundness: docs/privacy.md §8.1.3; calibrations: §8.2.4): Ŵ = W + Lap(2Δ/ε_A) drawn once; at
 # level t the query value f_t(D) (a function of the released prefix, sensitivity ≤ Δ for every fixed
 # prefix) is compared as f_t(D) + Lap(4Δ/ε_A) ≥ Ŵ; the first pass halts. When the levels come from an
 # (ε_0, …, ε_{T−1})-prefix-private generator (Laplace noise reduction), the outcome (t, prefix up to t) is
-# ex-post (ε_A + ε_t)-DP (Lemma 2.8); "no pass" after the last level costs ε_A + ε_{T−1} (note §3 item 8).
+# ex-post (ε_A + ε_t)-DP (Lemma 2.8); "no pass" after the last level costs ε_A + ε_{T−1} (docs/privacy.md
+# §8.1.3; the paper charges ∞ only because it then releases θ*, which this never does).
 # Finite precision (docs/privacy.md §10): the comparison is exact on the public grid of ``ThresholdGrid``
 # (γ = the largest 2^k ≤ 2^-10·Δ, M = ⌊Δ/γ + 1/64⌋ + 1): round(W/γ) + ρ and round(f_t/γ) + ν_t with ρ, ν_t
 # discrete Laplace of scales t₁ ≥ 2M/ε_A, t₂ ≥ 4M/ε_A (grid units). The coupling of Lemma 2.8 shifts ρ by M
@@ -760,10 +750,12 @@ class LaplaceAboveThresholdBatch(BatchAboveThreshold, session=LAPLACE):
 # Calibrations (both give the same privacy, ε_A; they differ in ε_A and W, i.e. in accuracy):
 # * paper-theorem (Theorem A.1 / Theorem 3.2): accepted only if f_t(D) ≥ W − 8Δ·ln(2T/γ)/ε_A, except with
 #   probability γ. With a target f ≥ L and a width α: W = L + α/2 and ε_A = 16Δ·ln(2T/γ)/α.
-# * reference-code (note §2.11 C2 with C3's doubled ε): b = α/(4·ln(1.5^{3/4}·√T/γ)), ε_A = 2Δ/b
+# * reference-code (the authors' code, github.com/steven7woo/Accuracy-First-Differential-Privacy, with the
+#   factor 2 its plots apply to ε_A; docs/privacy.md §8.2.4): b = α/(4·ln(1.5^{3/4}·√T/γ)), ε_A = 2Δ/b
 #   = 8Δ·ln(1.5^{3/4}√T/γ)/α, threshold on the excess s = α/4 + (3/4)·b·ln 1.5 − (1/2)·b·ln T, i.e.
 #   W = L + α − s for a target f ≥ L (the excess form of the code, f = −excess, L = −α). Its accuracy is
-#   verified numerically (note T11: failure 0.0152 ≤ γ = 0.1 at T = 1000), not proven in general; label it.
+#   verified numerically (docs/privacy.md §8.2.4: failure 0.0152 ≤ γ = 0.1 at T = 1000), not proven in
+#   general; label it.
 
 
 @dataclass(frozen=True)
@@ -795,17 +787,19 @@ def iat_paper_calibration(
     f_t(D) ≥ target. With f = −excess risk and target −α this is the ERM setting of Algorithms 3 and 5.
     """
     _check_calibration_inputs(query_sensitivity, width, failure, levels)
-    epsilon_a = _pad_up(16.0 * query_sensitivity * math.log(2.0 * levels / failure) / width)
+    epsilon_a = pad_up(16.0 * query_sensitivity * math.log(2.0 * levels / failure) / width)
     return IatCalibration(epsilon_a, target + width / 2.0, "paper-theorem")
 
 
 def iat_reference_calibration(
     query_sensitivity: float, width: float, failure: float, levels: int, target: float = 0.0
 ) -> IatCalibration:
-    """Reference-code calibration (note §2.11 C2, with C3's factor 2 applied to ε_A; note §4.5).
+    """Reference-code calibration of Ligett et al.'s code, with its plots' factor 2 applied to ε_A
+    (docs/privacy.md §8.2.4).
 
     b = α/(4·ln(1.5^{3/4}·√T/γ)), ε_A = 2Δ/b, W = target + α − s with s = α/4 + (3/4)·b·ln 1.5 − ½·b·ln T.
-    Privacy is the same theorem (ε_A + ε_t); the accuracy is only verified numerically (note T11).
+    Privacy is the same theorem (ε_A + ε_t); the accuracy is only verified numerically (docs/privacy.md
+    §8.2.4).
     """
     _check_calibration_inputs(query_sensitivity, width, failure, levels)
     log_term = math.log(1.5**0.75 * math.sqrt(levels) / failure)
@@ -813,7 +807,7 @@ def iat_reference_calibration(
         raise ValueError("the reference calibration needs 1.5^{3/4}·√T > γ")
     b = width / (4.0 * log_term)
     s = width / 4.0 + 0.75 * b * math.log(1.5) - 0.5 * b * math.log(levels)
-    epsilon_a = _pad_up(2.0 * query_sensitivity / b)
+    epsilon_a = pad_up(2.0 * query_sensitivity / b)
     return IatCalibration(epsilon_a, target + width - s, "reference-code")
 
 
@@ -827,7 +821,8 @@ class InteractiveAboveThreshold:
     """One IAT instance: the noisy threshold Ŵ is drawn once at construction (secret), never re-drawn.
 
     Ŵ is round(W/γ) + ρ in grid units (an int, ``ThresholdGrid``). ``test(value, noise)`` draws fresh query
-    noise and returns whether round(f_t/γ) + ν_t ≥ Ŵ. After the first pass the instance is closed (note P3):
+    noise and returns whether round(f_t/γ) + ν_t ≥ Ŵ. After the first pass the instance is closed (Algorithm 2
+    halts at its first pass):
     further tests raise. ``to_state``/``from_state`` persist it as JSON.
     """
 

@@ -60,6 +60,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 from itertools import product
 from typing import Annotated, Any, ClassVar, Literal, Self
 
@@ -150,8 +151,7 @@ def sample_kept(
     """
     c = _check_drop(drop)
     eps_prime = _check_eps_prime(eps_prime)
-    distinct, index = np.unique(c, return_inverse=True)
-    values = [Fraction(float(v)) for v in distinct]  # the exact binary values of the floats
+    values, index = _exact_drop(tuple(c.tolist()))
     runs = 1 if size is None else size
     if latent == "geometric":
         k = geometric_latent(noise, eps_prime, runs)
@@ -162,6 +162,14 @@ def sample_kept(
         raise ValueError(f"unknown latent {latent!r}")
     result: np.ndarray = batch[0] if size is None else batch
     return result
+
+
+@lru_cache(maxsize=256)
+def _exact_drop(drop: tuple[float, ...]) -> tuple[list[Fraction], np.ndarray]:
+    """The distinct drop values as exact rationals (the floats' binary values) and each entry's index."""
+    distinct, index = np.unique(np.array(drop), return_inverse=True)
+    index.flags.writeable = False  # shared by every call with this list
+    return [Fraction(float(v)) for v in distinct], index
 
 
 # ----- closed forms (public; tests, docs and benchmarks) -----------------------------------------------

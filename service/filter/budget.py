@@ -18,6 +18,7 @@ from mechanisms.accounting import (
     UnitsVector,
     capacity_units,
     filter_epsilon,
+    json_loss,
     units_to_epsilon,
 )
 from mechanisms.accounting.approximate import DELTA_UNITS, delta_units_down, remainder_delta
@@ -28,13 +29,8 @@ from service.filter.state import FilterLike, read
 from service.store.models import DATASET_SCOPE, Dataset, PrivacyFilter
 from service.store.repositories import FilterRepository
 
-Loss = float | str  # a loss in ε units for JSON: a number, or "inf"
 PURE = "pure"  # the name of the pure slot (α = ∞) in API bodies
 Slot = float | str
-
-
-def json_loss(value: float) -> Loss:
-    return "inf" if value == float("inf") else value
 
 
 def new_filter(dataset_id: str, scope: str, slots: int) -> PrivacyFilter:

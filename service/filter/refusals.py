@@ -15,6 +15,7 @@ from typing import Any
 import structlog
 from sqlalchemy.orm import Session, sessionmaker
 
+from mechanisms.accounting import json_loss
 from service.auth import Principal
 from service.errors import BudgetExhausted
 from service.filter.ledger import canonical_json
@@ -103,7 +104,7 @@ def refusal_out(row: Refusal) -> dict[str, Any]:
         "problem_type": row.problem_type,
         "filter": row.filter,
         "binding_alpha": binding,
-        "requested_pure": "inf" if pure is not None and math.isinf(pure) else pure,
+        "requested_pure": None if pure is None else json_loss(pure),
         "shortfall": row.shortfall if row.shortfall is None or math.isfinite(row.shortfall) else None,
         "detail": row.detail,
         "created_at": row.created_at,

@@ -98,7 +98,7 @@ def validated_for(
     try:
         mechanism.check(params, context)
         if is_approximate(mechanism):  # (ε, δ): its curve, and δ on the δ-ledger (docs/privacy.md §11)
-            approximate = cast(ApproximateMechanism, mechanism).approximate_charge(params, context)
+            approximate = cast(ApproximateMechanism[Any], mechanism).approximate_charge(params, context)
             worst, delta = approximate.curve, approximate.delta_units
         else:
             worst = mechanism.worst_case(params, context)

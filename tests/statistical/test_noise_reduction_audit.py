@@ -10,8 +10,9 @@ same size, must reject.
 Vectorisation: the coordinates of the samplers are independent chains, so N independent runs of a 1-D
 chain are one call with ``dim = N`` (no Python loop over runs).
 
-Sources: notes/seed_001_accuracy_first.md §2.1 (facts 1–4, lazy kernel), §5 P1, §6 T2–T8 (Laplace);
-§2.10 (Brownian); docs/privacy.md §8.1 (the ex-post theorems audited here).
+Sources: Ligett et al. 2017, Algorithm 1 and Theorem 2.7 (Laplace noise reduction, Koufogiannis et al.'s
+lazy kernel); docs/privacy.md §8.1.1–§8.1.2 and §10.4.2 (the Laplace and Brownian chains and the ex-post
+theorems audited here).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from mechanisms.reduction.accuracy_first import (
     NextQuery,
     NoiseReductionSession,
     RelativeTarget,
-    _relative_pass,
+    relative_pass,
 )
 from mechanisms.reduction.noise_reduction import (
     LazyLaplaceNR,
@@ -257,10 +258,10 @@ def _threshold_rule(path: np.ndarray) -> np.ndarray:
 
 
 def _relative_rule(path: np.ndarray) -> np.ndarray:
-    """The service's own released check (``_relative_pass``, r = 0.1: ŷ > 0 and b ≤ ŷ/21), per level."""
+    """The service's own released check (``relative_pass``, r = 0.1: ŷ > 0 and b ≤ ŷ/21), per level."""
     scales = laplace_nr_scales(1.0, AUDIT_EPS)
     columns = [
-        _relative_pass(path[:, i : i + 1].astype(float), scales, RelativeTarget(relative=0.1))
+        relative_pass(path[:, i : i + 1].astype(float), scales, RelativeTarget(relative=0.1))
         for i in range(3)
     ]
     result: np.ndarray = (path > 0) & (scales[:, None] * 2.1 <= 0.1 * path)

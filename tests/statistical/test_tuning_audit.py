@@ -1,4 +1,5 @@
-"""Sampler checks and a Monte Carlo privacy audit of ex-post tuning (mechanisms/tuning/select.py; note §7.1–7.9).
+"""Sampler checks and a Monte Carlo privacy audit of ex-post tuning (mechanisms/tuning/select.py;
+docs/privacy.md §8.5.5).
 
 Samplers (exact, ``mechanisms/noise/tuning.py``): the geometric latent's pmf (χ² at three ε′, including
 ε′ = 1e-3 where k ~ 10³, and the mean), the law of the whole keep mask for both latents against its exact
@@ -32,9 +33,13 @@ from scipy import stats
 from mechanisms.noise import Noise
 from mechanisms.noise.tuning import (
     LazyUniform,
+    _digit_table,
+    _geometric_digit,
     _geometric_slow,
+    _logistic_bounds,
     discrete_laplace_rows,
     exp_neg_bounds,
+    exp_neg_multiple_bounds,
     keep_given_latent,
 )
 from mechanisms.tuning.select import (
@@ -278,6 +283,90 @@ def test_discrete_laplace_rows_pmf_per_scale() -> None:
         assert p_value(float(scale)) > FALSE_ALARM
         if scale == Fraction(7, 3):
             assert p_value(float(scale) * 1.1) < FALSE_ALARM
+
+
+def test_discrete_laplace_rows_at_model_scales() -> None:
+    """Scales as output perturbation uses them (t ~ 10⁴–10⁵ grid units, dyadic; 17–23 binary digits per
+    geometric) and a tiny one (t = 1/60: every digit belongs to the tail G), mixed in one call: χ² of each
+    scale's draws against the exact cdf on 40 equal-probability bins, FA 1e-3 per scale; power: the draws
+    of t ≈ 12 500 are rejected at a 5 %-wrong scale."""
+    scales = [Fraction(100_001, 8), Fraction(160_000_003, 1 << 10), Fraction(1, 60)]
+    per, rng = 60_000, np.random.default_rng(117)  # rng only shuffles the row order (test data)
+    order = rng.permutation(per * len(scales))
+    rows = [scales[int(i) // per] for i in order]
+    draws = discrete_laplace_rows(Noise.seeded(117), rows)
+    for scale in scales:
+        part = draws[np.array([r is scale for r in rows])]
+        if scale < 1:
+            assert np.all(part == 0)  # P(z ≠ 0) = 2q/(1+q) < 2e^{−60}
+            continue
+
+        edges = np.unique(np.round(np.linspace(-4, 4, 41) * float(scale)).astype(np.int64))
+
+        def p_value(t: float, part: np.ndarray = part, edges: np.ndarray = edges) -> float:
+            q, z = math.exp(-1 / t), edges.astype(float)
+            cdf = np.where(z <= -1, q ** (-z) / (1 + q), 1 - q ** (z + 1) / (1 + q))  # P(Z ≤ z)
+            observed = np.bincount(np.searchsorted(edges, part, side="left"), minlength=edges.size + 1)
+            expected = np.diff(np.concatenate([[0.0], cdf, [1.0]])) * part.size
+            return float(stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
+
+        assert p_value(float(scale)) > FALSE_ALARM
+        if scale == Fraction(100_001, 8):
+            assert p_value(float(scale) * 1.05) < FALSE_ALARM
+
+
+def test_digit_thresholds_enclose_the_digit_probabilities() -> None:
+    """below_j ≤ 2^16·p_j ≤ above_j, p_j = q^{2^j}/(1 + q^{2^j}), q = e^{−1/t}, against mpmath at 400 bits;
+    J is the least with 2^J/t ≥ 45, and the 64-bit logistic enclosures of the slow path hold too."""
+    mpmath.mp.prec = 400
+    for t in [Fraction(1, 60), Fraction(1, 44), Fraction(0.37), Fraction(7, 3), Fraction(100_001, 8),
+              Fraction((1 << 52) - 1, 3), Fraction(1 << 52)]:
+        below, above = _digit_table(t.numerator, t.denominator)
+        depth = below.size
+        assert (1 << depth) >= 45 * t
+        assert depth == 0 or (1 << (depth - 1)) < 45 * t
+        for j in range(depth):
+            q_j = mpmath.exp(-mpmath.mpf(1 << j) * t.denominator / t.numerator)
+            p_j = q_j / (1 + q_j)
+            assert int(below[j]) <= p_j * 2**16 <= int(above[j])
+            assert int(above[j]) - int(below[j]) <= 2
+            x = Fraction(1 << j) / t
+            lo, hi = _logistic_bounds(x.numerator, x.denominator, 64)
+            assert lo <= p_j * mpmath.mpf(2) ** 64 <= hi
+
+
+def test_open_digits_and_the_tail_are_decided_exactly() -> None:
+    """A digit whose first 16 bits leave it open is 1{U < p_j} for U rebuilt from the same seeded stream
+    (the next words extend U's prefix); the tail G of a row whose first 16 bits are zero is
+    max{m : U < e^{−m·2^J/t}} for that U (here at 2^J/t = 1, where it is ≥ 11)."""
+    mpmath.mp.prec = 400
+    t = Fraction(7, 3)
+    below, _ = _digit_table(t.numerator, t.denominator)
+    for seed in range(40):
+        j = seed % below.size
+        digit = int(below[j])  # below_j ≤ 2^16·p_j: open at 16 bits
+        extension = Noise.seeded(seed)
+        u = mpmath.mpf(digit) / 2**16 + sum(
+            mpmath.mpf(extension.random_bits(64)) / mpmath.mpf(2) ** (16 + 64 * (i + 1)) for i in range(3)
+        )
+        q_j = mpmath.exp(-mpmath.mpf(1 << j) / (mpmath.mpf(t.numerator) / t.denominator))
+        assert _geometric_digit(Noise.seeded(seed), digit, t, j) == bool(u < q_j / (1 + q_j))
+        tail = _geometric_slow(LazyUniform(Noise.seeded(seed), 0, 16), Fraction(1), 0)
+        v = mpmath.mpf(Noise.seeded(seed).random_bits(64)) / mpmath.mpf(2) ** 80  # U's first 80 bits
+        assert tail >= 11
+        assert tail == int(mpmath.floor(-mpmath.log(v)))
+
+
+def test_exp_neg_multiple_bounds_are_rigorous() -> None:
+    """lo ≤ e^{−k·x}·2^64 ≤ hi and hi − lo ≤ 3 (the power of a cached enclosure), against mpmath."""
+    mpmath.mp.prec = 400
+    for c in [0.05, 0.07, 0.8, 1e-3, 2.5, 1e-9, 7.0, 0.3, 44.0]:
+        x = Fraction(c)
+        for k in [*range(0, 70), 100, 500, 1279, 5000, 10**6]:
+            lo, hi = exp_neg_multiple_bounds(x.numerator, x.denominator, k)
+            exact = mpmath.exp(-mpmath.mpf(x.numerator) * k / x.denominator) * mpmath.mpf(2) ** 64
+            assert lo <= exact <= hi
+            assert hi - lo <= 3
 
 
 def test_exponential_latent_is_not_materialised() -> None:

@@ -1,11 +1,12 @@
-"""AboveThreshold sessions (mechanisms/threshold/above_threshold.py): parameters, samplers, exact losses, state.
+"""AboveThreshold sessions (mechanisms/threshold/above_threshold.py): parameters, samplers, exact losses,
+state.
 
-Exact losses (seed-003 note §7.3): the output distribution of Ghazi et al. Algorithm 1 is computed in
-closed form for small instances (threshold noise truncated at K with tail mass e^{−ε′(K+1)} ≤ 1e−40,
-which is carried into the bounds), and every outcome's |log P/Q| is compared with the charge the code
-reports (``realized``) for that outcome's transcript. Algorithm 2 (Laplace candidates) and the Laplace
-AboveThreshold are checked the same way by semi-closed form / quadrature. Chi-square tests tie the session
-code itself (``step``) to these exact distributions.
+Exact losses (Ghazi et al. 2024, Theorems 8–10; docs/mechanisms/above_threshold.md §9): the output
+distribution of Ghazi et al. Algorithm 1 is computed in closed form for small instances (threshold noise
+truncated at K with tail mass e^{−ε′(K+1)} ≤ 1e−40, which is carried into the bounds), and every outcome's
+|log P/Q| is compared with the charge the code reports (``realized``) for that outcome's transcript.
+Algorithm 2 (Laplace candidates) and the Laplace AboveThreshold are checked the same way by semi-closed
+form / quadrature. Chi-square tests tie the session code itself (``step``) to these exact distributions.
 """
 
 from __future__ import annotations

@@ -19,8 +19,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 from scipy import stats
 
-from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve
-from mechanisms.accounting.curve import _pad_up
+from mechanisms.accounting import DEFAULT_ORDERS, RdpCurve, pad_up
 from mechanisms.base import InteractiveMechanism, Mechanism, ParamsError, PublicContext
 from mechanisms.catalog import INTERACTIVE, MECHANISMS
 from mechanisms.data.schema import DatasetSchema
@@ -36,8 +35,8 @@ from mechanisms.reduction.accuracy_first import (
     NextQuery,
     NoiseReductionSession,
     RelativeTarget,
-    _relative_pass,
     output_dim,
+    relative_pass,
 )
 from mechanisms.reduction.noise_reduction import brownian_cumulative_costs, brownian_grid, laplace_nr_scales
 from mechanisms.threshold.above_threshold import iat_paper_calibration
@@ -175,14 +174,14 @@ def test_relative_check_is_ghazi_rule_with_the_positive_fix() -> None:
     target = RelativeTarget(relative=0.1)
     sigma = np.array([1.0, 1.0, 1.0, 1.0])
     noisy = np.array([[21.0], [20.99], [-100.0], [0.0]])
-    assert _relative_pass(noisy, sigma, target).tolist() == [True, False, False, False]
+    assert relative_pass(noisy, sigma, target).tolist() == [True, False, False, False]
     # The unfixed check |(ŷ+σ)/(ŷ−σ)| ∈ [0.9, 1.1] would accept ŷ = −100 (note's pitfall): we do not.
     y, s = -100.0, 1.0
     assert 0.9 <= abs((y + s) / (y - s)) <= 1.1
     # Histograms: every coordinate must pass.
-    assert _relative_pass(np.array([[30.0, 30.0], [30.0, 5.0]]), np.ones(2), target).tolist() == [True, False]
+    assert relative_pass(np.array([[30.0, 30.0], [30.0, 5.0]]), np.ones(2), target).tolist() == [True, False]
     doubled = RelativeTarget(relative=0.1, scale_multiplier=2.0)
-    assert _relative_pass(np.array([[21.0], [42.0]]), np.ones(2), doubled).tolist() == [False, True]
+    assert relative_pass(np.array([[21.0], [42.0]]), np.ones(2), doubled).tolist() == [False, True]
 
 
 # ----- one-shot runs: charges and outputs ------------------------------------------------------------------
@@ -342,7 +341,7 @@ def _brownian(variances: tuple[float, ...], level: int) -> RdpCurve:
         else 1.0 / grid.granularity
     )
     cost = brownian_cumulative_costs(m, variances, 1, grid)[level]
-    return RdpCurve(DEFAULT_ORDERS, tuple(_pad_up(a * cost) for a in DEFAULT_ORDERS))
+    return RdpCurve(DEFAULT_ORDERS, tuple(pad_up(a * cost) for a in DEFAULT_ORDERS))
 
 
 # ----- sessions -------------------------------------------------------------------------------------------

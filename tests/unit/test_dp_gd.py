@@ -393,27 +393,27 @@ def _scaled_pmf(scale: float, support: np.ndarray) -> np.ndarray:
 def test_clipped_sum_units_are_exact_position_free_and_within_the_sensitivity(loss: Loss) -> None:
     """The integer sum does not depend on the order of the records (every per-record term is computed from
     its own record only, and integer sums are exact), and neighbours differ by < Δ/ω exactly."""
-    from mechanisms.learners.dp_gd import _clipped_sum_units, _records
+    from mechanisms.learners.dp_gd import clipped_sum_units, grid_records
 
     x, y = _data(3001, 7, 31, loss)
     rng = np.random.default_rng(32)
     clip = 0.3
     for _ in range(20):
         theta = rng.normal(size=7) * rng.choice([0.1, 3.0, 100.0])
-        base = _records(x, y, clip)
-        units = _clipped_sum_units(theta, base, loss)
+        base = grid_records(x, y, clip)
+        units = clipped_sum_units(theta, base, loss)
         perm = rng.permutation(x.shape[0])
-        assert np.array_equal(units, _clipped_sum_units(theta, _records(x[perm], y[perm], clip), loss))
-        shifted = _clipped_sum_units(theta, _records(x[5:], y[5:], clip), loss)
-        firsts = _clipped_sum_units(theta, _records(x[:5], y[:5], clip), loss)
+        assert np.array_equal(units, clipped_sum_units(theta, grid_records(x[perm], y[perm], clip), loss))
+        shifted = clipped_sum_units(theta, grid_records(x[5:], y[5:], clip), loss)
+        firsts = clipped_sum_units(theta, grid_records(x[:5], y[:5], clip), loss)
         assert np.array_equal(units, shifted + firsts)
         x2, y2 = x.copy(), y.copy()
         x2[17] = rng.normal(size=7) * 50
         y2[17] = -y2[17] * 7
-        other = _clipped_sum_units(theta, _records(x2, y2, clip), loss)
+        other = clipped_sum_units(theta, grid_records(x2, y2, clip), loss)
         exact = sum(int(v) ** 2 for v in (units - other))  # exact integer norm²
         assert exact * base.unit**2 < (2 * clip) ** 2
-        removed = _clipped_sum_units(theta, _records(x[1:], y[1:], clip), loss)
+        removed = clipped_sum_units(theta, grid_records(x[1:], y[1:], clip), loss)
         assert sum(int(v) ** 2 for v in (units - removed)) * base.unit**2 < clip**2
 
 

@@ -1,4 +1,5 @@
-"""RGM gradient descent (mechanisms/learners/rgm_gd.py): sensitivity, calibration, charges, stopping, the mechanisms.
+"""RGM gradient descent (mechanisms/learners/rgm_gd.py): sensitivity, calibration, charges, stopping, the
+mechanisms.
 
 The logistic relative-sensitivity bound (derived, docs/privacy.md §8.3.3) is checked on random and
 adversarially optimised neighbouring datasets; the ridge bound has its own tests in test_relative_gaussian.py.

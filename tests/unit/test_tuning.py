@@ -1,8 +1,9 @@
-"""Ex-post hyperparameter tuning (mechanisms/tuning/select.py): the note's test vectors and the mechanism seam.
+"""Ex-post hyperparameter tuning (mechanisms/tuning/select.py): test vectors and the mechanism seam.
 
-Vectors from notes/seed_003_expost_tuning.md: §7.1 (closed forms of τ_i and P(⊥)), §7.2 (exact ex-post
-loss of pure Algorithm 3 on randomized response), §7.3 (Algorithm 2's ⊥), §7.4 (Theorem 13 formula),
-§7.5 (Theorem 13 holds: the ex-post RDP sum of Def. 6 computed by quadrature is ≤ 1 in both directions).
+Vectors derived from Ghazi, Kamath, Knop, Kumar, Manurangsi, Zhang 2024 (docs/privacy.md §8.5.5): closed
+forms of τ_i and P(⊥) (Algorithm 3), the exact ex-post loss of pure Algorithm 3 on randomized response,
+Algorithm 2's ⊥, the Theorem 13 formula, and Theorem 13 holding (the ex-post RDP sum of Def. 6 computed by
+quadrature is ≤ 1 in both directions).
 """
 
 from __future__ import annotations
