@@ -69,6 +69,9 @@ class ApproximateCharge:
             raise ValueError(f"an approximate charge needs 0 < delta < 1, got {delta!r}")
         if not self.curve.is_pure:
             raise ValueError("an approximate charge declares its ε: the pure slot must be finite")
+        floor = RdpCurve.pure_product([self.curve.pure], self.curve.orders).values
+        if any(v < min(f, self.curve.pure) for v, f in zip(self.curve.values, floor, strict=True)):
+            raise ValueError("an approximate charge's curve must be ≥ RR_α(ε) at every order (§11.3 Step 3)")
         object.__setattr__(self, "delta", delta)
 
     @classmethod

@@ -8,6 +8,8 @@ filter's row lock for every mutation.
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
@@ -27,7 +29,7 @@ from service.filter import ledger
 from service.filter.ledger import LedgerEvent
 from service.filter.state import FilterLike, read
 from service.store.models import DATASET_SCOPE, Dataset, PrivacyFilter
-from service.store.repositories import FilterRepository
+from service.store.repositories import FilterRepository, LedgerRepository
 
 PURE = "pure"  # the name of the pure slot (α = ∞) in API bodies
 Slot = float | str
@@ -68,20 +70,37 @@ def validate_budget(epsilon: float, delta: float, delta_share: float | None = No
         )
 
 
-def check_share_change(target: PrivacyFilter, delta: float, delta_share: float | None) -> None:
-    """A dataset's guarantee is sup_t δ_R + sup_t δ_A (docs/privacy.md §11.3, budget changes): once a
-    budget with a δ share has been set, or when one is added, the share may only grow and δ − share may
-    never shrink, so that the sum stays the δ the admin sees."""
-    old_share = target.delta_share or 0.0
-    new_share = delta_share or 0.0
-    if target.capacity is None or (old_share == 0.0 and new_share == 0.0):
+@dataclass(frozen=True)
+class DeltaSplit:
+    """What a budget's guarantee actually uses of δ: δ_R, the Ville/union-bound parameter of the Rényi
+    slots (a float, exactly what ``capacity_units`` receives), and δ_A, the δ-ledger's capacity in units."""
+
+    rdp: float
+    share_units: int
+
+    @classmethod
+    def of(cls, delta: float, delta_share: float | None) -> DeltaSplit:
+        if delta_share is None:
+            return cls(delta, 0)
+        return cls(remainder_delta(delta, delta_share), delta_units_down(delta_share))
+
+
+def check_share_change(session: Session, target: PrivacyFilter, new: DeltaSplit) -> None:
+    """A dataset's guarantee is sup_t δ_R + sup_t δ_A over every budget ever set (docs/privacy.md §11.3,
+    budget changes). Once a share is set or added, each new budget must keep both at least at their
+    largest past values (read from the ledger, exactly), so that the guarantee is the current δ.
+    Budgets that never had a share keep §3's rule (the largest δ ever set)."""
+    bodies = LedgerRepository(session).bodies_of(target.dataset_id, LedgerEvent.BUDGET)
+    past = [body for body in map(json.loads, bodies) if body["scope"] == target.scope]
+    splits = [DeltaSplit.of(body["delta"], body.get("delta_share")) for body in past]
+    if not splits or (new.share_units == 0 and all(s.share_units == 0 for s in splits)):
         return
-    old_rest, new_rest = (target.delta or 0.0) - old_share, delta - new_share
-    if new_share < old_share or new_rest < old_rest:
+    rdp_max, share_max = max(s.rdp for s in splits), max(s.share_units for s in splits)
+    if new.share_units < share_max or new.rdp < rdp_max:
         raise InvalidInput(
             "delta_share",
-            f"with a δ share the budget can only grow: the share must stay ≥ {old_share:g} and δ − share "
-            f"≥ {old_rest:g} (the guarantee is the largest δ − share plus the largest share ever set)",
+            f"with a δ share the budget can only grow: the share must stay ≥ {_delta(share_max):g} and "
+            f"δ − share ≥ {rdp_max:g} (the largest ever set: the guarantee is their sum)",
         )
 
 
@@ -105,10 +124,10 @@ def set_budget(
     target = head if scope == DATASET_SCOPE else filters.lock(dataset.id, scope)
     if target is None:
         raise NotFound(f"analyst {scope!r} has no grant on dataset {dataset.id}; grant access first")
-    check_share_change(target, delta, delta_share)
-    rdp_delta = delta if delta_share is None else remainder_delta(delta, delta_share)
-    capacity = list(capacity_units(epsilon, rdp_delta, dataset.orders))
-    delta_capacity = None if delta_share is None else delta_units_down(delta_share)
+    split = DeltaSplit.of(delta, delta_share)
+    check_share_change(session, target, split)
+    capacity = list(capacity_units(epsilon, split.rdp, dataset.orders))
+    delta_capacity = None if delta_share is None else split.share_units
     target.epsilon, target.delta, target.capacity = epsilon, delta, capacity
     target.delta_share = delta_share
     target.delta_capacity = None if delta_capacity is None else str(delta_capacity)

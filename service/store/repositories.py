@@ -151,6 +151,14 @@ class LedgerRepository:
     def dataset_ids(self) -> Sequence[str]:
         return self.session.scalars(select(Dataset.id).order_by(Dataset.id)).all()
 
+    def bodies_of(self, dataset_id: str, event: str) -> Sequence[str]:
+        """The hashed bodies of one kind of entry of a dataset, in chain order (e.g. every budget set)."""
+        return self.session.scalars(
+            select(LedgerEntry.body)
+            .where(LedgerEntry.dataset_id == dataset_id, LedgerEntry.event == event)
+            .order_by(LedgerEntry.seq)
+        ).all()
+
     def chain(self, dataset_id: str, after_seq: int, limit: int) -> Sequence[LedgerEntry]:
         return self.session.scalars(
             select(LedgerEntry)

@@ -79,6 +79,19 @@ class TestDeltaShare:
         assert view["delta_spent"] == 0.0
         assert view["delta_remaining"] == view["delta_share"]
 
+    def test_lowering_first_does_not_open_a_larger_share(self, live_server: LiveServer) -> None:
+        """The largest δ_R ever used counts: (1e-5) → (1e-9) → (1e-5 with share 9.99e-6) would make the
+        guarantee sup δ_R + sup δ_A ≈ 2e-5 while every δ shown is ≤ 1e-5; it is refused."""
+        world = make_world(live_server, {"epsilon": 10.0, "delta": 1e-5})
+        path = f"/v1/datasets/{world.dataset_id}/budget"
+        assert world.admin.put(path, json={"epsilon": 10.0, "delta": 1e-9}).status_code == 200
+        sneaky = world.admin.put(path, json={"epsilon": 10.0, "delta": 1e-5, "delta_share": 9.99e-6})
+        assert assert_problem(sneaky, 422)["errors"][0]["field"] == "delta_share"
+        raised = world.admin.put(path, json={"epsilon": 10.0, "delta": 2e-5, "delta_share": 9.99e-6})
+        assert raised.status_code == 200, raised.text  # δ raised by the share: δ_R stays ≥ 1e-5
+        removed = world.admin.put(path, json={"epsilon": 10.0, "delta": 2e-5})
+        assert assert_problem(removed, 422)["errors"][0]["field"] == "delta_share"
+
     def test_the_rdp_slots_use_the_remainder(self, live_server: LiveServer) -> None:
         plain = make_world(live_server, {"epsilon": 1.0, "delta": 1e-6})
         shared = make_world(live_server, {"epsilon": 1.0, "delta": 1e-6, "delta_share": 5e-7})
