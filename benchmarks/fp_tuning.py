@@ -131,6 +131,9 @@ def main() -> int:
         metavar=("BEFORE_JSON", "AFTER_JSON"),
         help="instead of timing: merge the privacy-efficiency summary of two benchmarks/tuning.py outputs",
     )
+    parser.add_argument(
+        "--after-rounds", nargs="*", metavar="LABEL", help="the after rounds the ratio uses (default: all)"
+    )
     args = parser.parse_args()
     if args.efficiency:
         return _merge_efficiency(args.efficiency[0], args.efficiency[1], args.output)
@@ -159,9 +162,16 @@ def main() -> int:
         results[f"sample_kept_{latent}_1000_cpu_seconds"] = cpu
     report: dict[str, Any] = json.loads(args.output.read_text()) if args.output.exists() else {}
     report[args.label] = results
-    befores = [v for k, v in report.items() if k.startswith("before") and isinstance(v, dict)]
-    afters = [v for k, v in report.items() if k.startswith("after") and isinstance(v, dict)]
+    rounds = {
+        side: [k for k, v in report.items() if k.startswith(f"{side}_") and isinstance(v, dict)]
+        for side in ("before", "after")
+    }
+    if args.after_rounds:  # e.g. only the rounds of the current code
+        rounds["after"] = [k for k in rounds["after"] if k in args.after_rounds]
+    befores = [report[k] for k in rounds["before"]]
+    afters = [report[k] for k in rounds["after"]]
     if befores and afters:
+        report["ratio_rounds"] = rounds
         keys = [k for k in afters[0] if k.endswith("_seconds") and k in befores[0]]
         report["median_over_rounds"] = {
             side: {k: statistics.median(r[k] for r in rounds) for k in keys}

@@ -227,6 +227,29 @@ def test_dyadic_scale_up_never_rounds_down(value: Fraction, bits: int) -> None:
     assert rounded <= value * (1 + Fraction(2, 2 ** (bits - 1))) + 1  # close: a few significant bits
 
 
+def test_short_and_long_rounding_agree() -> None:
+    """``Grid.to_units`` on short vectors (Python floats) and long ones (NumPy) give the same integers,
+    halves included, and refuse the same values."""
+    rng = np.random.default_rng(5)  # test data
+    for exponent in (-30, -3, 0, 4):
+        grid = Grid(exponent)
+        for _ in range(300):
+            values = rng.normal(size=int(rng.integers(1, 16))) * 10.0 ** float(rng.integers(-6, 6))
+            values[0] = math.ldexp(float(rng.integers(-1000, 1000)) + 0.5, exponent)  # an exact half
+            padded = np.concatenate([values, np.zeros(40)])
+            try:
+                short = grid.to_units(values)
+            except ValueError:
+                with pytest.raises(ValueError, match="too large"):
+                    grid.to_units(padded)
+                continue
+            assert np.array_equal(short, grid.to_units(padded)[: values.size])
+        for bad in (math.nan, math.inf, math.ldexp(1.0, 52 + exponent)):
+            for array in (np.array([bad]), np.concatenate([[bad], np.zeros(40)])):
+                with pytest.raises(ValueError, match="too large"):
+                    grid.to_units(array)
+
+
 # ----- the sources ------------------------------------------------------------------------------------
 def test_seeded_streams_reproduce_and_differ() -> None:
     draws = [Noise.seeded(7).discrete_laplace(Fraction(3), 50).tolist() for _ in range(2)]
