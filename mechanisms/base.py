@@ -52,16 +52,6 @@ Q = TypeVar("Q", bound=BaseModel, contravariant=True)
 """The query model of one session step."""
 
 
-def params_as(value: object, model: type[ModelT]) -> ModelT:
-    """``value`` as ``model``: the service validates params with the mechanism's own model, so anything else
-    reaching a mechanism is a programming error (TypeError), never an input error.
-
-    Only for mechanisms that do not derive from ``ParamsChecked`` yet (``mechanisms.tuning.select``)."""
-    if not isinstance(value, model):
-        raise TypeError(f"expected {model.__name__}, got {type(value).__name__}")
-    return value
-
-
 _CHECKED_METHODS = ("check", "worst_case", "run", "check_query", "start", "step", "realized")
 _QUERY_POSITION = {"check_query": 1, "step": 2}
 """Where the query sits among the arguments after ``params`` (``InteractiveMechanism``'s signatures)."""

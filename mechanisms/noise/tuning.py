@@ -237,7 +237,8 @@ def geometric_latent(noise: Noise, eps_prime: float | Fraction, size: int) -> np
         draws = []
         for _ in range(size):
             uniform = LazyUniform(noise, noise.random_bits(_WORD))
-            draws.append(_geometric_slow(uniform, rate, math.floor(-uniform.log_estimate() / float(rate))))
+            start = math.floor(-uniform.log_estimate() / float(rate))
+            draws.append(geometric_by_inversion(uniform, rate, start))
         return np.array(draws, dtype=np.int64)
     u = noise.words(size)
     estimate = -np.log((u.astype(np.float64) + 0.5) * 2.0**-64) / float(rate)
@@ -264,15 +265,17 @@ def geometric_latent(noise: Noise, eps_prime: float | Fraction, size: int) -> np
         decided = at_m_above | next_below
         undecided = ~done & ~decided
         for r in pending[undecided]:
-            k[r] = _geometric_slow(LazyUniform(noise, int(u[r])), rate, int(m[r]))
+            k[r] = geometric_by_inversion(LazyUniform(noise, int(u[r])), rate, int(m[r]))
         pending = pending[decided]
     for r in pending:
-        k[r] = _geometric_slow(LazyUniform(noise, int(u[r])), rate, int(m[r]))
+        k[r] = geometric_by_inversion(LazyUniform(noise, int(u[r])), rate, int(m[r]))
     return k
 
 
-def _geometric_slow(uniform: LazyUniform, rate: Fraction, start: int) -> int:
-    """max{m : U < e^{−rate·m}} by exact comparisons. Known bounds low ≤ k ≤ high shrink at every step
+def geometric_by_inversion(uniform: LazyUniform, rate: Fraction, start: int) -> int:
+    """k = max{m : U < e^{−rate·m}}, i.e. k ~ Geom_{e^{−rate}} on {0, 1, …} by inversion of the uniform U,
+    decided by exact comparisons; the search starts at the guess ``start`` (only the number of comparisons
+    depends on it, never k). Known bounds low ≤ k ≤ high shrink at every step
     (U ≥ e^{−rate·m} gives k < m; U < e^{−rate(m+1)} gives k > m); the next m is the float estimate from U's
     revealed prefix, clipped into the bounds, so the search ends after finitely many comparisons."""
     low, high = 0, None
@@ -435,7 +438,7 @@ def discrete_laplace_rows(noise: Noise, scales: Sequence[Fraction]) -> np.ndarra
     d decide it against the table's integer enclosure (d < below_j: yes; d ≥ above_j: no); otherwise
     (probability ≤ 2^{−15}) more bits of U_j decide (``LazyUniform``). With 2^J/t ≥ 45, q^{2^J} < 2^{−64},
     so G = 0 whenever the first 16 bits of its uniform are not all zero; otherwise G is drawn exactly by
-    inversion (``_geometric_slow``). No rejection: one pass, two geometrics per row. Rows with s > 2^52
+    inversion (``geometric_by_inversion``). No rejection: one pass, two geometrics per row. Rows with s > 2^52
     (t = s/r) use ``Noise.discrete_laplace`` one by one. Rows usually repeat a few scale objects (one per
     configuration): each distinct object is read once.
     """
@@ -489,6 +492,6 @@ def _geometrics(
     for r, g in zip(*np.nonzero(digits[:, :, width] == 0), strict=True):  # G may be ≥ 1: U < 2^{−16}
         t = scale(int(r))
         top = _digit_table(t.numerator, t.denominator)[0].size  # J of this row's scale
-        tail = _geometric_slow(LazyUniform(noise, 0, _DIGIT), Fraction(1 << top) / t, 0)
+        tail = geometric_by_inversion(LazyUniform(noise, 0, _DIGIT), Fraction(1 << top) / t, 0)
         y[r, g] = int(y[r, g]) + (tail << top)  # beyond int64 (probability < e^{−45·32}): OverflowError
     return y

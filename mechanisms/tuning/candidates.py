@@ -17,7 +17,7 @@ conditionally on π with the same charges, and the ex-post inequalities survive 
 over π (pure: linear; RDP: (p, q) ↦ p^α q^{1−α} is jointly convex). Details: docs/privacy.md §8.5.3.
 
 There is no notion of a public validation set in the dataset model, so every score is a noisy score on a
-held-out split (the public-validation variant of the issue is not implemented).
+held-out split (a variant scoring on public validation data is not implemented).
 
 Learners
 --------
@@ -42,16 +42,17 @@ Pure learners add discrete Laplace noise of scale ≥ sensitivity/ε; RDP learne
 released score (count/m, or −γ·units/m) is a deterministic post-processing of the noisy integer.
 
 ``dp_gd.logistic`` / ``dp_gd.ridge`` (RDP only; refused in pure mode)
-    Clipped full-batch Gaussian gradient descent (``mechanisms.learners.dp_gd``): T steps at noise multiplier z are
-    (α, Tα/(2z²))-RDP. The drop parameter c = ε is matched at the **calibration order** α*: z is the
+    Clipped full-batch Gaussian gradient descent (``mechanisms.learners.dp_gd``): T steps at noise multiplier
+    z are (α, Tα/(2z²))-RDP. The drop parameter c = ε is matched at the **calibration order** α*: z is the
     smallest value with ``dp_gd_curve(...)(α*) ≤ ε``, and the score's discrete Gaussian σ = Δ·√(α*/(2ε))
-    (slightly raised). Both curves are linear in α, so the candidate is (α, ≤ ε)-RDP exactly for α ≤ α*;
-    at higher orders its RDP exceeds its drop parameter and the tuning charge is +∞ there.
+    (slightly raised). Both curves are linear in α, so the candidate is (α, ≤ ε)-RDP exactly for α ≤ α*; at
+    higher orders its RDP exceeds its drop parameter and the tuning charge is +∞ there.
 
 ``objpert.logistic`` (RDP only; refused in pure mode)
-    Objective perturbation with output noise (``mechanisms.learners.objective_perturbation``, its replace-one curve:
-    Thm 4.3.2 with L → 2L plus the AMP term), σ chosen by bisection as the smallest value whose curve at α*
-    is ≤ ε (refused if −log(1 − β/λ) + AMP alone exceeds ε). ``regularization`` is the sum-scale λ > 1/4.
+    Objective perturbation with output noise (``mechanisms.learners.objective_perturbation``, its
+    replace-one curve: Thm 4.3.2 with L → 2L plus the AMP term), σ chosen by bisection as the smallest
+    value whose curve at α* is ≤ ε (refused if −log(1 − β/λ) + AMP alone exceeds ε). ``regularization`` is
+    the sum-scale λ > 1/4.
     Its curve is not linear in α, so validity is checked order by order (``rdp_charges``' mask).
     The solver tolerance is τ = max(1e-6, 2 × ``minimum_tolerance``) at the public bounds (n̄ = the public
     training-row count, R = 1, the public dimension d): the stand-alone mechanism's failure-channel guard,
@@ -409,7 +410,7 @@ class OutputPerturbation:
     def curve(
         self, config: CandidateConfig, orders: tuple[float, ...], order: float | None, shape: PublicShape
     ) -> RdpCurve:
-        # ε-DP (both parts are ε-DP; max rule) ⇒ (α, ε)-RDP at every α (Lemma 7(i) of the note).
+        # ε-DP (both parts are ε-DP; max rule) ⇒ (α, ε)-RDP at every α (Ghazi et al. Lemma 7(i)).
         return RdpCurve.from_pure(config.epsilon, orders)
 
     def _solution(self, reg: float, split: Split, progress: ProgressFn = no_progress) -> np.ndarray:
@@ -577,12 +578,13 @@ class DpGd(_GaussianScored):
 def objpert_sigma(epsilon: float, reg: float, order: float) -> float:
     """A small σ with ``objpert_curve``(α*) ≤ ε (public values only), or ValueError.
 
-    The curve is −log(1−β/λ) + αL²/(2σ²) + log(2Φ((α−1)L/σ))/(α−1) + the AMP term (note of seed 000), with
-    L → 2L under replace_one. It need not be monotone in σ (the grid-safe output noise adds terms that grow
-    with σ), so σ is the first point of a 301-point log grid on [1e-6, 1e9] where the curve is ≤ ε, refined
-    by 200 bisection steps (in log space) between it and the grid point before; the result always satisfies
-    the inequality (the upper end of the bracket does). Any σ that does is valid: the charge is the curve
-    evaluated at the configuration that runs (``objpert_candidate_config``).
+    The curve is −log(1−β/λ) + αL²/(2σ²) + log(2Φ((α−1)L/σ))/(α−1) + the AMP term (Redberg, Koskela, Wang
+    2023, Thm 4.3.2; docs/privacy.md §8.4.2), with L → 2L under replace_one. It need not be monotone in σ (the
+    grid-safe output noise adds terms that grow with σ), so σ is the first point of a 301-point log grid on
+    [1e-6, 1e9] where the curve is ≤ ε, refined by 200 bisection steps (in log space) between it and the grid
+    point before; the result always satisfies the inequality (the upper end of the bracket does). Any σ that
+    does is valid: the charge is the curve evaluated at the configuration that runs
+    (``objpert_candidate_config``).
     """
 
     def at(sigma: float) -> float:
@@ -643,8 +645,8 @@ def objpert_candidate_config(epsilon: float, reg: float, order: float, d: int, n
 
 
 class ObjPert(_GaussianScored):
-    """Objective perturbation (``mechanisms.learners.objective_perturbation``, AMP variant) for logistic regression,
-    calibrated so its RDP at α* is ≤ ε; discrete-Gaussian held-out score. RDP only.
+    """Objective perturbation (``mechanisms.learners.objective_perturbation``, AMP variant) for logistic
+    regression, calibrated so its RDP at α* is ≤ ε; discrete-Gaussian held-out score. RDP only.
 
     ``regularization`` is λ of the **sum-scale** objective Σ f + (λ/2)‖θ‖², and must exceed β = 1/4.
     """

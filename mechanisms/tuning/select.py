@@ -1,12 +1,13 @@
 """Ex-post private hyperparameter tuning, including choosing ε itself: the selection numerics.
 
 Source: Ghazi, Kamath, Knop, Kumar, Manurangsi, Zhang, "Private hyperparameter tuning with ex-post
-guarantee", read through ``notes/seed_003_expost_tuning.md`` (cited "note §x"). The service mechanism
-``tuning.select`` built on these functions lives in ``mechanisms.tuning.candidates`` (base learners) and at
-the bottom of this module (``TuningSelect``). Docs: docs/mechanisms/tuning.md, docs/privacy.md §8.5.
+guarantee" (2025; cited "Ghazi et al." with the paper's own section, algorithm and theorem numbers). The
+service mechanism ``tuning.select`` built on these functions lives in ``mechanisms.tuning.candidates`` (base
+learners) and at the bottom of this module (``TuningSelect``). Docs: docs/mechanisms/tuning.md,
+docs/privacy.md §8.5.
 
-Algorithm 3 (best-of with random dropping, note §3.3)
------------------------------------------------------
+Algorithm 3 (best-of with random dropping, Ghazi et al. §4)
+-----------------------------------------------------------
 Candidates M_1 … M_n (a fixed list, repeats allowed), **drop parameters** c_1 … c_n fixed before running,
 ε′ > 0, and a data-independent total order on outputs with ⊥ minimal::
 
@@ -24,25 +25,26 @@ Candidates M_1 … M_n (a fixed list, repeats allowed), **drop parameters** c_1 
       ε̃_α(⊥)    = log(1 + τ)/(α − 1)
 
   ℓ_i is analysis-only slack, optimised per (α, c_i) by bisection on the derivative (the objective is
-  convex, note §3.3); the charge is always **evaluated at the ℓ actually used**. A mechanism that is
-  (α, ε_i(α))-RDP with ε_i(α) ≤ c_i is (α, c_i)-RDP, so the paper's statement applies with c_i in every
-  place. At an order where some candidate's RDP exceeds its drop parameter nothing is proven: every
-  outcome is charged +∞ there (DESIGN §4 rule 5).
+  convex, docs/privacy.md §8.5.2); the charge is always **evaluated at the ℓ actually used**. A mechanism
+  that is (α, ε_i(α))-RDP with ε_i(α) ≤ c_i is (α, c_i)-RDP, so the paper's statement applies with c_i in
+  every place. At an order where some candidate's RDP exceeds its drop parameter nothing is proven: every
+  outcome is charged +∞ there (docs/privacy.md §6 rule 5).
 
-Algorithm 2 (known threshold, note §3.2, Theorem 10): the first kept candidate whose output passes a
+Algorithm 2 (known threshold, Ghazi et al. §3.2, Theorem 10): the first kept candidate whose output passes a
 data-independent threshold is released; charge 2c_i + ε′ for it and ε′ for ⊥ (geometric latent).
 
 The worst case is max(ε̃(⊥), max_i ε̃(o, i)) order by order, computed from the public list before the data
-is touched (note §4.4).
+is touched (docs/privacy.md §8.5.1).
 
-Secrets (note §6.1): the latent k, the keep bits, which and how many candidates ran, their outputs and
-timings. Nothing here returns them except ``sample_kept`` (a sampler for tests and simulations; the
-service never calls it directly and never exposes its result). The service mechanism always pads: every
-candidate runs whatever k is (dropped ones are discarded), and noise-free shared work (the ERM minimiser
-per λ) is done before k is drawn, so the amount of work does not depend on k; ``pad_to_worst_case_time``
-must be true (docs/privacy.md §8.5.4: the run count voids Theorem 11, and what remains of the timing channel).
+Secrets (docs/privacy.md §8.5.4): the latent k, the keep bits, which and how many candidates ran, their
+outputs and timings. Nothing here returns them except ``sample_kept`` (a sampler for tests and simulations;
+the service never calls it directly and never exposes its result). The service mechanism always pads:
+every candidate runs whatever k is (dropped ones are discarded), and noise-free shared work (the ERM
+minimiser per λ) is done before k is drawn, so the amount of work does not depend on k;
+``pad_to_worst_case_time`` must be true (docs/privacy.md §8.5.4: the run count voids Theorem 11, and what
+remains of the timing channel).
 
-Numerics (note §6.4). The latent and the keep bits are exact (``mechanisms/noise/tuning.py``,
+Numerics (docs/privacy.md §10.4.5). The latent and the keep bits are exact (``mechanisms/noise/tuning.py``,
 docs/privacy.md §10): k ~ Geom_{e^{−ε′}} by exact inversion of one uniform real revealed 64 bits at a time
 (k = max{m : U < e^{−ε′m}}, each comparison decided by a rigorous integer enclosure of e^{−ε′m}); given k,
 candidate i is kept iff a fresh uniform V_i < e^{−c_i k} (same exact comparison). The exponential latent of
@@ -68,7 +70,15 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, model_validator
 
 from mechanisms.accounting import RdpCurve
-from mechanisms.base import ParamsError, ProgressFn, PublicContext, Release, Table, no_progress, params_as
+from mechanisms.base import (
+    ParamsChecked,
+    ParamsError,
+    ProgressFn,
+    PublicContext,
+    Release,
+    Table,
+    no_progress,
+)
 from mechanisms.learners.features import FeatureSpec, check_features, column_names, design_matrix, dimension
 from mechanisms.noise import Noise
 from mechanisms.noise.tuning import exponential_race, geometric_latent, keep_given_latent
@@ -100,7 +110,7 @@ def _check_drop(drop: Sequence[float] | np.ndarray) -> np.ndarray:
     if array.ndim != 1 or array.size == 0:
         raise ValueError("the drop parameters must be a non-empty 1-d list")
     if not np.all(np.isfinite(array)) or np.any(array < 0):
-        raise ValueError("drop parameters must be finite and ≥ 0 (note §6.3)")
+        raise ValueError("drop parameters must be finite and ≥ 0")
     return array
 
 
@@ -174,7 +184,7 @@ def _exact_drop(drop: tuple[float, ...]) -> tuple[list[Fraction], np.ndarray]:
 
 # ----- closed forms (public; tests, docs and benchmarks) -----------------------------------------------
 def expected_runs(drop: Sequence[float] | np.ndarray, eps_prime: float, latent: Latent) -> np.ndarray:
-    """τ_i = E_k[e^{−c_i k}] per entry (note §3.3).
+    """τ_i = E_k[e^{−c_i k}] per entry: entry i's expected number of runs (τ_i of Ghazi et al. Theorem 13).
 
     Geometric latent: (1−e^{−ε′})/(1−e^{−(ε′+c_i)}); exponential latent: ε′/(ε′+c_i).
     """
@@ -198,7 +208,7 @@ def _log_all_dropped(c_unique: np.ndarray, counts: np.ndarray, k: np.ndarray) ->
 
 
 def probability_bottom(drop: Sequence[float] | np.ndarray, eps_prime: float, latent: Latent) -> float:
-    """P(⊥) = E_k[Π_j (1 − e^{−c_j k})], data-independent (note §3.3, §7.1).
+    """P(⊥) = E_k[Π_j (1 − e^{−c_j k})]: ⊥ iff every entry is dropped, so data-independent (Ghazi et al. §4).
 
     Geometric: the series over k truncated where e^{−ε′k} < 1e-17 (tail below that). Exponential: with
     u = e^{−ε′x}, ∫₀¹ Π_j (1 − u^{c_j/ε′}) du by adaptive quadrature.
@@ -268,7 +278,7 @@ class RdpCharges:
         return result
 
     def worst(self) -> np.ndarray:
-        """max(ε̃(⊥), max_i ε̃(o, i)) at every order (note §4.4)."""
+        """max(ε̃(⊥), max_i ε̃(o, i)) at every order (docs/privacy.md §8.5.1)."""
         result: np.ndarray = np.maximum(self.bottom, self.per_drop.max(axis=1))
         return result
 
@@ -454,10 +464,11 @@ def algorithm3(
     """Algorithm 3: run the kept candidates in list order and return the maximum under (key, index).
 
     ``run_candidate(i)`` returns (key, output): the key must be a data-independent function of M_i's DP
-    output (note §6.3). With ``pad`` every dropped candidate is run too and its result discarded, so the
-    amount of work does not depend on the latent (closes the gross timing channel; docs). ``TuningSelect``
-    always pads; ``pad=False`` is for simulations, where nobody observes the time. ``progress``
-    is called after every candidate (a heartbeat; the fraction is secret and must not be shown).
+    output (docs/privacy.md §8.5.2, "The order"). With ``pad`` every dropped candidate is run too and its
+    result discarded, so the amount of work does not depend on the latent (closes the gross timing channel;
+    docs/privacy.md §8.5.4). ``TuningSelect`` always pads; ``pad=False`` is for simulations, where nobody
+    observes the time. ``progress`` is called after every candidate (a heartbeat; the fraction is secret
+    and must not be shown).
     """
     c = _check_drop(drop)
     mask = sample_kept(c, latent, eps_prime, noise)
@@ -638,7 +649,7 @@ PAD_REFUSAL = (
 )
 
 
-class TuningSelect:
+class TuningSelect(ParamsChecked):
     """``tuning.select``: ex-post private selection of a model **and its ε** (Ghazi et al. Alg. 3)."""
 
     name: ClassVar[str] = "tuning.select"
@@ -652,8 +663,7 @@ class TuningSelect:
     long_running: ClassVar[bool] = True
     progress_is_public: ClassVar[bool] = False
 
-    def check(self, params: BaseModel, ctx: PublicContext) -> None:
-        p = params_as(params, TuningParams)
+    def check(self, p: TuningParams, ctx: PublicContext) -> None:
         learner = LEARNERS[p.learner]
         check_features(p.features, ctx, learner.task, "features")
         if ctx.n_rows is None or ctx.schema.neighboring != "replace_one":
@@ -687,9 +697,8 @@ class TuningSelect:
         holdout = math.floor(p.holdout_fraction * ctx.n_rows)
         return PublicShape(ctx.n_rows - holdout, holdout, dimension(p.features, ctx))
 
-    def plan(self, params: BaseModel, ctx: PublicContext) -> TuningPlan:
+    def plan(self, p: TuningParams, ctx: PublicContext) -> TuningPlan:
         """The public plan (list, drop parameters, every outcome's charge); no data is read."""
-        p = params_as(params, TuningParams)
         self.check(p, ctx)
         assert ctx.n_rows is not None
         learner = LEARNERS[p.learner]
@@ -716,12 +725,11 @@ class TuningSelect:
         worst = RdpCurve(orders, tuple(float(v) for v in worst_values))
         return TuningPlan(candidates, drop, charges, table.bottom, worst, holdout, shape)
 
-    def worst_case(self, params: BaseModel, ctx: PublicContext) -> RdpCurve:
-        return self.plan(params, ctx).worst
+    def worst_case(self, p: TuningParams, ctx: PublicContext) -> RdpCurve:
+        return self.plan(p, ctx).worst
 
-    def realized(self, params: BaseModel, plan: TuningPlan, index: int | None) -> RdpCurve:
+    def realized(self, p: TuningParams, plan: TuningPlan, index: int | None) -> RdpCurve:
         """The ex-post charge of the released outcome (a function of the outcome and the public plan)."""
-        p = params_as(params, TuningParams)
         orders = plan.worst.orders
         if index is None:
             if p.mode == "pure":
@@ -734,13 +742,12 @@ class TuningSelect:
 
     def run(
         self,
-        params: BaseModel,
+        p: TuningParams,
         ctx: PublicContext,
         table: Table,
         noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> Release:
-        p = params_as(params, TuningParams)
         plan = self.plan(p, ctx)  # before the data is touched
         learner = LEARNERS[p.learner]
         x, y = design_matrix(p.features, ctx, table, learner.task)

@@ -36,11 +36,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from pydantic import BaseModel
 from scipy import stats
 
 from mechanisms.accounting import DEFAULT_ORDERS
-from mechanisms.base import PublicContext, Release, Table, params_as
+from mechanisms.base import PublicContext, Release, Table
 from mechanisms.data.schema import DatasetSchema
 from mechanisms.learners.features import FeatureSpec, design_matrix
 from mechanisms.noise import Noise
@@ -81,12 +80,11 @@ THRESHOLD = EPSILON + 1.0
 class MarginsDropped(OpsLinear):
     """The broken variant: ``OpsLinear.run`` with λ^P and Δ^P released without their one-sided margins."""
 
-    def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
-        p = params_as(params, OpsLinearParams)
+    def run(self, p: OpsLinearParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         x, y = design_matrix(p.features, ctx, table, "regression", row_norm=p.row_norm)
         pl = plan(p, x.shape[1], ctx.schema.neighboring)
         output = ops_release(pl, x, y, noise, drop_margins=True)
-        return Release(output=output, realized=self.worst_case(params, ctx))
+        return Release(output=output, realized=self.worst_case(p, ctx))
 
 
 def _posterior(table: dict[str, np.ndarray]) -> tuple[float, float]:

@@ -35,11 +35,11 @@ from mechanisms.noise.tuning import (
     LazyUniform,
     _digit_table,
     _geometric_digit,
-    _geometric_slow,
     _logistic_bounds,
     discrete_laplace_rows,
     exp_neg_bounds,
     exp_neg_multiple_bounds,
+    geometric_by_inversion,
     keep_given_latent,
 )
 from mechanisms.tuning.select import (
@@ -191,9 +191,10 @@ def test_geometric_latent_scalar_path_pmf() -> None:
     assert p_value(eps_prime * 1.3) < FALSE_ALARM
     for seed in range(200):
         prefix = Noise.seeded(seed).random_bits(64)
-        exact = _geometric_slow(LazyUniform(Noise.seeded(seed), prefix), Fraction(0.01), 0)
+        exact = geometric_by_inversion(LazyUniform(Noise.seeded(seed), prefix), Fraction(0.01), 0)
         for start in (exact + 50, max(0, exact - 37), 10**6):
-            assert _geometric_slow(LazyUniform(Noise.seeded(seed), prefix), Fraction(0.01), start) == exact
+            uniform = LazyUniform(Noise.seeded(seed), prefix)
+            assert geometric_by_inversion(uniform, Fraction(0.01), start) == exact
 
 
 def test_geometric_latent_at_the_smallest_epsilon_prime() -> None:
@@ -351,7 +352,7 @@ def test_open_digits_and_the_tail_are_decided_exactly() -> None:
         )
         q_j = mpmath.exp(-mpmath.mpf(1 << j) / (mpmath.mpf(t.numerator) / t.denominator))
         assert _geometric_digit(Noise.seeded(seed), digit, t, j) == bool(u < q_j / (1 + q_j))
-        tail = _geometric_slow(LazyUniform(Noise.seeded(seed), 0, 16), Fraction(1), 0)
+        tail = geometric_by_inversion(LazyUniform(Noise.seeded(seed), 0, 16), Fraction(1), 0)
         v = mpmath.mpf(Noise.seeded(seed).random_bits(64)) / mpmath.mpf(2) ** 80  # U's first 80 bits
         assert tail >= 11
         assert tail == int(mpmath.floor(-mpmath.log(v)))
