@@ -26,11 +26,13 @@ $(VENV)/.installed-test: $(VENV)/.created pyproject.toml clients/python/pyprojec
 install: $(VENV)/.installed-run
 install-test: $(VENV)/.installed-test
 
-## run: set up, migrate the embedded SQLite database, create a demo dataset and keys, serve on :8000
+## run: set up, migrate the embedded SQLite database, create a demo dataset and keys, serve on
+## 127.0.0.1:PORT (default 8000; `make run PORT=8123`)
+PORT ?= 8000
 run: install
 	$(BIN)/expost migrate
 	$(BIN)/expost demo
-	$(BIN)/expost serve --host 127.0.0.1 --port 8000
+	$(BIN)/expost serve --host 127.0.0.1 --port $(PORT)
 
 ## test: set up, lint, type-check and run the whole suite (SQLite and PostgreSQL, Redis for the queue)
 test: install-test postgres redis browser lint typecheck
@@ -42,8 +44,9 @@ lint: install-test
 typecheck: install-test
 	$(BIN)/mypy clients/python/src mechanisms service
 
+## unit: the quick unit layer (the tests marked slow and the full-size Hypothesis profile run in `make test`)
 unit: install-test
-	$(BIN)/pytest tests/unit -q
+	$(BIN)/pytest tests/unit -q -n 2 -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)
 
 integration: install-test postgres
 	$(BIN)/pytest tests/integration -q

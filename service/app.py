@@ -21,7 +21,17 @@ from service import metrics
 from service.api.middleware import ObservabilityMiddleware
 from service.api.problems import install_error_handlers, install_openapi
 from service.api.ratelimit import GuardMiddleware
-from service.api.routers import dashboard, datasets, health, keys, limits, mechanisms, requests, sessions
+from service.api.routers import (
+    dashboard,
+    datasets,
+    docs,
+    health,
+    keys,
+    limits,
+    mechanisms,
+    requests,
+    sessions,
+)
 from service.api.routers.reports import router as reports_router
 from service.api.schemas import ERROR_RESPONSES
 from service.auth import KeyCache
@@ -119,12 +129,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         summary="Privacy budgets as a persistent ex-post Rényi-DP filter",
         lifespan=lifespan,
+        docs_url=None,  # /docs and /redoc: service/api/routers/docs.py, with assets served by the app
+        redoc_url=None,
     )
     install_error_handlers(app)
     install_openapi(app)
     for module in (health, keys, datasets, requests, sessions, limits, mechanisms, dashboard):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(reports_router, responses=ERROR_RESPONSES)
+    app.include_router(docs.router)
     app.mount("/metrics", metrics.asgi_app(app))  # with PROMETHEUS_MULTIPROC_DIR: every process
     app.add_middleware(GuardMiddleware, settings=settings)  # per-key rate limits, body size limits
     app.add_middleware(ObservabilityMiddleware)  # request id, access log, HTTP latency

@@ -95,15 +95,43 @@ def migrate() -> None:
     typer.echo("database is at the latest revision")
 
 
+def port_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be served (already in use, not allowed, no such address), or None.
+
+    Binds and closes a socket the way uvicorn does (SO_REUSEADDR, so a port in TIME_WAIT is free), before
+    the server starts, so that a busy port is one clear line and not a start-up followed by Errno 98.
+    """
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return (
+                    f"port {port} on {host} is already in use (another expost or another program). "
+                    f"Stop it, or choose another port: `expost serve --port N` (`make run PORT=N`)."
+                )
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None
+
+
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="interface to bind")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port")] = 8000,
     workers: Annotated[int, typer.Option(help="server processes")] = 1,
 ) -> None:
-    """Run the HTTP service (refuses to start on an unmigrated database)."""
+    """Run the HTTP service (refuses to start on an unmigrated database or a port in use)."""
     import uvicorn
 
+    problem = port_problem(host, port)
+    if problem is not None:
+        typer.echo(f"expost serve: {problem}", err=True)
+        raise typer.Exit(1)
     settings = get_settings()
     configure_logging(settings.log_level, settings.log_json)
     _sessions()

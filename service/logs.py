@@ -143,6 +143,9 @@ def configure_logging(level: str = "INFO", as_json: bool = False, stream: TextIO
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(numeric)
+    # Alembic's INFO lines ("Context impl SQLiteImpl.", "Will assume transactional DDL.") at every start
+    # say nothing to an operator: only its warnings, unless EXPOST_LOG_LEVEL=debug.
+    logging.getLogger("alembic").setLevel(logging.DEBUG if numeric <= logging.DEBUG else logging.WARNING)
     if as_json:
         # uvicorn's own lines ("Exception in ASGI application", startup errors) in the same JSON stream;
         # its access log stays off (the middleware writes one access line per request).

@@ -37,6 +37,12 @@ def dashboard() -> FileResponse:
     return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers=SECURITY_HEADERS)
 
 
+@router.get("/", include_in_schema=False)
+def root() -> RedirectResponse:
+    """A person who opens the server's address lands on the dashboard (temporary: 307)."""
+    return RedirectResponse("/dashboard", status_code=307)
+
+
 @router.get("/dashboard/", include_in_schema=False)
 def dashboard_slash() -> RedirectResponse:
     return RedirectResponse("/dashboard", status_code=308)
