@@ -45,9 +45,9 @@ sys.path.insert(0, str(ROOT))
 
 from service.auth import Role, create_key  # noqa: E402
 from service.config import Settings  # noqa: E402
-from service.db.migrate import upgrade  # noqa: E402
-from service.db.session import make_engine, make_sessionmaker  # noqa: E402
 from service.embedded import serve_in_thread  # noqa: E402
+from service.store.engine import make_engine, make_sessionmaker  # noqa: E402
+from service.store.migrate import upgrade  # noqa: E402
 
 DEFAULT_OUTPUT = ROOT / "benchmarks" / "results" / "accuracy_first_counts.json"
 SIZES = (8000, 16000, 32000, 64000, 128000)

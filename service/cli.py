@@ -802,13 +802,19 @@ def budget_set(
         float | None,
         typer.Option(help="part of δ set aside for approximate-DP (ptr.*) mechanisms; only grows once set"),
     ] = None,
+    confirm_below_spent: Annotated[
+        bool, typer.Option(help="allow a capacity below what is already spent (refuses everything new)")
+    ] = False,
     as_json: JsonOption = False,
     url: UrlOption = DEFAULT_URL,
     key: KeyOption = None,
 ) -> None:
     """Set the dataset's (or an analyst's) (ε, δ) budget (admin)."""
     with _remote(url, key, as_json) as client:
-        budget = client.set_budget(dataset_id, epsilon, delta, analyst, delta_share=delta_share)
+        budget = client.set_budget(
+            dataset_id, epsilon, delta, analyst,
+            delta_share=delta_share, confirm_below_spent=confirm_below_spent,
+        )
     if as_json:
         _print_json(budget.raw)
     else:

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.base import PublicContext
-from mechanisms.data.schema import DatasetSchema
+from mechanisms.data.schema import CategoricalColumn, DatasetSchema
 from mechanisms.data.table import TableError, content_hash, load_csv
 from service.auth import Principal, Role, validate_name
 from service.errors import InvalidInput, NotFound
@@ -28,9 +28,16 @@ from service.store.repositories import DatasetRepository, FilterRepository, KeyR
 
 def parse_schema(raw: Any) -> DatasetSchema:
     try:
-        return DatasetSchema.model_validate(raw)
+        schema = DatasetSchema.model_validate(raw)
     except ValidationError as exc:
         raise InvalidInput.from_validation("schema", exc) from None
+    for i, column in enumerate(schema.columns):  # PostgreSQL text and jsonb cannot hold a NUL
+        values = column.values if isinstance(column, CategoricalColumn) else ()
+        named = [("name", column.name), *((f"values.{j}", v) for j, v in enumerate(values))]
+        for where, text in named:
+            if "\x00" in text:
+                raise InvalidInput(f"schema.columns.{i}.{where}", "must not contain a NUL character")
+    return schema
 
 
 def create_dataset(

@@ -8,10 +8,11 @@
   NaN and ±inf are rejected.
 * ``categorical`` cells must be exactly one of the declared values (no whitespace stripping) and become
   int64 codes indexing ``values``.
-* Empty cells, ragged rows, an empty file and a file without data rows are errors. Completely blank lines
-  are skipped (but still counted in the row numbers of error messages).
+* Empty cells, ragged rows, NUL characters, an empty file and a file without data rows are errors.
+  Completely blank lines are skipped (but still counted in the row numbers of error messages).
 
-Errors raise ``TableError`` naming the column and the 1-based data row. Work is vectorised per column:
+Errors raise ``TableError`` naming the column and the 1-based data row; they quote at most the first
+``QUOTE_CHARS`` characters of a cell or header name, never a long value whole. Work is vectorised per column:
 rows are transposed with ``zip(*rows)`` and converted by numpy; only the error path inspects values one
 by one, to name the first offending cell.
 """
@@ -28,6 +29,9 @@ from itertools import compress
 import numpy as np
 
 from mechanisms.data.schema import CategoricalColumn, DatasetSchema, FloatColumn, IntColumn
+
+QUOTE_CHARS = 16
+"""Error messages quote at most this many characters of a cell (or header name), then an ellipsis."""
 
 
 class TableError(ValueError):
@@ -55,11 +59,28 @@ def _fail(reason: str) -> TableError:
     return TableError("file", reason)
 
 
+def _quote(value: str) -> str:
+    """``repr`` of the value's first ``QUOTE_CHARS`` characters, with an ellipsis when it was cut."""
+    if len(value) <= QUOTE_CHARS:
+        return repr(value)
+    return repr(value[:QUOTE_CHARS]) + "…"
+
+
+def _names(names: Sequence[str], at_most: int = 5) -> str:
+    """At most ``at_most`` header names, each quoted by ``_quote``, then how many more there are."""
+    shown = ", ".join(map(_quote, names[:at_most]))
+    return shown if len(names) <= at_most else f"{shown} and {len(names) - at_most} more"
+
+
 def _read_rows(data: bytes) -> list[list[str]]:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise _fail(f"the file is not valid UTF-8 (byte {exc.start})") from None
+    nul = text.find("\x00")
+    if nul >= 0:  # no cell may hold one (PostgreSQL text cannot); often a UTF-16 file
+        line = text.count("\n", 0, nul) + 1
+        raise _fail(f"line {line} contains a NUL character; save the file as UTF-8 text")
     try:
         return list(csv.reader(io.StringIO(text, newline="")))
     except csv.Error as exc:
@@ -70,13 +91,13 @@ def _check_header(header: Sequence[str], schema: DatasetSchema) -> list[str]:
     names = [h.strip() for h in header]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise _fail(f"duplicate columns in the header: {', '.join(map(repr, duplicates))}")
+        raise _fail(f"duplicate columns in the header: {_names(duplicates)}")
     missing = [n for n in schema.names if n not in names]
     if missing:
         raise _fail(f"missing columns: {', '.join(map(repr, missing))}")
     extra = [n for n in names if schema.column(n) is None]
     if extra:
-        raise _fail(f"columns not in the schema: {', '.join(map(repr, extra))}")
+        raise _fail(f"columns not in the schema: {_names(extra)}")
     return names
 
 
@@ -123,11 +144,11 @@ def _parse_numbers(name: str, cells: np.ndarray, numbers: np.ndarray) -> np.ndar
     except ValueError:
         bad = ~np.vectorize(_is_float, otypes=[bool])(stripped)
         index = _first(bad)
-        raise _cell_error(name, numbers, index, f"{str(cells[index])!r} is not a number") from None
+        raise _cell_error(name, numbers, index, f"{_quote(str(cells[index]))} is not a number") from None
     non_finite = ~np.isfinite(values)
     if non_finite.any():
         index = _first(non_finite)
-        raise _cell_error(name, numbers, index, f"{str(cells[index])!r} is not a finite number")
+        raise _cell_error(name, numbers, index, f"{_quote(str(cells[index]))} is not a finite number")
     return values
 
 
@@ -145,7 +166,7 @@ def _load_int(column: IntColumn, cells: np.ndarray, numbers: np.ndarray) -> tupl
     fractional = values != np.floor(values)
     if fractional.any():
         index = _first(fractional)
-        raise _cell_error(column.name, numbers, index, f"{str(cells[index])!r} is not an integer")
+        raise _cell_error(column.name, numbers, index, f"{_quote(str(cells[index]))} is not an integer")
     clipped, outside = _clip(values, float(column.min), float(column.max))
     return clipped.astype(np.int64), outside
 
@@ -162,7 +183,7 @@ def _load_categorical(
     unknown = declared[order][position] != cells
     if unknown.any():
         index = _first(unknown)
-        raise _cell_error(column.name, numbers, index, f"{str(cells[index])!r} is not a declared value")
+        raise _cell_error(column.name, numbers, index, f"{_quote(str(cells[index]))} is not a declared value")
     return order[position].astype(np.int64), 0
 
 

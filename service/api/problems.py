@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import Any
 
 import structlog
@@ -30,6 +32,37 @@ def _field(loc: tuple[Any, ...]) -> str:
     if parts and parts[0] in ("body", "query", "path", "header"):
         parts = parts[1:] if parts[0] == "body" else parts
     return ".".join(parts) or "body"
+
+
+def invalid_input(status: int, field: str, reason: str, instance: str) -> JSONResponse:
+    """The ``/problems/invalid-input`` problem naming one field."""
+    return problem_response(
+        status,
+        {
+            "type": "/problems/invalid-input",
+            "title": "Invalid input",
+            "status": status,
+            "detail": f"{field}: {reason}",
+            "instance": instance,
+            "errors": [{"field": field, "reason": reason}],
+        },
+    )
+
+
+def json_failure(exc: BaseException | None) -> str | None:
+    """Why a JSON text could not be decoded, from the exception ``json.loads`` raised; None when the
+    exception is not a decoding failure. Never echoes the input."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not valid UTF-8 (byte {exc.start})"
+    if isinstance(exc, RecursionError):
+        return "JSON nested too deeply"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON ({exc.msg})"
+    if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+        return f"a JSON integer has more than {sys.get_int_max_str_digits()} digits"
+    if isinstance(exc, ValueError):
+        return "not valid JSON"
+    return None
 
 
 def install_openapi(app: FastAPI) -> None:
@@ -74,6 +107,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI answers a bare 400 for every JSON body it cannot decode but a syntax error (too deep,
+        # an over-long integer, invalid UTF-8): the same problem as malformed JSON, naming the reason.
+        reason = json_failure(exc.__cause__) if exc.status_code == 400 else None
+        if reason is not None:
+            return invalid_input(422, "body", reason, request.url.path)
         if exc.status_code == 413:  # a chunked body over the limit: the same problem as a declared one
             return problem_response(
                 413,

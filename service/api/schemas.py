@@ -47,13 +47,19 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 class BudgetIn(StrictModel):
-    epsilon: float = Field(ge=0, le=1e6, description="target ε of the filter")
-    delta: float = Field(ge=0, lt=1, description="target δ; 0 makes a pure filter")
+    # strict: JSON numbers only (an integer is a number), never a string or a boolean, as in mechanism params
+    epsilon: float = Field(strict=True, ge=0, le=1e6, description="target ε of the filter")
+    delta: float = Field(strict=True, ge=0, lt=1, description="target δ; 0 makes a pure filter")
     delta_share: float | None = Field(
-        default=None, gt=0, lt=1,
+        default=None, strict=True, gt=0, lt=1,
         description="part of δ set aside for approximate-DP mechanisms (propose-test-release), < delta; "
         "the RDP slots then use delta − delta_share. Once set it may only grow, and delta − delta_share "
         "may never shrink (docs/privacy.md §11)",
+    )
+    confirm_below_spent: bool = Field(
+        default=False, strict=True,
+        description="required (true) to set a capacity below what is already spent and reserved in every "
+        "slot, which leaves the filter unable to admit anything; otherwise such a budget is refused (409)",
     )
 
 
@@ -101,6 +107,9 @@ class SessionIn(StrictModel):
 
 class SessionOut(BaseModel):
     id: str
+    request_id: str = Field(
+        description="the id of the session's reservation: its ledger entries carry this request_id"
+    )
     dataset_id: str
     analyst: str
     mechanism: str
@@ -175,3 +184,21 @@ class LimitsOut(BaseModel):
     running_requests: int = Field(description="requests queued or running on workers now")
     open_sessions: int
     custom: bool = Field(description="whether an admin set limits for this analyst (else the defaults)")
+
+
+class RequestPage(BaseModel):
+    """One page of ``GET /v1/requests``, newest first."""
+
+    items: list[RequestOut] = Field(description="each as GET /v1/requests/{id} shows it")
+    next_after: str | None = Field(
+        description="the id to pass as `after` for the next page; null on the last page"
+    )
+
+
+class SessionPage(BaseModel):
+    """One page of ``GET /v1/sessions``, newest first."""
+
+    items: list[SessionOut] = Field(description="each as GET /v1/sessions/{id} shows it")
+    next_after: str | None = Field(
+        description="the id to pass as `after` for the next page; null on the last page"
+    )

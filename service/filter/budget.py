@@ -24,7 +24,7 @@ from mechanisms.accounting import (
     units_to_epsilon,
 )
 from mechanisms.accounting.approximate import DELTA_UNITS, delta_units_down, remainder_delta
-from service.errors import InvalidInput, NotFound
+from service.errors import Conflict, InvalidInput, NotFound
 from service.filter import ledger
 from service.filter.ledger import LedgerEvent
 from service.filter.state import FilterLike, read
@@ -104,6 +104,21 @@ def check_share_change(session: Session, target: PrivacyFilter, new: DeltaSplit)
         )
 
 
+def check_not_below_spent(target: PrivacyFilter, capacity: list[int | None]) -> None:
+    """Refuse (409) a capacity that is below spent + reserved in every slot while something is spent or
+    reserved: no request could be admitted any more. The caller confirms with ``confirm_below_spent``."""
+    spent, reserved = totals(target)
+    used = spent + reserved
+    if used == UnitsVector.zeros(len(used)) or any(used.fits(capacity)):
+        return
+    raise Conflict(
+        "the new capacity is below what is already spent and reserved in every slot, so no request could "
+        "be admitted; send confirm_below_spent: true to set it anyway",
+        errors=[{"field": "confirm_below_spent",
+                 "reason": "required to set a capacity below what is already spent and reserved"}],
+    )
+
+
 def set_budget(
     session: Session,
     dataset: Dataset,
@@ -112,11 +127,14 @@ def set_budget(
     delta: float,
     actor: str,
     delta_share: float | None = None,
+    confirm_below_spent: bool = False,
 ) -> PrivacyFilter:
     """Set the (ε, δ) target of the dataset filter or of an analyst's sub-filter (one transaction).
 
     ``delta_share`` δ_A sets part of δ aside for approximate-DP mechanisms (docs/privacy.md §11): the
-    RDP slots' capacity then uses δ_R = δ − δ_A, and the δ-ledger's capacity is δ_A."""
+    RDP slots' capacity then uses δ_R = δ − δ_A, and the δ-ledger's capacity is δ_A. A capacity below
+    what is spent and reserved in every slot (the filter could admit nothing more) needs
+    ``confirm_below_spent``."""
     validate_budget(epsilon, delta, delta_share)
     filters = FilterRepository(session)
     head = filters.lock(dataset.id)
@@ -127,6 +145,8 @@ def set_budget(
     split = DeltaSplit.of(delta, delta_share)
     check_share_change(session, target, split)
     capacity = list(capacity_units(epsilon, split.rdp, dataset.orders))
+    if not confirm_below_spent:
+        check_not_below_spent(target, capacity)
     delta_capacity = None if delta_share is None else split.share_units
     target.epsilon, target.delta, target.capacity = epsilon, delta, capacity
     target.delta_share = delta_share

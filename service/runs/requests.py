@@ -10,9 +10,10 @@ run then stops at its next heartbeat).
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import structlog
 from sqlalchemy.orm import Session, sessionmaker
@@ -20,11 +21,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from mechanisms.base import Mechanism, has_public_progress, is_long_running
 from mechanisms.catalog import MECHANISMS
 from service import metrics
-from service.auth import Principal
+from service.auth import Principal, Role
 from service.errors import (
     BudgetExhausted,
     Conflict,
     Forbidden,
+    InvalidInput,
     NoBudget,
     NotCancellable,
     NotFound,
@@ -168,6 +170,67 @@ def get_visible(session: Session, principal: Principal, request_id: str) -> Anal
     if request is None or (principal.role.value == "analyst" and request.analyst != principal.name):
         raise NotFound(f"no request {request_id!r}")
     return request
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class HistoryPage(Generic[T]):
+    """One page of a history listing, newest first; ``next_after`` is the id of its last item when more
+    follow (the ``after`` of the next page), else None."""
+
+    items: Sequence[T]
+    next_after: str | None
+
+
+def history_owner(principal: Principal, analyst: str | None) -> str | None:
+    """Whose requests and sessions ``principal`` may list: analysts their own (asking for another analyst's
+    is a 403), admins everyone's or ``analyst``'s; viewers none (they cannot read releases or answers).
+    Returns the analyst to filter on, None for everyone."""
+    if principal.role is Role.viewer:
+        raise Forbidden("viewers cannot read releases or session answers")
+    if principal.role is Role.analyst:
+        if analyst is not None and analyst != principal.name:
+            raise Forbidden("analysts can list only their own requests and sessions")
+        return principal.name
+    return analyst
+
+
+def _may_see(principal: Principal, analyst: str) -> bool:
+    return principal.role is Role.admin or analyst == principal.name
+
+
+def history_page(rows: Sequence[T], limit: int, key: Callable[[T], str]) -> HistoryPage[T]:
+    """The first ``limit`` of ``rows`` (fetched ``limit + 1``, so a full last page has no cursor)."""
+    items = rows[:limit]
+    return HistoryPage(items, key(items[-1]) if len(rows) > limit else None)
+
+
+def history(
+    session: Session,
+    principal: Principal,
+    *,
+    analyst: str | None = None,
+    dataset_id: str | None = None,
+    state: str | None = None,
+    after: str | None = None,
+    limit: int = 100,
+) -> HistoryPage[AnalysisRequest]:
+    """The caller's requests (admins: everyone's, or ``analyst``'s), newest first, optionally of one dataset
+    or in one state; ``after`` is the id of the previous page's last item. Sessions' reservations are
+    listed as sessions, not here."""
+    owner = history_owner(principal, analyst)
+    repository = RequestRepository(session)
+    before = None
+    if after is not None:
+        cursor = repository.get(after)
+        if cursor is None or cursor.kind != "request" or not _may_see(principal, cursor.analyst):
+            raise InvalidInput("query.after", f"no request {after!r} in this listing to continue after")
+        before = (cursor.created_at, cursor.id)
+    rows = repository.history(owner, dataset_id, state, before, limit + 1)
+    return history_page(rows, limit, lambda row: row.id)
+
 
 def public_progress(request: AnalysisRequest) -> float | None:
     """The progress shown for a request: only for mechanisms whose amount of work is public."""

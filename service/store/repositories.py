@@ -368,6 +368,33 @@ class RequestRepository:
             .limit(limit)
         ).all()
 
+    def history(
+        self,
+        analyst: str | None,
+        dataset_id: str | None,
+        state: str | None,
+        before: tuple[datetime, str] | None,
+        limit: int,
+    ) -> Sequence[AnalysisRequest]:
+        """Requests (not sessions' reservations), newest first (``created_at``, then ``id``, descending),
+        of ``analyst`` / ``dataset_id`` / in ``state`` when given; only those listed after the position
+        ``before`` (a ``(created_at, id)`` of an earlier page's last item): a keyset page."""
+        query = select(AnalysisRequest).where(AnalysisRequest.kind == "request")
+        if analyst is not None:
+            query = query.where(AnalysisRequest.analyst == analyst)
+        if dataset_id is not None:
+            query = query.where(AnalysisRequest.dataset_id == dataset_id)
+        if state is not None:
+            query = query.where(AnalysisRequest.state == state)
+        if before is not None:
+            at, last_id = before
+            query = query.where(
+                (AnalysisRequest.created_at < at)
+                | ((AnalysisRequest.created_at == at) & (AnalysisRequest.id < last_id))
+            )
+        order = (AnalysisRequest.created_at.desc(), AnalysisRequest.id.desc())
+        return self.session.scalars(query.order_by(*order).limit(limit)).all()
+
 
 class SessionRepository:
     def __init__(self, session: Session) -> None:
@@ -396,6 +423,36 @@ class SessionRepository:
         secret = self.secret(request_id)
         if secret is not None:
             self.session.delete(secret)
+
+    def history(
+        self,
+        analyst: str | None,
+        dataset_id: str | None,
+        state: str | None,
+        before: tuple[datetime, str] | None,
+        limit: int,
+    ) -> Sequence[tuple[AnalysisSession, AnalysisRequest]]:
+        """Sessions with their reservation's request row (one query), newest first (``created_at``, then
+        ``id``, descending), of ``analyst`` / ``dataset_id`` / in ``state`` when given; only those listed
+        after the position ``before`` (a ``(created_at, id)`` of an earlier page's last item)."""
+        query = select(AnalysisSession, AnalysisRequest).join(
+            AnalysisRequest, AnalysisRequest.id == AnalysisSession.request_id
+        )
+        if analyst is not None:
+            query = query.where(AnalysisSession.analyst == analyst)
+        if dataset_id is not None:
+            query = query.where(AnalysisSession.dataset_id == dataset_id)
+        if state is not None:
+            query = query.where(AnalysisSession.state == state)
+        if before is not None:
+            at, last_id = before
+            query = query.where(
+                (AnalysisSession.created_at < at)
+                | ((AnalysisSession.created_at == at) & (AnalysisSession.id < last_id))
+            )
+        order = (AnalysisSession.created_at.desc(), AnalysisSession.id.desc())
+        rows = self.session.execute(query.order_by(*order).limit(limit)).tuples().all()
+        return [(row, request) for row, request in rows]
 
 
 class RefusalRepository:

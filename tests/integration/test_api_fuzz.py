@@ -91,6 +91,8 @@ OPERATIONS: dict[str, str] = {
     "GET /v1/mechanisms": ANALYST,
     "GET /v1/datasets/{dataset_id}/activity": ANALYST,
     "GET /v1/datasets/{dataset_id}/refusals": ANALYST,
+    "GET /v1/requests": ANALYST,
+    "GET /v1/sessions": ANALYST,
     "POST /v1/requests/{request_id}/privacy-report": ANALYST,
     "POST /v1/sessions/{session_id}/next": ANALYST,
     # last (the tests run in this order): they close the world's session and change its budgets

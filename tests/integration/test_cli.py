@@ -283,6 +283,16 @@ class TestAdminCommands:
         assert cli.analyst_name in output(mine)
         assert "pure" in output(mine)
 
+    def test_lowering_a_budget_below_spent_needs_confirmation(self, cli: Cli) -> None:
+        with ExpostClient(cli.server.base_url, cli.analyst_key) as analyst:
+            analyst.submit(cli.dataset_id, "laplace", {"query": {"kind": "count"}, "epsilon": 0.5})
+        lower = ("budget", "set", cli.dataset_id, "--epsilon", "0.2", "--delta", "0")
+        refused = cli.invoke(*lower, key=cli.admin_key)
+        assert refused.exit_code == 2
+        assert "confirm_below_spent" in refused.stderr
+        confirmed = parsed(cli.invoke(*lower, "--confirm-below-spent", "--json", key=cli.admin_key))
+        assert confirmed["epsilon"] == 0.2
+
     def test_budget_set_with_a_delta_share(self, cli: Cli) -> None:
         args = ("budget", "set", cli.dataset_id, "--epsilon", "2", "--delta", "1e-6", "--delta-share", "2e-7")
         updated = parsed(cli.invoke(*args, "--json", key=cli.admin_key))

@@ -8,13 +8,14 @@ from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile
 
 from service import datasets
 from service.api.deps import Admin, AnyRole, RuntimeDep, SessionDep
+from service.api.problems import json_failure
 from service.api.schemas import BudgetIn, DatasetOut, GrantIn
 from service.auth import Principal, Role, validate_name
 from service.errors import Forbidden, InvalidInput, NotFound, PayloadTooLarge
 from service.filter import budget
 from service.filter.budget import budget_view
 from service.filter.ledger import canonical_json
-from service.store.models import DATASET_SCOPE, Dataset
+from service.store.models import DATASET_SCOPE, Dataset, LedgerEntry
 from service.store.repositories import DatasetRepository, FilterRepository, LedgerRepository
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
@@ -49,8 +50,8 @@ def create_dataset(
         raise PayloadTooLarge("file", f"larger than the limit of {limit} bytes")
     try:
         schema_raw = json.loads(schema_text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput("schema", f"not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError) as exc:  # syntax, nesting depth, an integer of 4300+ digits
+        raise InvalidInput("schema", json_failure(exc) or "not valid JSON") from None
     with runtime.sessions() as session, session.begin():
         dataset = datasets.create_dataset(
             session, runtime.settings.data_dir, name or file.filename or "dataset", data, schema_raw,
@@ -90,7 +91,8 @@ def _set_budget(
     with runtime.sessions() as session, session.begin():
         dataset = datasets.visible_dataset(session, admin, dataset_id)
         flt = budget.set_budget(
-            session, dataset, scope, body.epsilon, body.delta, admin.name, body.delta_share
+            session, dataset, scope, body.epsilon, body.delta, admin.name, body.delta_share,
+            confirm_below_spent=body.confirm_below_spent,
         )
         return budget_view(flt, dataset.orders)
 
@@ -138,6 +140,15 @@ def get_analyst_budget(
     return _budget_response(session, who, dataset_id, validate_name(analyst, "analyst"), request, response)
 
 
+def _ledger_item(entry: LedgerEntry, who: Principal) -> dict[str, Any]:
+    """One entry as stored, with its hashes. Viewers do not see request parameters (the ``params`` of
+    reserve entries); the hash still covers the whole stored body."""
+    body = json.loads(entry.body)
+    if who.role is Role.viewer:
+        body.pop("params", None)
+    return {**body, "hash": entry.hash, "prev_hash": entry.prev_hash}
+
+
 @router.get("/{dataset_id}/ledger", summary="Ledger entries in order (analysts: their own requests)")
 def get_ledger(
     dataset_id: str,
@@ -149,6 +160,6 @@ def get_ledger(
     datasets.visible_dataset(session, who, dataset_id)
     analyst = who.name if who.role is Role.analyst else None
     entries = LedgerRepository(session).page(dataset_id, after, limit, analyst)
-    items = [{**json.loads(e.body), "hash": e.hash, "prev_hash": e.prev_hash} for e in entries]
+    items = [_ledger_item(e, who) for e in entries]
     next_after = entries[-1].seq if len(entries) == limit else None
     return {"items": items, "next_after": next_after}

@@ -4,10 +4,12 @@ import math
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, Header, Query, Response
+from pydantic import AfterValidator
 
 from service.api.deps import AdminOrAnalyst, Analyst, AnyRole, RuntimeDep, SessionDep
-from service.api.schemas import RequestIn, RequestOut, problem_doc
+from service.api.schemas import RequestIn, RequestOut, RequestPage, problem_doc
+from service.auth import NAME_PATTERN
 from service.errors import BudgetExhausted, MechanismFailed
 from service.filter.refusals import record_refusal
 from service.runs import requests as lifecycle
@@ -15,6 +17,14 @@ from service.store.models import AnalysisRequest, RequestState
 from service.store.repositories import RequestRepository
 
 router = APIRouter(tags=["requests"])
+
+
+def printable_key(value: str | None) -> str | None:
+    """An Idempotency-Key is printable ASCII (no control characters): it is stored, logged and compared."""
+    if value is not None and not all(" " <= c <= "~" for c in value):
+        raise ValueError("must be printable ASCII, without control characters")
+    return value
+
 
 IdempotencyKey = Annotated[
     str | None,
@@ -24,6 +34,7 @@ IdempotencyKey = Annotated[
         max_length=200,
         description="retry-safe key: same key, same release",
     ),
+    AfterValidator(printable_key),
 ]
 
 
@@ -112,6 +123,46 @@ def submit(
         response.headers["Location"] = f"/v1/requests/{request.id}"
         response.headers["Retry-After"] = _retry_after(request)
     return _out(request)
+
+
+# The history's filters and cursor (GET /v1/requests and GET /v1/sessions): ids are letters, digits, _ and -.
+DatasetFilter = Annotated[
+    str | None,
+    Query(min_length=1, max_length=40, pattern=r"^[A-Za-z0-9_-]+$", description="only this dataset's"),
+]
+AnalystFilter = Annotated[
+    str | None,
+    Query(pattern=NAME_PATTERN.pattern, description="admins: only this analyst's (analysts: their own name)"),
+]
+HistoryAfter = Annotated[
+    str | None,
+    Query(
+        min_length=1, max_length=40, pattern=r"^[A-Za-z0-9_-]+$",
+        description="the previous page's `next_after` (the id of its last item): continue after it",
+    ),
+]
+HistoryLimit = Annotated[int, Query(ge=1, le=1000, description="at most this many items")]
+
+
+@router.get(
+    "/v1/requests",
+    summary="Your requests, newest first (admins: everyone's); filter by dataset, state or analyst",
+)
+def list_requests(
+    session: SessionDep,
+    who: AnyRole,
+    dataset_id: DatasetFilter = None,
+    state: Annotated[RequestState | None, Query(description="only requests in this state")] = None,
+    analyst: AnalystFilter = None,
+    after: HistoryAfter = None,
+    limit: HistoryLimit = 100,
+) -> RequestPage:
+    page = lifecycle.history(
+        session, who, analyst=analyst, dataset_id=dataset_id, state=state, after=after, limit=limit
+    )
+    repository = RequestRepository(session)
+    items = [_out(r, repository.queue_position(r) if r.queued else None) for r in page.items]
+    return RequestPage(items=items, next_after=page.next_after)
 
 
 @router.get("/v1/requests/{request_id}", summary="A request, its state and (when committed) its release")

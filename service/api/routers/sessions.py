@@ -1,15 +1,21 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
 
 from service.api.deps import Analyst as AnalystRole
 from service.api.deps import AnyRole, RuntimeDep, SessionDep
-from service.api.routers.requests import IdempotencyKey
-from service.api.schemas import AnswerOut, SessionIn, SessionOut
+from service.api.routers.requests import (
+    AnalystFilter,
+    DatasetFilter,
+    HistoryAfter,
+    HistoryLimit,
+    IdempotencyKey,
+)
+from service.api.schemas import AnswerOut, SessionIn, SessionOut, SessionPage
 from service.errors import BudgetExhausted, Forbidden
 from service.filter.refusals import record_refusal
 from service.runs import sessions as domain
@@ -18,12 +24,15 @@ from service.store.repositories import RequestRepository
 
 router = APIRouter(tags=["sessions"])
 
+SessionState = Literal["open", "closed"]
+
 
 def session_out(
     row: AnalysisSession, worst_case: dict[str, Any], realized: dict[str, Any] | None
 ) -> SessionOut:
     return SessionOut(
         id=row.id,
+        request_id=row.request_id,
         dataset_id=row.dataset_id,
         analyst=row.analyst,
         mechanism=row.mechanism,
@@ -78,6 +87,26 @@ def open_session(
         record_refusal(runtime.sessions, analyst, dataset_id, "session", body.mechanism, body.params, refused)
         raise
     return _out(runtime, row)
+
+
+@router.get(
+    "/v1/sessions",
+    summary="Your sessions, newest first (admins: everyone's); filter by dataset, state or analyst",
+)
+def list_sessions(
+    session: SessionDep,
+    who: AnyRole,
+    dataset_id: DatasetFilter = None,
+    state: Annotated[SessionState | None, Query(description="only sessions in this state")] = None,
+    analyst: AnalystFilter = None,
+    after: HistoryAfter = None,
+    limit: HistoryLimit = 100,
+) -> SessionPage:
+    page = domain.history(
+        session, who, analyst=analyst, dataset_id=dataset_id, state=state, after=after, limit=limit
+    )
+    # each session's request row was loaded with it: _out_with finds it in the session's identity map
+    return SessionPage(items=[_out_with(session, row) for row, _ in page.items], next_after=page.next_after)
 
 
 @router.get("/v1/sessions/{session_id}", summary="A session's state and public transcript")

@@ -58,7 +58,9 @@ from expost_client.models import (
     Loss,
     MechanismInfo,
     PrivacyReport,
+    RequestPage,
     Session,
+    SessionPage,
     Slot,
 )
 from expost_client.retry import Retry, RetryPolicy
@@ -94,10 +96,12 @@ __all__ = [
     "NotFoundError",
     "PrivacyReport",
     "Progress",
+    "RequestPage",
     "Retry",
     "RetryPolicy",
     "ServerError",
     "Session",
+    "SessionPage",
     "Slot",
     "error_from_problem",
     "error_from_response",

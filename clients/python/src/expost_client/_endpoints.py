@@ -39,7 +39,9 @@ from expost_client.models import (
     Limits,
     MechanismInfo,
     PrivacyReport,
+    RequestPage,
     Session,
+    SessionPage,
 )
 from expost_client.retry import Retry, RetryPolicy, should_retry_exception, should_retry_response
 
@@ -65,6 +67,7 @@ Progress = Callable[[dict[str, Any]], object]  # the async client awaits an awai
 M = TypeVar("M", bound=ApiModel)
 T = TypeVar("T")
 R = TypeVar("R")
+E = TypeVar("E")  # the type of a stream's items
 
 
 @dataclass(frozen=True)
@@ -98,17 +101,18 @@ class _Report:
     body: dict[str, Any]
 
 
-_Item = dict[str, Any]  # one item of a paged listing (a ledger entry)
+_Item = dict[str, Any]  # one item of an untyped paged listing (a ledger entry)
 
 
 @dataclass(frozen=True)
-class _Emit:
-    item: _Item
+class _Emit(Generic[E]):
+    item: E
 
 
-_Effect = _Call | _Sleep | _Report | _Emit
+_Effect = _Call | _Sleep | _Report | _Emit[Any]
 _Op = Generator[_Effect, Any, T]  # resumed with a _Call's response, else with None
 _Stream = Generator[_Effect, Any, None]  # emits its items
+_StreamOf = Generator[_Call | _Sleep | _Report | _Emit[E], Any, None]  # emits items of type E
 P = ParamSpec("P")
 
 
@@ -119,6 +123,11 @@ def _get(path: str, **params: Any) -> _Call:
 def _keyed_post(path: str, body: Any, key: str | None) -> _Call:
     """A POST that may charge: retried with one Idempotency-Key, so the server replays, never re-runs."""
     return _Call("POST", path, Retry.SAFE, body, headers={"Idempotency-Key": key or f"expost-{uuid.uuid4()}"})
+
+
+def _present(**params: str | None) -> dict[str, str]:
+    """The query parameters that were given (httpx would send a None as an empty value)."""
+    return {name: value for name, value in params.items() if value is not None}
 
 
 def _budget_path(dataset_id: str, analyst: str | None) -> str:
@@ -202,16 +211,16 @@ class _endpoint(_Wrapped[P, _Op[T]]):
         return self._as_method(run)
 
 
-class _stream_endpoint(_Wrapped[P, _Stream]):
+class _stream_endpoint(_Wrapped[P, _StreamOf[E]]):
     """``@_stream_endpoint``: for a generator that emits items; an iterator of them on ``ExpostClient``, an
     async iterator on ``AsyncExpostClient``."""
 
     @overload
     def __get__(self, client: None, owner: type[Any]) -> Self: ...
     @overload
-    def __get__(self, client: _SyncClient, owner: type[Any]) -> Callable[P, Iterator[_Item]]: ...
+    def __get__(self, client: _SyncClient, owner: type[Any]) -> Callable[P, Iterator[E]]: ...
     @overload
-    def __get__(self, client: _AsyncClient, owner: type[Any]) -> Callable[P, AsyncIterator[_Item]]: ...
+    def __get__(self, client: _AsyncClient, owner: type[Any]) -> Callable[P, AsyncIterator[E]]: ...
     def __get__(self, client: object, owner: type[Any]) -> Any:
         if client is None:
             return self
@@ -347,12 +356,16 @@ class _Endpoints:
         analyst: str | None = None,
         *,
         delta_share: float | None = None,
+        confirm_below_spent: bool = False,
     ) -> _Op[Budget]:
         """Set the dataset's (or an analyst's) (ε, δ) budget (admin); δ = 0 makes a pure filter.
-        ``delta_share`` sets part of δ aside for approximate-DP (``ptr.*``) mechanisms."""
+        ``delta_share`` sets part of δ aside for approximate-DP (``ptr.*``) mechanisms;
+        ``confirm_below_spent`` allows a capacity below what is already spent (it refuses everything new)."""
         body: dict[str, Any] = {"epsilon": epsilon, "delta": delta}
         if delta_share is not None:
             body["delta_share"] = delta_share
+        if confirm_below_spent:
+            body["confirm_below_spent"] = True
         call = _Call("PUT", _budget_path(dataset_id, analyst), Retry.SAFE, body)
         return _budget((yield from self._exchange(call)))
 
@@ -526,6 +539,82 @@ class _Endpoints:
     def get_session(self, session_id: str) -> _Op[Session]:
         return self._fetch(_get(f"/v1/sessions/{session_id}"), Session.from_json)
 
+    # -- history: your requests and sessions (admins: everyone's), newest first
+
+    @_endpoint
+    def requests_page(
+        self,
+        *,
+        dataset_id: str | None = None,
+        state: str | None = None,
+        analyst: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> _Op[RequestPage]:
+        """One page of ``GET /v1/requests`` (``items`` and ``next_after``, the ``after`` of the next page)."""
+        filters = _present(dataset_id=dataset_id, state=state, analyst=analyst, after=after)
+        return self._fetch(_get("/v1/requests", **filters, limit=limit), RequestPage.from_json)
+
+    @_stream_endpoint
+    def list_requests(
+        self,
+        *,
+        dataset_id: str | None = None,
+        state: str | None = None,
+        analyst: str | None = None,
+        after: str | None = None,
+        page_size: int = 100,
+    ) -> _StreamOf[AnalysisRequest]:
+        """Your requests (admins: everyone's, or ``analyst``'s), newest first, each as ``get_request``
+        shows it, optionally of one dataset or in one state; walks all pages (``after``: start after
+        that request)."""
+        while True:
+            page = yield from _Endpoints.requests_page(
+                self, dataset_id=dataset_id, state=state, analyst=analyst, after=after, limit=page_size
+            )
+            for item in page.items:
+                yield _Emit(item)
+            if page.next_after is None:
+                return
+            after = page.next_after
+
+    @_endpoint
+    def sessions_page(
+        self,
+        *,
+        dataset_id: str | None = None,
+        state: str | None = None,
+        analyst: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> _Op[SessionPage]:
+        """One page of ``GET /v1/sessions`` (``items`` and ``next_after``, the ``after`` of the next page)."""
+        filters = _present(dataset_id=dataset_id, state=state, analyst=analyst, after=after)
+        return self._fetch(_get("/v1/sessions", **filters, limit=limit), SessionPage.from_json)
+
+    @_stream_endpoint
+    def list_sessions(
+        self,
+        *,
+        dataset_id: str | None = None,
+        state: str | None = None,
+        analyst: str | None = None,
+        after: str | None = None,
+        page_size: int = 100,
+    ) -> _StreamOf[Session]:
+        """Your sessions (admins: everyone's, or ``analyst``'s), newest first, each as ``get_session``
+        shows it (``request_id`` names its ledger entries), optionally of one dataset or in one state
+        (``open``, ``closed``); walks all pages (``after``: start after that session)."""
+        while True:
+            page = yield from _Endpoints.sessions_page(
+                self, dataset_id=dataset_id, state=state, analyst=analyst, after=after, limit=page_size
+            )
+            for item in page.items:
+                yield _Emit(item)
+            if page.next_after is None:
+                return
+            after = page.next_after
+
     # -- catalog, ledger and dashboard
 
     @_endpoint
@@ -549,7 +638,7 @@ class _Endpoints:
         return self._fetch(call, LedgerPage.from_json)
 
     @_stream_endpoint
-    def ledger(self, dataset_id: str, *, after: int = 0, page_size: int = 100) -> _Stream:
+    def ledger(self, dataset_id: str, *, after: int = 0, page_size: int = 100) -> _StreamOf[_Item]:
         """Every ledger entry the caller may see, in order, walking all pages."""
         while True:
             page = yield from _Endpoints.ledger_page(self, dataset_id, after=after, limit=page_size)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import AsyncIterator
-from typing import ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import httpx
 
@@ -15,7 +15,6 @@ from expost_client._endpoints import (
     _advance,
     _Call,
     _Endpoints,
-    _Item,
     _Op,
     _Report,
     _returning,
@@ -58,7 +57,7 @@ class AsyncExpostClient(_Endpoints):
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def _stream(self, op: _Stream) -> AsyncIterator[_Item]:
+    async def _stream(self, op: _Stream) -> AsyncIterator[Any]:
         reply, error = None, None
         while True:
             try:

@@ -30,7 +30,9 @@ __all__ = [
     "Loss",
     "MechanismInfo",
     "PrivacyReport",
+    "RequestPage",
     "Session",
+    "SessionPage",
     "Slot",
 ]
 
@@ -167,6 +169,7 @@ class Estimate(ApiModel):
 
 class Session(ApiModel):
     id: str
+    request_id: str | None = None  # newer servers: its reservation's id, which its ledger entries carry
     dataset_id: str
     analyst: str
     mechanism: str
@@ -217,6 +220,20 @@ class PrivacyReport(ApiModel):
 class LedgerPage(ApiModel):
     items: list[dict[str, Any]]
     next_after: int | None = None
+
+
+class RequestPage(ApiModel):
+    """One page of ``GET /v1/requests``, newest first; ``next_after`` is the ``after`` of the next page."""
+
+    items: list[AnalysisRequest]
+    next_after: str | None = None
+
+
+class SessionPage(ApiModel):
+    """One page of ``GET /v1/sessions``, newest first; ``next_after`` is the ``after`` of the next page."""
+
+    items: list[Session]
+    next_after: str | None = None
 
 
 class ExpostTimeoutError(TimeoutError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import httpx
 
@@ -14,7 +14,6 @@ from expost_client._endpoints import (
     _advance,
     _Call,
     _Endpoints,
-    _Item,
     _Op,
     _Report,
     _returning,
@@ -56,7 +55,7 @@ class ExpostClient(_Endpoints):
     def close(self) -> None:
         self._http.close()
 
-    def _stream(self, op: _Stream) -> Iterator[_Item]:
+    def _stream(self, op: _Stream) -> Iterator[Any]:
         reply, error = None, None
         while True:
             try:
