@@ -3,6 +3,11 @@
 PostgreSQL: ``EXPOST_TEST_POSTGRES_URL`` (default: the local server, database ``test``) is used to
 create a throw-away database per test session. With ``CI=true`` an unreachable server is an error, never
 a skip.
+
+Hypothesis: two profiles. ``dev`` (the default) keeps the property tests small so that the unit layer
+stays quick; ``ci`` runs them at full size (200 examples, 40 steps per stateful run). ``ci`` is chosen by
+``CI=true`` or ``HYPOTHESIS_PROFILE=ci``; ``HYPOTHESIS_PROFILE`` names any registered profile. A test that
+sets ``max_examples`` itself keeps its own number under both.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+from hypothesis import settings as hypothesis_settings
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -29,6 +35,11 @@ from service.store.migrate import upgrade
 
 POSTGRES_URL = os.environ.get("EXPOST_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+hypothesis_settings.register_profile("dev", max_examples=30, stateful_step_count=20)
+hypothesis_settings.register_profile("ci", max_examples=200, stateful_step_count=40)
+# Loaded here, before any test module builds its ``settings(...)``: those inherit the profile's numbers.
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if IN_CI else "dev"))
 
 
 def _libpq(url: str) -> str:

@@ -1,4 +1,5 @@
-"""Helpers shared by the integration tests: a small world of keys, a dataset, grants and budgets."""
+"""Helpers shared by the integration tests: a small world of keys, a dataset, grants and budgets, over HTTP
+or straight in the database."""
 
 from __future__ import annotations
 
@@ -10,16 +11,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
+import pytest
 from sqlalchemy import update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
-from service.auth import Role
+from service.auth import Principal, Role, create_key
+from service.datasets import TableCache, create_dataset, grant
+from service.filter import budget
+from service.runs import sessions as domain
 from service.store.engine import is_sqlite, make_engine, make_sessionmaker
 from service.store.migrate import upgrade
-from service.store.models import AnalysisRequest, AnalysisSession
+from service.store.models import DATASET_SCOPE, AnalysisRequest, AnalysisSession, LedgerEntry
+from service.store.repositories import FilterRepository
 from tests.conftest import LiveServer, fresh_postgres_database
 
 CSV = b"age,income,region\n" + b"".join(
@@ -66,6 +73,7 @@ def upload(admin: httpx.Client, csv: bytes = CSV, schema: dict[str, Any] | None 
 
 
 PURE_BUDGET: dict[str, float] = {"epsilon": 1.0, "delta": 0.0}
+BIG: dict[str, float] = {"epsilon": 1000.0, "delta": 0.0}  # a budget no test here comes close to spending
 
 
 def make_world(
@@ -182,3 +190,92 @@ def wait_until_closed(client: httpx.Client, session_id: str) -> dict[str, Any]:
             break
         threading.Event().wait(0.1)
     return state
+
+
+def add_dataset(world: World, csv: bytes, schema: dict[str, Any], budget_body: dict[str, float]) -> str:
+    """Upload ``csv`` with ``schema``, grant the world's analyst and set the budget; returns the id."""
+    created = upload(world.admin, csv=csv, schema=schema)
+    assert created.status_code == 201, created.text
+    dataset_id = str(created.json()["id"])
+    granted = world.admin.post(f"/v1/datasets/{dataset_id}/grants", json={"analyst": world.analyst_name})
+    assert granted.status_code == 201, granted.text
+    assert world.admin.put(f"/v1/datasets/{dataset_id}/budget", json=budget_body).status_code == 200
+    return dataset_id
+
+
+def key_of(client: httpx.Client) -> str:
+    """The API key a client sends."""
+    return str(client.headers["Authorization"].split()[1])
+
+
+def expect(condition: object, message: str) -> None:
+    """A failing check reported without a Python traceback (``pytrace=False``).
+
+    Formatting a traceback calls ``ast.parse`` (pytest's failure source, and Python 3.11's own caret
+    anchors); on CPython 3.11.7 two threads doing that at once can raise ``SystemError: AST constructor
+    recursion depth mismatch``, and a live-server thread logs the 500 such a failure may provoke while
+    pytest reports the failure: that aborted the whole run with an INTERNALERROR.
+    """
+    if not condition:
+        pytest.fail(message, pytrace=False)
+
+
+# ----- the domain functions on a database, without HTTP -----------------------------------------------------
+
+
+def world_in_db(
+    sessions: sessionmaker[Session],
+    data_dir: Path,
+    analysts: int = 1,
+    epsilon: float = 1.0,
+    delta: float = 0.0,
+    names: list[str] | None = None,
+) -> tuple[str, list[Principal]]:
+    """A dataset (the helpers' CSV and schema) with a budget and granted analysts, straight in the database.
+
+    ``names``: grant these existing analyst keys instead of creating new ones.
+    """
+    with sessions() as session, session.begin():
+        dataset = create_dataset(session, data_dir, "d", CSV, SCHEMA, "admin")
+        if names is None:
+            names = [f"an-{dataset.id}-{i}" for i in range(analysts)]
+            for name in names:
+                create_key(session, name, Role.analyst)
+        for name in names:
+            grant(session, dataset, name, "admin")
+        budget.set_budget(session, dataset, DATASET_SCOPE, epsilon, delta, "admin")
+    return dataset.id, [Principal(name, Role.analyst) for name in names]
+
+
+def totals(sessions: sessionmaker[Session], dataset_id: str) -> tuple[int, int]:
+    """(spent, reserved) of the dataset filter's pure slot, in units."""
+    with sessions() as session:
+        flt = FilterRepository(session).get(dataset_id)
+        assert flt is not None
+        return flt.spent["finite"][-1], flt.reserved["finite"][-1]
+
+
+def commits_of(sessions: sessionmaker[Session], request_id: str) -> int:
+    """How many commit entries the ledger holds for ``request_id``."""
+    with sessions() as session:
+        return len(
+            session.query(LedgerEntry)
+            .filter(LedgerEntry.request_id == request_id, LedgerEntry.event == "commit")
+            .all()
+        )
+
+
+def app_for(sessions: sessionmaker[Session], data_dir: Path) -> Any:
+    """What ``service.runs.sessions.ask`` needs of the application context: sessions, tables, settings."""
+    settings = SimpleNamespace(session_ttl_seconds=3600.0)
+    return cast(Any, SimpleNamespace(sessions=sessions, tables=TableCache(data_dir), settings=settings))
+
+
+def laplace_session(
+    sessions: sessionmaker[Session], principal: Principal, dataset_id: str, **overrides: Any
+) -> AnalysisSession:
+    """An open ``above_threshold.laplace`` session (threshold 150, ε = 1, 10 queries), from the domain."""
+    params = {"threshold": 150.0, "epsilon": 1.0, "max_queries": 10, **overrides}
+    with sessions() as session:
+        validated = domain.validate_open(session, principal, dataset_id, "above_threshold.laplace", params)
+    return domain.open_session(sessions, principal, validated, None, 3600.0)

@@ -11,6 +11,10 @@ mechanisms added to the catalog of *that* process (never of the installed servic
 * ``test.steps_count``: a Laplace count with a public ``steps`` parameter, working ``steps`` slices of
   ``EXPOST_TEST_STEP`` seconds with public progress (long and short runs side by side).
 
+``test.sleepy_count``, ``test.steps_count`` and ``test.gated_count`` (a run held by an event, for the
+in-process tests of test_fair_execution.py, which put an instance in their own catalog) are the one
+:class:`WorkingCount` skeleton: a long-running Laplace count with public progress.
+
 After every scenario :func:`assert_books_balance` checks, straight in the database: ``expost ledger
 verify`` is clean; no request is left running and nothing is reserved; every request has exactly one
 reserve and one commit (or abort) in the ledger; a committed request has its release, a failed one has
@@ -27,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -51,10 +56,16 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 COUNT = {"query": {"kind": "count"}, "epsilon": 0.01}
 
 
-class SleepyCount(Laplace):
-    name: ClassVar[str] = "test.sleepy_count"
+class WorkingCount(Laplace):
+    """A Laplace count (same worst case and realized curve) that is long-running with public progress: its
+    run first does :meth:`work`, which calls ``progress`` (the worker's heartbeat) as it goes, then releases
+    the count (Laplace's run reads only ``query`` and ``epsilon`` of a subclass's params)."""
+
     long_running: ClassVar[bool] = True
     progress_is_public: ClassVar[bool] = True
+
+    def work(self, params: BaseModel, progress: ProgressFn) -> None:
+        raise NotImplementedError
 
     def run(  # type: ignore[override]
         self,
@@ -64,27 +75,61 @@ class SleepyCount(Laplace):
         noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> Release:
+        self.work(params, progress)
+        return super().run(params, ctx, table, noise)
+
+
+class SleepyCount(WorkingCount):
+    name: ClassVar[str] = "test.sleepy_count"
+
+    def work(self, params: BaseModel, progress: ProgressFn) -> None:
         seconds = float(os.environ.get("EXPOST_TEST_SLEEP", "1.0"))
         slices = max(1, round(seconds / 0.1))
         for i in range(slices):
             time.sleep(seconds / slices)
             progress((i + 1) / slices)
-        return super().run(params, ctx, table, noise)
 
 
 class StepsParams(LaplaceParams):
     steps: int = Field(10, ge=1, le=100_000, description="slices of EXPOST_TEST_STEP seconds of 'work'")
 
 
-class StepsCount(Laplace):
+class StepsCount(WorkingCount):
     """A Laplace count whose run takes ``steps`` (a public parameter) slices of ``EXPOST_TEST_STEP``
     seconds, with public progress after each: a long learner in miniature (steps done of steps
     admitted), so one analyst can flood long runs and another submit a short one."""
 
     name: ClassVar[str] = "test.steps_count"
     params_model: ClassVar[type[BaseModel]] = StepsParams
-    long_running: ClassVar[bool] = True
-    progress_is_public: ClassVar[bool] = True
+
+    def work(self, params: BaseModel, progress: ProgressFn) -> None:
+        assert isinstance(params, StepsParams)
+        pause = float(os.environ.get("EXPOST_TEST_STEP", "0.1"))
+        for i in range(params.steps):
+            time.sleep(pause)
+            progress((i + 1) / params.steps)
+
+
+class GatedCount(WorkingCount):
+    """Works (in 20 ms slices, each with a heartbeat) until its gate opens, then releases; ``started`` is
+    set when its run begins and ``stopped`` when it ends either way (released, or stopped by a cancel).
+    One instance per test, put in the catalog of the test process only."""
+
+    name: ClassVar[str] = "test.gated_count"
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        self.stopped = threading.Event()
+        self.slices = 0
+
+    def work(self, params: BaseModel, progress: ProgressFn) -> None:
+        for i in range(3000):  # at most a minute
+            if self.gate.is_set():
+                break
+            time.sleep(0.02)
+            self.slices += 1
+            progress(min(0.99, (i + 1) / 100))
 
     def run(  # type: ignore[override]
         self,
@@ -94,13 +139,11 @@ class StepsCount(Laplace):
         noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> Release:
-        assert isinstance(params, StepsParams)
-        pause = float(os.environ.get("EXPOST_TEST_STEP", "0.1"))
-        for i in range(params.steps):
-            time.sleep(pause)
-            progress((i + 1) / params.steps)
-        plain = LaplaceParams.model_validate(params.model_dump(exclude={"steps"}))
-        return super().run(plain, ctx, table, noise)
+        self.started.set()
+        try:
+            return super().run(params, ctx, table, noise, progress)
+        finally:
+            self.stopped.set()
 
 
 class BusyCount(Laplace):
@@ -360,6 +403,74 @@ def cluster(workdir: Path, database_url: str, **settings: str) -> Iterator[Clust
         made.close()
 
 
+# ----- the installed ``expost`` CLI, one server process tree -------------------------------------------
+
+EXPOST = str(Path(sys.executable).with_name("expost"))
+
+
+def run_cli(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The installed ``expost`` CLI, run to completion."""
+    return subprocess.run([EXPOST, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server's process group (supervisor and workers), then SIGKILL whatever is left."""
+    workers = _children(proc.pid)
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)
+    for pid in workers:  # workers of a supervisor that died first: only those still in our group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(pid) == proc.pid:
+                os.kill(pid, signal.SIGKILL)
+
+
+def wait_ready(
+    proc: subprocess.Popen[bytes], base_url: str, log_path: Path, workers: int, timeout: float = 60
+) -> None:
+    """/readyz answers and every server process has finished its startup (one "expost started" each),
+    so that a race really spreads over all of them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"expost serve exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+        with contextlib.suppress(httpx.TransportError):
+            ready = httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200
+            if ready and log_path.read_text(errors="replace").count("expost started") >= workers:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"expost serve: /readyz or {workers} startup lines missing after {timeout} s:\n"
+                       f"{log_path.read_text()[-4000:]}")
+
+
+def cli_create_key(env: dict[str, str], cwd: Path, role: str, name: str) -> subprocess.Popen[str]:
+    """``expost keys create`` started (several may run at once); :func:`cli_keys_from` collects the keys."""
+    return subprocess.Popen([EXPOST, "keys", "create", "--role", role, "--name", name], env=env, cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def cli_keys_from(*procs: subprocess.Popen[str]) -> list[str]:
+    """The keys printed by :func:`cli_create_key` processes, in their order."""
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err
+    return [out.strip().splitlines()[-1] for out, _ in outputs]
+
+
 # ----- the books --------------------------------------------------------------------------------------
 
 
@@ -387,8 +498,8 @@ def wait_until_settled(database_url: str, dataset_ids: list[str], timeout: float
 
 def assert_books_balance(cluster: Cluster, dataset_ids: list[str], cli: bool = True) -> Counter[str]:
     """The checks of the module docstring; returns the count of requests per final state. ``cli=False``
-    runs the verification of ``expost ledger verify`` (``service.filter.ledger.verify``) in this process instead
-    of starting the CLI (which takes seconds on a loaded machine)."""
+    runs the verification of ``expost ledger verify`` (``service.filter.ledger.verify``) in this process
+    instead of starting the CLI (which takes seconds on a loaded machine)."""
     from service.filter.ledger import verify
     from service.store.engine import make_engine, make_sessionmaker
     from service.store.models import AnalysisRequest, LedgerEntry, PrivacyFilter

@@ -1,4 +1,5 @@
-"""Concurrency with real server processes (DESIGN §4 rule 7, §7): many clients race for the last of a budget.
+"""Concurrency with real server processes (docs/privacy.md §6 rule 7): many clients race for the last of a
+budget.
 
 Each backend gets a real ``expost serve`` process tree started as a subprocess (PostgreSQL: two server
 processes sharing one database, so admission must serialize on ``SELECT … FOR UPDATE`` across processes;
@@ -6,20 +7,21 @@ SQLite: one process, serialized by ``BEGIN IMMEDIATE``). Keys are created and th
 the real CLI; everything else goes through HTTP. A race releases every client at once (an asyncio barrier
 after each client has opened its connection) and checks exact admission counts, exact totals, that no
 reservation is left behind, and that ``expost ledger verify`` rebuilds the same totals from the ledger.
+
+``TestMixedTraffic`` mixes every kind of traffic on one dataset (requests, session steps and closes,
+budget changes, with the reaper running) on the shared in-thread server of each backend.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import signal
 import ssl
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,52 +30,32 @@ import httpx
 import pytest
 
 from mechanisms.accounting import RdpCurve, UnitsVector, capacity_units, units_to_epsilon
+from service.auth import Role
 from service.embedded import free_port
-from tests.conftest import FreshDatabase, fresh_postgres_database
-from tests.integration.helpers import upload
+from service.filter.ledger import verify
+from tests.conftest import FreshDatabase, LiveServer, fresh_postgres_database
+from tests.integration.helpers import db_session, get_budget, key_of, make_world, upload
+from tests.integration.scale_out_support import (
+    EXPOST,
+    cli_create_key,
+    cli_keys_from,
+    run_cli,
+    stop_server,
+    wait_ready,
+)
 
 pytestmark = pytest.mark.slow
 
-EXPOST = str(Path(sys.executable).with_name("expost"))
 CLIENTS = 120  # concurrent requests per race
 EXTRA_ANALYSTS = 3  # created over HTTP, on top of the one made with `expost keys create`
 PURE_COUNT = {"query": {"kind": "count"}, "epsilon": 0.1}
 GAUSSIAN_SIGMA = 25.0  # count (ℓ2 sensitivity 1) at σ = 25: a handful fit in (ε, δ) = (1, 1e-6)
 LOG_ALARMS = ("unhandled error", "Traceback", "reaper pass failed", "mechanism failed")
+BELOW = {"query": {"kind": "count", "where": [{"column": "region", "op": "eq", "value": "north"}]}}
 TLS = ssl.create_default_context()  # unused on http://, but httpx builds one per client unless given (~30 ms)
 
 
 # ----- real processes -------------------------------------------------------------------------------
-
-
-def run_cli(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([EXPOST, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120,
-                          check=False)
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the server's process group (supervisor and workers), then SIGKILL whatever is left."""
-    workers = _children(proc.pid)
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=15)
-    for pid in workers:  # workers of a supervisor that died first: only those still in our group
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if os.getpgid(pid) == proc.pid:
-                os.kill(pid, signal.SIGKILL)
 
 
 @dataclass
@@ -100,36 +82,6 @@ class Service:
         with self.log_path.open("rb") as f:
             f.seek(offset)
             return f.read().decode(errors="replace")
-
-
-def _wait_ready(
-    proc: subprocess.Popen[bytes], base_url: str, log_path: Path, workers: int, timeout: float = 60
-) -> None:
-    """/readyz answers and every server process has finished its startup (one "expost started" each),
-    so that a race really spreads over all of them."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"expost serve exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-        with contextlib.suppress(httpx.TransportError):
-            ready = httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200
-            if ready and log_path.read_text(errors="replace").count("expost started") >= workers:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"expost serve: /readyz or {workers} startup lines missing after {timeout} s:\n"
-                       f"{log_path.read_text()[-4000:]}")
-
-
-def _create_key(env: dict[str, str], cwd: Path, role: str, name: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([EXPOST, "keys", "create", "--role", role, "--name", name], env=env, cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _keys_from(*procs: subprocess.Popen[str]) -> list[str]:
-    outputs = [proc.communicate(timeout=120) for proc in procs]
-    for proc, (_, err) in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, err
-    return [out.strip().splitlines()[-1] for out, _ in outputs]
 
 
 @pytest.fixture(
@@ -160,9 +112,9 @@ def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         }
         migrated = run_cli(env, workdir, "migrate")
         assert migrated.returncode == 0, migrated.stderr
-        admin_proc = _create_key(env, workdir, "admin", "race-admin")
-        analyst_proc = _create_key(env, workdir, "analyst", "race-analyst-0")
-        admin_key, analyst_key = _keys_from(admin_proc, analyst_proc)
+        admin_proc = cli_create_key(env, workdir, "admin", "race-admin")
+        analyst_proc = cli_create_key(env, workdir, "analyst", "race-analyst-0")
+        admin_key, analyst_key = cli_keys_from(admin_proc, analyst_proc)
 
         port = free_port()
         base_url = f"http://127.0.0.1:{port}"
@@ -171,7 +123,7 @@ def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
                 [EXPOST, "serve", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)],
                 env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
-        _wait_ready(proc, base_url, log_path, workers)
+        wait_ready(proc, base_url, log_path, workers)
         service = Service(backend, base_url, env, workdir, log_path, admin_key,
                           {"race-analyst-0": analyst_key})
         with service.admin() as admin:
@@ -354,3 +306,63 @@ def test_rdp_budget_race_admits_what_sequential_admission_admits(service: Servic
     check_ledger(service, dataset["id"], admitted=expected)
     print(f"\n[{service.backend}] RDP race: {dict(result.statuses)} (sequential rule: {expected}) "
           f"in {result.seconds:.2f} s")
+
+
+class TestMixedTraffic:
+    """Every kind of traffic at once on the shared in-thread server of each backend."""
+
+    def test_mixed_concurrent_traffic_never_deadlocks_and_the_ledger_verifies(
+        self, live_server: LiveServer
+    ) -> None:
+        """Requests, session steps and closes, reapers and budget changes on one dataset at once: no 5xx
+        (PostgreSQL would report a deadlock as one) and the ledger rebuilds the filters exactly."""
+        world = make_world(live_server, {"epsilon": 100.0, "delta": 1e-6})
+        other_name, other = world.new_key(Role.analyst)
+        assert world.admin.post(f"/v1/datasets/{world.dataset_id}/grants",
+                                json={"analyst": other_name}).status_code == 201
+        keys = [key_of(world.analyst), key_of(other)]
+        admin_key = key_of(world.admin)
+        opened = [
+            world.analyst.post(f"/v1/datasets/{world.dataset_id}/sessions", json={
+                "mechanism": "above_threshold", "params": {
+                    "threshold": 150, "epsilon_threshold": 1.0, "max_query_epsilon": 0.5, "max_queries": 50}})
+            for _ in range(3)
+        ]
+        sids = [o.json()["id"] for o in opened]
+
+        def one(i: int) -> httpx.Response:
+            kind = i % 6
+            if kind == 5:
+                with live_server.client(admin_key) as client:
+                    scope = "budget" if i % 12 == 5 else f"analysts/{other_name}/budget"
+                    return client.put(f"/v1/datasets/{world.dataset_id}/{scope}",
+                                      json={"epsilon": 100.0 + i, "delta": 1e-6})
+            with live_server.client(keys[i % 2]) as client:
+                if kind in (0, 1):
+                    mechanism = "gaussian" if kind else "laplace"
+                    params = {"query": {"kind": "count"}, **({"sigma": 5.0} if kind else {"epsilon": 0.05})}
+                    return client.post(f"/v1/datasets/{world.dataset_id}/requests",
+                                       json={"mechanism": mechanism, "params": params})
+                if kind == 2:
+                    return client.post(f"/v1/datasets/{world.dataset_id}/requests",
+                                       json={"mechanism": "above_threshold.batch", "params": {
+                                           "threshold": 150, "epsilon_threshold": 0.5,
+                                           "max_query_epsilon": 0.2, "max_queries": 3,
+                                           "queries": [BELOW, BELOW]}})
+                if i % 2:  # the other analyst cannot see the sessions: 404, never a 5xx
+                    return client.post(f"/v1/sessions/{sids[i % 3]}/queries", json={**BELOW, "epsilon": 0.1})
+                if kind == 3:
+                    return client.post(f"/v1/sessions/{sids[i % 3]}/queries", json={**BELOW, "epsilon": 0.1})
+                return client.post(f"/v1/sessions/{sids[i % 3]}/close")
+
+        with ThreadPoolExecutor(12) as pool:
+            responses = list(pool.map(one, range(72)))
+        errors = [r.text for r in responses if r.status_code >= 500]
+        assert errors == []
+        for sid in sids:
+            world.analyst.post(f"/v1/sessions/{sid}/close")
+        with db_session(live_server.settings.database_url) as session:
+            problems = [p for p in verify(session).problems if world.dataset_id in p]
+        assert problems == []
+        view = get_budget(world.viewer, world.dataset_id)
+        assert all(row["reserved"] == 0.0 for row in [*view["orders"], view["pure"]]), view

@@ -1,4 +1,5 @@
-"""The container files (issue 7): docker-compose.yml validates and has its pieces; the Dockerfile is sound.
+"""The container files (docs/operations.md, Containers): docker-compose.yml validates and has its pieces;
+the Dockerfile is sound.
 
 No Docker engine is needed: the compose file is validated by Debian's ``docker-compose config`` (the
 compose file schema and references between services; ``make test`` installs it through ``make

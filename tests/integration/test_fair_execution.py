@@ -1,4 +1,4 @@
-"""Fair, cancellable execution, in one process, on SQLite and PostgreSQL (issue: fair execution).
+"""Fair, cancellable execution, in one process, on SQLite and PostgreSQL (docs/privacy.md §9.1).
 
 * The claim order is per-analyst round-robin, decided in the database (``worker.claim_next``).
 * ``POST /v1/requests/{id}/cancel``: a queued request (no worker claimed it, so no data was read) is
@@ -14,20 +14,15 @@ The real-process scenarios (floods, both executors, SIGTERM) are in test_fair_ex
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
-from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from mechanisms.base import ProgressFn, PublicContext, Release, Table, no_progress
 from mechanisms.catalog import MECHANISMS
-from mechanisms.noise import Noise
-from mechanisms.queries.laplace import Laplace
 from service.auth import Principal, Role, create_key
 from service.datasets import create_dataset, grant
 from service.filter import budget
@@ -37,44 +32,10 @@ from service.store.models import DATASET_SCOPE, AnalysisRequest, LedgerEntry
 from service.store.repositories import FilterRepository, RequestRepository
 from tests.conftest import running_server, server_settings
 from tests.integration.helpers import CSV, SCHEMA, assert_problem, db_session, get_budget, make_world
+from tests.integration.scale_out_support import GatedCount
 
 COUNT = {"query": {"kind": "count"}, "epsilon": 0.2}
 EPS_UNITS = 200_000_000_000  # 0.2 in fixed-point units (1e-12)
-
-
-class GatedCount(Laplace):
-    """A long-running Laplace count with public progress that works (in 20 ms slices, each with a
-    heartbeat) until its gate opens, then releases; ``stopped`` is set when its run ends either way."""
-
-    name: ClassVar[str] = "test.gated_count"
-    long_running: ClassVar[bool] = True
-    progress_is_public: ClassVar[bool] = True
-
-    def __init__(self) -> None:
-        self.gate = threading.Event()
-        self.started = threading.Event()
-        self.stopped = threading.Event()
-        self.slices = 0
-
-    def run(  # type: ignore[override]
-        self,
-        params: BaseModel,
-        ctx: PublicContext,
-        table: Table,
-        noise: Noise,
-        progress: ProgressFn = no_progress,
-    ) -> Release:
-        self.started.set()
-        try:
-            for i in range(3000):  # at most a minute
-                if self.gate.is_set():
-                    break
-                time.sleep(0.02)
-                self.slices += 1
-                progress(min(0.99, (i + 1) / 100))
-            return super().run(params, ctx, table, noise)
-        finally:
-            self.stopped.set()
 
 
 # ----- the claim order ---------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from service.filter.ledger import verify
 from service.runs import admission, settlement, worker
 from service.store.models import DATASET_SCOPE
 from service.store.repositories import FilterRepository, RequestRepository
-from tests.integration.helpers import CSV, SCHEMA
+from tests.integration.helpers import CSV, SCHEMA, world_in_db
 
 
 @pytest.fixture
@@ -86,3 +86,26 @@ class TestTransitions:
             assert (request.state, request.release) == ("failed_charged", None)
         assert reserved_pure(sessions, setup[0]) == (0, 300_000_000_000)
         assert verified(sessions) == []
+
+    def test_an_infinite_reservation_is_released_bit_for_bit(self, sessions: sessionmaker[Session],
+                                                             tmp_path: Path) -> None:
+        """A Gaussian (pure slot +∞) reserved and aborted leaves the totals exactly as before."""
+        dataset_id, (analyst,) = world_in_db(sessions, tmp_path, epsilon=1.0, delta=1e-6)
+        with sessions() as session:
+            validated = admission.validate(session, analyst, dataset_id, "gaussian",
+                                          {"query": {"kind": "count"}, "sigma": 10.0})
+            before = FilterRepository(session).get(dataset_id)
+            assert before is not None
+            spent, reserved = dict(before.spent), dict(before.reserved)
+        with sessions() as session:
+            request, _ = admission.admit(session, analyst, validated, None, 300.0)
+        with sessions() as session:
+            after = FilterRepository(session).get(dataset_id)
+            assert after is not None
+            assert after.reserved["infinite"][-1] == 1
+        with sessions() as session:
+            assert settlement.abort(session, settlement.RequestRef.of(request), "never started")
+        with sessions() as session:
+            restored = FilterRepository(session).get(dataset_id)
+            assert restored is not None
+            assert (restored.spent, restored.reserved) == (spent, reserved)

@@ -1,22 +1,39 @@
-"""Idempotency-Key (DESIGN §4 rule 4): a retry returns the stored release and charges once, per analyst."""
+"""Idempotency-Key (docs/privacy.md §6 rule 4): a retry returns the stored release and charges once, per
+analyst."""
 
 from __future__ import annotations
 
+import math
+import threading
+import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
+import pytest
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
 
 from service.auth import Role
-from service.store.models import AnalysisRequest
-from tests.conftest import LiveServer
+from service.errors import IdempotencyKeyReused
+from service.runs import admission
+from service.runs import sessions as domain
+from service.store.engine import make_engine, make_sessionmaker
+from service.store.migrate import upgrade
+from service.store.models import AnalysisRequest, AnalysisSession
+from service.store.repositories import SessionRepository
+from tests.conftest import LiveServer, fresh_postgres_database
 from tests.integration.helpers import (
     assert_problem,
     db_session,
+    expect,
     get_budget,
     ledger_items,
     make_world,
     upload,
+    world_in_db,
 )
 
 COUNT = {"query": {"kind": "count"}, "epsilon": 0.1}
@@ -31,6 +48,17 @@ def request_rows(server: LiveServer, dataset_id: str) -> int:
         return int(session.scalar(
             select(func.count()).select_from(AnalysisRequest).where(AnalysisRequest.dataset_id == dataset_id)
         ) or 0)
+
+
+@pytest.fixture(scope="module")
+def pg_sessions() -> Iterator[sessionmaker[Session]]:
+    """A fresh migrated PostgreSQL database (a failure, never a skip, under CI=true)."""
+    fresh = fresh_postgres_database()
+    upgrade(fresh.url)
+    engine = make_engine(fresh.url)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+    fresh.drop()
 
 
 class TestReplay:
@@ -132,6 +160,50 @@ class TestKeyReuse:
         assert get_budget(world.viewer, other_id)["pure"]["spent"] == 0.0
         assert request_rows(live_server, other_id) == 0
 
+    def test_racing_session_opens_with_one_key_on_two_datasets_give_a_422(
+        self,
+        pg_sessions: sessionmaker[Session],
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """PostgreSQL only: SQLite serializes whole transactions (BEGIN IMMEDIATE); the race cannot occur."""
+        sessions = pg_sessions
+        first_id, (analyst,) = world_in_db(sessions, tmp_path, epsilon=10.0)
+        second_id, _ = world_in_db(sessions, tmp_path, epsilon=10.0, names=[analyst.name])
+        params = {"threshold": 150.0, "epsilon": 1.0, "max_queries": 10}
+        with sessions() as session:
+            first = domain.validate_open(session, analyst, first_id, "above_threshold.laplace", params)
+            second = domain.validate_open(session, analyst, second_id, "above_threshold.laplace", params)
+        inserted, gate = threading.Event(), threading.Event()
+        original = SessionRepository.add_secret
+
+        def add_secret_slowly(self: SessionRepository, secret: Any) -> None:
+            if threading.current_thread().name == "first":  # its request row is flushed, not committed
+                inserted.set()
+                gate.wait(20)
+            original(self, secret)
+
+        monkeypatch.setattr(SessionRepository, "add_secret", add_secret_slowly)
+        outcomes: dict[str, Any] = {}
+
+        def run(name: str, validated: admission.Validated) -> None:
+            try:
+                outcomes[name] = domain.open_session(sessions, analyst, validated, "one-key", 3600.0)
+            except Exception as exc:
+                outcomes[name] = exc
+
+        threads = [threading.Thread(target=run, args=(n, v), name=n) for n, v in (("first", first),
+                                                                                   ("second", second))]
+        threads[0].start()
+        assert inserted.wait(20)
+        threads[1].start()
+        time.sleep(2.0)  # the second now waits on the unique index entry of the first's request row
+        gate.set()
+        for thread in threads:
+            thread.join(30)
+        assert isinstance(outcomes["first"], AnalysisSession), outcomes
+        expect(isinstance(outcomes["second"], IdempotencyKeyReused), f"the loser got {outcomes['second']!r}")
+
 
 class TestKeysArePerAnalyst:
     def test_two_analysts_may_use_the_same_key_independently(self, live_server: LiveServer) -> None:
@@ -159,3 +231,23 @@ class TestKeysArePerAnalyst:
         assert get_budget(world.admin, world.dataset_id, world.analyst_name)["pure"]["spent"] == 0.2
         assert get_budget(world.admin, world.dataset_id, other_name)["pure"]["spent"] == 0.3
         assert request_rows(live_server, world.dataset_id) == 4
+
+    def test_a_key_reused_by_another_analyst_is_their_own_request(self, live_server: LiveServer) -> None:
+        """Idempotency keys are per analyst: another analyst's key never replays (or 422s on) a release."""
+        world = make_world(live_server, {"epsilon": 10.0, "delta": 0.0})
+        other_name, other = world.new_key(Role.analyst)
+        assert world.admin.post(f"/v1/datasets/{world.dataset_id}/grants",
+                                json={"analyst": other_name}).status_code == 201
+        mine = world.request(world.analyst, COUNT, key="shared-key")
+        same = world.request(other, COUNT, key="shared-key")  # same key, same body
+        different = world.request(other, {**COUNT, "epsilon": 0.2}, key="other-key")
+        reused = world.request(other, {**COUNT, "epsilon": 0.3}, key="shared-key")  # other's own key reused
+        assert mine.status_code == same.status_code == different.status_code == 200
+        assert mine.json()["id"] != same.json()["id"]
+        assert same.json()["analyst"] == other_name
+        assert mine.json()["release"] != same.json()["release"]  # fresh noise: not a replay of mine
+        assert_problem(reused, 422, "/problems/idempotency-key-reused")
+        assert world.analyst.get(f"/v1/requests/{same.json()['id']}").status_code == 404
+        assert other.get(f"/v1/requests/{mine.json()['id']}").status_code == 404
+        assert world.request(world.analyst, COUNT, key="shared-key").json()["id"] == mine.json()["id"]
+        assert math.isclose(get_budget(world.viewer, world.dataset_id)["pure"]["spent"], 0.4)

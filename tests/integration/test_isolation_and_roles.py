@@ -1,4 +1,5 @@
-"""Analyst isolation and the role × endpoint matrix (DESIGN §6: admin / analyst / viewer), over real HTTP."""
+"""Analyst isolation and the role × endpoint matrix (docs/api.md, Keys and roles: admin / analyst / viewer),
+over real HTTP."""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import secrets
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -10,7 +12,7 @@ import pytest
 
 from service.filter.ledger import GENESIS, canonical_json, chain_hash
 from tests.conftest import LiveServer
-from tests.integration.helpers import assert_problem, get_budget, ledger_items, make_world
+from tests.integration.helpers import BIG, add_dataset, assert_problem, get_budget, ledger_items, make_world
 
 RDP_BUDGET = {"epsilon": 10.0, "delta": 1e-5}
 
@@ -170,3 +172,35 @@ class TestLedgerPagination:
         beyond = world.admin.get(f"/v1/datasets/{world.dataset_id}/ledger",
                                  params={"after": everything[-1]["seq"]}).json()
         assert beyond == {"items": [], "next_after": None}
+
+
+class TestSumSensitivity:
+    """A sum's noise scale is its sensitivity under the dataset's neighbour relation (docs/privacy.md §5)."""
+
+    @pytest.mark.parametrize(
+        ("neighboring", "where", "scale"),
+        [
+            ("replace_one", False, 10.0),  # max − min
+            ("replace_one", True, 20.0),  # max(max, 0) − min(min, 0): the row may leave the selection
+            ("add_remove", False, 20.0),  # max(|min|, |max|)
+            ("add_remove", True, 20.0),
+        ],
+    )
+    def test_sum_noise_is_calibrated_to_the_neighbour_relation_and_where(
+        self, live_server: LiveServer, neighboring: str, where: bool, scale: float
+    ) -> None:
+        world = make_world(live_server, BIG)
+        schema = {"columns": [{"name": "x", "type": "float", "min": 10, "max": 20}],
+                  "neighboring": neighboring}
+        csv = b"x\n" + b"".join(f"{10 + secrets.randbelow(11)}\n".encode() for _ in range(20))
+        dataset_id = add_dataset(world, csv, schema, BIG)
+        query: dict[str, Any] = {"kind": "sum", "column": "x"}
+        if where:
+            query["where"] = [{"column": "x", "op": "ge", "value": 15}]
+        released = world.request(world.analyst, {"query": query, "epsilon": 1.0}, dataset_id=dataset_id)
+        assert released.status_code == 200, released.text
+        release = released.json()["release"]
+        # the grid (γ ≤ 2⁻¹⁰·Δ) adds ≤ one unit (and float slack) to the sensitivity: docs/privacy.md §10
+        assert scale <= release["noise"]["scale"] <= scale * (1 + 2**-9)
+        assert math.fmod(release["value"], release["noise"]["granularity"]) == 0.0
+        assert released.json()["realized"]["pure"] == 1.0

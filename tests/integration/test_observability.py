@@ -1,4 +1,5 @@
-"""Observability (issue 7): metrics, JSON logs with request ids, and no secret in any of them.
+"""Observability (docs/operations.md, Observability): metrics, JSON logs with request ids, and no secret in
+any of them.
 
 A dedicated server with ``log_json=True`` (its log lines go to stdout, captured with ``capfd``) runs a
 session of every interactive mechanism, ordinary requests and refusals. Each session's secret state is
@@ -37,7 +38,7 @@ from service.embedded import free_port
 from service.store.models import AnalysisSession
 from service.store.repositories import SessionRepository
 from tests.conftest import LiveServer, running_server, server_settings
-from tests.integration.helpers import db_session, make_world, upload
+from tests.integration.helpers import db_session, key_of, make_world, upload
 
 PUBLIC_STATE = {"mechanism", "asked", "released", "halted"}
 REQUESTS_ROUTE = "/v1/datasets/{dataset_id}/requests"
@@ -107,10 +108,6 @@ def scrape(client: httpx.Client) -> tuple[str, dict[tuple[str, tuple[tuple[str, 
     response = client.get("/metrics/")
     assert response.status_code == 200, response.text
     return response.text, samples(response.text)
-
-
-def key_of(client: httpx.Client) -> str:
-    return str(client.headers["Authorization"].split()[1])
 
 
 def number_token(number: float) -> re.Pattern[str]:

@@ -1,5 +1,6 @@
-"""Hostile input at the door (issue 9): per-key rate limits (a stricter one for privacy reports) and body
-size limits, on a real server. Every refusal is an RFC 9457 problem of a constant shape."""
+"""Hostile input at the door: per-key rate limits (a stricter one for privacy reports) and body size limits,
+on a real server (docs/operations.md, Configuration). Every refusal is an RFC 9457 problem of a constant
+shape."""
 
 from __future__ import annotations
 

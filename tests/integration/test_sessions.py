@@ -1,4 +1,5 @@
-"""Interactive AboveThreshold sessions over real HTTP, on SQLite and PostgreSQL.
+"""Interactive AboveThreshold sessions over real HTTP (and, for races with the reaper and failing steps,
+through the domain functions), on SQLite and PostgreSQL.
 
 CSV of the helpers: 200 rows, 50 per region. With threshold 150 a count of everyone (200) is above by 50
 and a count of one region (50) is below by 100; with ε′ = 1 and ε_i ≥ 0.2 the noise makes any other
@@ -7,28 +8,45 @@ outcome astronomically unlikely (P(k > 50) = e^{-51}, P(y ≥ 100) = e^{-20}).
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 
+from mechanisms.accounting import UNITS_PER_EPSILON
+from mechanisms.catalog import INTERACTIVE
+from service.errors import MechanismFailed
+from service.filter.ledger import verify
+from service.logs import configure_logging
+from service.runs import sessions as domain
 from service.store.models import AnalysisSession
 from service.store.repositories import SessionRepository
 from tests.conftest import LiveServer
 from tests.integration.helpers import (
     SCHEMA,
     World,
+    app_for,
+    assert_problem,
     backdate_session_expiry,
+    commits_of,
     db_session,
     get_budget,
+    key_of,
+    laplace_session,
     ledger_items,
     make_world,
+    totals,
     wait_until_closed,
+    world_in_db,
 )
 
 BELOW = {"query": {"kind": "count", "where": [{"column": "region", "op": "eq", "value": "north"}]}}
@@ -224,6 +242,106 @@ class TestSerializationAndRetries:
         assert world.viewer.get(f"/v1/sessions/{sid}").status_code == 403
         assert world.admin.get(f"/v1/sessions/{sid}").status_code == 200
 
+    def test_concurrent_close_and_ask_on_one_session_commit_exactly_once(
+        self, live_server: LiveServer
+    ) -> None:
+        world = make_world(live_server, {"epsilon": 10.0, "delta": 0.0})
+        opened = world.analyst.post(
+            f"/v1/datasets/{world.dataset_id}/sessions",
+            json={"mechanism": "above_threshold", "params": {
+                "threshold": 150, "epsilon_threshold": 1.0, "max_query_epsilon": 0.5, "max_queries": 50}},
+        )
+        assert opened.status_code == 201, opened.text
+        sid, key = opened.json()["id"], key_of(world.analyst)
+        barrier = threading.Barrier(16)
+
+        def one(i: int) -> httpx.Response:
+            with live_server.client(key) as client:
+                barrier.wait()
+                if i % 4 == 0:
+                    return client.post(f"/v1/sessions/{sid}/close")
+                return client.post(f"/v1/sessions/{sid}/queries", json={**BELOW, "epsilon": 0.2},
+                                   headers={"Idempotency-Key": f"q{i}"})
+
+        with ThreadPoolExecutor(16) as pool:
+            responses = list(pool.map(one, range(16)))
+        asks = [r for i, r in enumerate(responses) if i % 4]
+        assert all(r.status_code in (200, 409) for r in responses), [r.text for r in responses]
+        assert all(r.json()["type"] == "/problems/session-closed" for r in asks if r.status_code == 409)
+        final = world.analyst.get(f"/v1/sessions/{sid}").json()
+        assert final["state"] == "closed"
+        assert final["asked"] == sum(r.status_code == 200 for r in asks)
+        commits = [e for e in ledger_items(world.admin, world.dataset_id) if e["event"] == "commit"]
+        assert len(commits) == 1
+        pure = get_budget(world.viewer, world.dataset_id)["pure"]
+        assert pure["reserved"] == 0.0
+        assert math.isclose(pure["spent"], final["realized"]["pure"], rel_tol=0, abs_tol=2e-12)
+
+    def test_after_close_a_new_query_is_refused_and_a_retry_is_the_stored_answer(
+        self, live_server: LiveServer
+    ) -> None:
+        world = make_world(live_server, {"epsilon": 10.0, "delta": 0.0})
+        opened = world.analyst.post(
+            f"/v1/datasets/{world.dataset_id}/sessions",
+            json={"mechanism": "above_threshold.dropping", "params": {
+                "threshold": 1e9, "epsilon_threshold": 1.0, "max_query_epsilon": 0.5, "max_queries": 10}},
+        )
+        assert opened.status_code == 201, opened.text
+        sid = opened.json()["id"]
+        first = world.analyst.post(f"/v1/sessions/{sid}/queries", json={**BELOW, "epsilon": 0.5},
+                                   headers={"Idempotency-Key": "q0"})
+        assert first.status_code == 200, first.text
+        assert world.analyst.post(f"/v1/sessions/{sid}/close").status_code == 200
+        spent = get_budget(world.viewer, world.dataset_id)["pure"]["spent"]
+        again = world.analyst.post(f"/v1/sessions/{sid}/queries", json={**BELOW, "epsilon": 0.5})
+        assert_problem(again, 409, "/problems/session-closed")
+        retry = world.analyst.post(f"/v1/sessions/{sid}/queries", json={**BELOW, "epsilon": 0.5},
+                                   headers={"Idempotency-Key": "q0"})
+        assert retry.status_code == 200
+        assert retry.json()["answer"] == first.json()["answer"]
+        assert world.analyst.post(f"/v1/sessions/{sid}/close").status_code == 200  # idempotent
+        assert get_budget(world.viewer, world.dataset_id)["pure"]["spent"] == spent
+        assert world.analyst.get(f"/v1/sessions/{sid}").json()["asked"] == 1
+
+    def test_expiry_racing_steps_and_reapers_charges_the_transcript_once(
+        self, sessions: sessionmaker[Session], tmp_path: Path
+    ) -> None:
+        dataset_id, (analyst,) = world_in_db(sessions, tmp_path, epsilon=10.0)
+        app = app_for(sessions, tmp_path)
+        row = laplace_session(sessions, analyst, dataset_id)
+        answer = domain.ask(app, analyst, row.id, BELOW, "q0")[1]
+        assert answer == {"above": False, "index": 0}
+        with sessions() as session, session.begin():
+            backdate_session_expiry(session, row.id)
+        barrier = threading.Barrier(8)
+
+        def one(i: int) -> Any:
+            barrier.wait()
+            try:
+                if i % 2:
+                    return domain.expire_sessions(sessions)
+                return domain.ask(app, analyst, row.id, BELOW, f"late{i}")
+            except Exception as exc:
+                return exc
+
+        with ThreadPoolExecutor(8) as pool:
+            outcomes = list(pool.map(one, range(8)))
+        asked = [o for i, o in enumerate(outcomes) if i % 2 == 0]
+        assert all(isinstance(o, domain.SessionClosed) for o in asked), asked
+        assert sum(o for i, o in enumerate(outcomes) if i % 2) <= 1
+        assert commits_of(sessions, row.request_id) == 1
+        with sessions() as session:
+            closed = SessionRepository(session).get(row.id)
+            assert closed is not None
+            assert (closed.state, closed.close_reason, len(closed.steps)) == ("closed", "expired", 1)
+            assert SessionRepository(session).secret(row.request_id) is None
+        # ⊥ of a Laplace AboveThreshold costs ε/2 (padded up by a few ulps), nothing is left reserved.
+        spent, reserved = totals(sessions, dataset_id)
+        assert reserved == 0
+        assert UNITS_PER_EPSILON // 2 <= spent <= UNITS_PER_EPSILON // 2 + 1
+        with sessions() as session:
+            assert verify(session).problems == []
+
 
 class TestSecrets:
     def test_the_secret_state_never_leaves_its_table(
@@ -256,6 +374,34 @@ class TestSecrets:
                     assert not token.search(text), (value, text[:200])
         with db_session(live_server.settings.database_url) as session:
             assert SessionRepository(session).secret(request_id) is None  # deleted at close
+
+    def test_a_failed_session_step_does_not_write_the_secret_state_to_the_log(
+        self, sessions: sessionmaker[Session], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        dataset_id, (analyst,) = world_in_db(sessions, tmp_path, epsilon=10.0)
+        row = laplace_session(sessions, analyst, dataset_id)
+        with sessions() as session:
+            secret = SessionRepository(session).secret(row.request_id)
+            assert secret is not None
+            threshold = json.loads(secret.state)["noisy_threshold_units"]  # grid units (docs/privacy.md §10)
+        buffer = io.StringIO()
+        configure_logging("INFO", as_json=False, stream=buffer)
+        try:
+            mechanism = type(INTERACTIVE["above_threshold.laplace"])
+            original_step = mechanism.step
+
+            def failing_step(self: Any, params: Any, ctx: Any, state: Any, *rest: Any) -> Any:
+                original_step(self, params, ctx, state, *rest)  # reads the data with the secret in scope
+                raise RuntimeError(f"step failed near {state}")
+
+            monkeypatch.setattr(mechanism, "step", failing_step)
+            with pytest.raises(MechanismFailed):
+                domain.ask(app_for(sessions, tmp_path), analyst, row.id, {"query": {"kind": "count"}}, None)
+        finally:
+            configure_logging("INFO", as_json=False)
+        logged = buffer.getvalue()
+        assert "session step failed" in logged
+        assert repr(threshold) not in logged, f"the secret noisy threshold {threshold!r} is in the log"
 
 
 class TestBatchForm:

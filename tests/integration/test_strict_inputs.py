@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import math
+import secrets
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.conftest import LiveServer
-from tests.integration.helpers import make_world
+from tests.integration.helpers import BIG, expect, get_budget, make_world
+
+# A where value that pydantic accepts (StrictInt is unbounded) but that a float64 column cannot compare with.
+BEYOND_FLOAT = 10**400
+OVERFLOWING_WHERE = {"kind": "count", "where": [{"column": "age", "op": "lt", "value": BEYOND_FLOAT}]}
 
 
 class TestStrictParameters:
@@ -52,3 +59,44 @@ class TestProbes:
         with ThreadPoolExecutor(8) as pool:
             codes = list(pool.map(create, range(8)))
         assert sorted(codes) == [201] + [409] * 7
+
+
+class TestNumericExtremes:
+    """Numbers at the edge of the float range: a 422 (nothing charged) or a finite release, never a 500."""
+
+    def test_bounds_that_could_overflow_a_sum_are_refused_at_upload(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, BIG)
+        schema = {"columns": [{"name": "x", "type": "float", "min": 0, "max": 1e308}],
+                  "neighboring": "add_remove"}
+        csv = b"x\n1e308\n1e308\n0\n" + f"{secrets.randbelow(10**9)}\n".encode()
+        response = world.admin.post("/v1/datasets", files={"file": ("x.csv", csv, "text/csv")},
+                                    data={"schema": json.dumps(schema)})
+        assert response.status_code == 422
+        assert response.json()["errors"][0]["field"].startswith("schema.columns.0")
+
+    def test_an_overflowing_laplace_scale_is_refused_up_front(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, BIG)
+        response = world.request(world.analyst, {"query": {"kind": "count"}, "epsilon": 1e-320})
+        if response.status_code == 422:
+            return
+        expect(response.status_code == 200, f"{response.status_code}: {response.text[:300]}")
+        release = response.json()["release"]
+        numbers = (release["value"], release["noise"]["scale"])
+        finite = [isinstance(v, float) and math.isfinite(v) for v in numbers]
+        expect(all(finite), f"release {release!r}")
+
+    def test_a_where_value_beyond_the_float_range_is_a_422_and_not_charged(
+        self, live_server: LiveServer
+    ) -> None:
+        world = make_world(live_server, BIG)
+        response = world.request(world.analyst, {"query": OVERFLOWING_WHERE, "epsilon": 1.0})
+        pure = get_budget(world.viewer, world.dataset_id)["pure"]
+        outcome = (response.status_code, pure["spent"], pure["reserved"])
+        expect(outcome == (422, 0.0, 0.0), f"(status, spent, reserved) = {outcome}: {response.text[:200]}")
+
+    def test_a_subnormal_delta_is_not_a_server_error(self, live_server: LiveServer) -> None:
+        world = make_world(live_server, None)
+        response = world.admin.put(
+            f"/v1/datasets/{world.dataset_id}/budget", json={"epsilon": 1.0, "delta": 1e-310}
+        )
+        expect(response.status_code in (200, 422), f"{response.status_code}: {response.text[:200]}")

@@ -2,10 +2,10 @@
 
 * A tuning request is long-running: with ``wait_seconds = 0`` the POST answers 202 with a Location; polling
   ``GET /v1/requests/{rid}`` shows the state and the request's times only (``progress`` stays null: the
-  amount of work would reveal the latent k, note §6.1; every candidate always runs, so the times do not,
-  and ``pad_to_worst_case_time: false`` is refused with 422 before anything is reserved); the final body
-  carries the release (selected configuration, model, private score, charge, or ⊥) and the realized
-  charge, which is ≤ the worst case and is exactly what the budget shows as spent.
+  amount of work would reveal the latent k, docs/privacy.md §8.5.4; every candidate always runs, so the
+  times do not, and ``pad_to_worst_case_time: false`` is refused with 422 before anything is reserved); the
+  final body carries the release (selected configuration, model, private score, charge, or ⊥) and the
+  realized charge, which is ≤ the worst case and is exactly what the budget shows as spent.
 * Worker crash mid-tuning (real ``expost serve`` processes): the server is SIGKILLed while the request is
   running; a restarted server's reaper commits the worst case once the lease expires, and nothing is
   released.
@@ -29,13 +29,13 @@ import pytest
 from service.embedded import free_port
 from tests.conftest import LiveServer, fresh_postgres_database, running_server, server_settings
 from tests.integration.helpers import get_budget, make_world, upload
-from tests.integration.test_concurrency import (
+from tests.integration.scale_out_support import (
     EXPOST,
-    _create_key,
-    _keys_from,
-    _wait_ready,
+    cli_create_key,
+    cli_keys_from,
     run_cli,
     stop_server,
+    wait_ready,
 )
 
 RDP_BUDGET = {"epsilon": 10.0, "delta": 1e-5}
@@ -252,7 +252,7 @@ def _start(env: dict[str, str], workdir: Path, log_name: str) -> tuple[subproces
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    _wait_ready(proc, base_url, log_path, 1)
+    wait_ready(proc, base_url, log_path, 1)
     return proc, base_url
 
 
@@ -276,9 +276,9 @@ def test_worker_crash_mid_tuning_commits_the_worst_case_and_releases_nothing(
     procs: list[subprocess.Popen[bytes]] = []
     try:
         assert run_cli(env, tmp_path, "migrate").returncode == 0
-        admin_key, analyst_key = _keys_from(
-            _create_key(env, tmp_path, "admin", "crash-admin"),
-            _create_key(env, tmp_path, "analyst", "crash-a"),
+        admin_key, analyst_key = cli_keys_from(
+            cli_create_key(env, tmp_path, "admin", "crash-admin"),
+            cli_create_key(env, tmp_path, "analyst", "crash-a"),
         )
         proc, base_url = _start(env, tmp_path, "first.log")
         procs.append(proc)

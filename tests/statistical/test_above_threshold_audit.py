@@ -1,4 +1,5 @@
-"""Monte Carlo privacy audits of the AboveThreshold sessions (DESIGN §7, seed-003 note §7.9).
+"""Monte Carlo privacy audits of the AboveThreshold sessions (docs/privacy.md §8.1.3;
+docs/mechanisms/above_threshold.md).
 
 ``audit`` runs a vectorised sampler of a mechanism many times on each side of a neighbouring pair of
 query-value sequences (no Python loop over runs), counts each outcome class (halt index with a bucketed
@@ -249,7 +250,7 @@ def laplace_charges(params: Any, queries: int) -> np.ndarray:
 
 
 # ----- audits of the correct mechanisms ------------------------------------------------------------------
-NOTE_EPS, NOTE_EPS_THRESHOLD = (0.5, 0.3), 0.1  # note §7.3: f(D) = (3, 5)
+NOTE_EPS, NOTE_EPS_THRESHOLD = (0.5, 0.3), 0.1  # Ghazi et al., Algorithm 1: f(D) = (3, 5)
 
 
 def test_algorithm1_passes_and_the_audit_sees_the_tight_outcome() -> None:

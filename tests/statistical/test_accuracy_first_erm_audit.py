@@ -1,6 +1,8 @@
-"""Statistical audit of the accuracy guarantee of accuracy-first ERM (note T16), with a power check.
+"""Statistical audit of the accuracy guarantee of accuracy-first ERM (docs/privacy.md §8.2.4), with a power
+check.
 
-Claim (Theorem 3.2 / 3.4 with Theorem A.1; reference calibration: note T11): the released model's excess
+Claim (Ligett et al. 2017, Theorem 3.2 / 3.4 with Theorem A.1; reference calibration: docs/privacy.md §8.2.4):
+the released model's excess
 empirical risk exceeds α with probability ≤ γ. We run the real walk (``accuracy_first``) RUNS times on a
 fixed logistic data set and count the runs with excess > α. Under the claim the count is stochastically
 below Binomial(RUNS, γ); we reject when the count reaches the smallest k with P[Bin(RUNS, γ) ≥ k] ≤

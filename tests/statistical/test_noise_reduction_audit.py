@@ -316,7 +316,7 @@ def test_laplace_nr_stopped_by_the_services_relative_check_never_exceeds_eps_t()
 
 
 def _level0(value: np.ndarray, eps: tuple[float, float], runs: int, seed: int, shared: bool) -> np.ndarray:
-    """The level-0 release (runs, d) of a 2-level chain; ``shared``: the broken variant of note P1 (ONE
+    """The level-0 release (runs, d) of a 2-level chain; ``shared``: the broken shared-coin variant (ONE
     stay coin for all coordinates)."""
     d = value.size
     if not shared:
@@ -566,7 +566,7 @@ def test_the_float_construction_is_caught_by_the_same_attack() -> None:
     assert _excluded(releases, 1.0) > 1900
 
 
-# ----- InteractiveAboveThreshold stopping law (note T9) ------------------------------------------------
+# ----- InteractiveAboveThreshold stopping law (Ligett et al. 2017, Algorithm 2) ----------------------------
 def _iat_stop_counts(runs: int, seed: int, equal_scales: bool) -> np.ndarray:
     """Stop index (1..5, or 6 = no stop in 5) of the module's IAT with every f_t equal to the threshold."""
     noise = Noise.seeded(seed)

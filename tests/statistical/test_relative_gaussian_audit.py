@@ -1,4 +1,4 @@
-"""The RGM sampler's distribution, and a Monte Carlo privacy audit of one RGM step (note seed_004 §6).
+"""The RGM sampler's distribution, and a Monte Carlo privacy audit of one RGM step (Hendrikx et al. 2024).
 
 Distribution: the noise of ``rgm_release_grid`` (release − value), divided by √(γ‖value‖² + σ²) computed from
 Def. 3 of the paper, must be N(0, 1) per coordinate: Kolmogorov–Smirnov at a false-alarm rate of 1e-6 with a
@@ -6,7 +6,8 @@ fixed seed. The same test must reject a variance 30% off in either direction (po
 std/variance misreadings (std = γ‖v‖² + σ²; the authors' code std = √γ‖v‖ + σ).
 
 Audit: one RGM step on the neighbouring pair R(x) = p·e₁, R(y) = R(x)/(1+η) (the worst-case direction of
-note §2.6, admissible under Def. 2). Releases are drawn from the sampler under test on x and the privacy
+docs/privacy.md §8.3, admissible under Def. 2). Releases are drawn from the sampler under test on x and the
+privacy
 loss L(o) = log f_x(o) − log f_y(o) is evaluated with the density of what that sampler draws (isotropic
 Gaussian). Then D_α = log E_x[e^{(α−1)L}]/(α−1). The mean of e^{(α−1)L} gets a lower confidence bound from
 the empirical Bernstein inequality (Maurer & Pontil 2009, Thm 4) applied to e^{(α−1)L} truncated at
@@ -19,7 +20,7 @@ A correct mechanism must have every lower bound ≤ its claimed curve; two known
 * std/variance confusion: the sampler draws with standard deviation γ‖v‖² + σ² (v < 1 here) while the
   accounting claims Theorem 1's curve;
 * dropping the norm-leak term: the correct sampler, but the claim keeps only αη²/(2γρ_α), as the paper's
-  experiments do ("the d-term is considered negligible", note §5.1).
+  experiments do ("the d-term is considered negligible", Hendrikx et al. 2024, §6).
 """
 
 from __future__ import annotations

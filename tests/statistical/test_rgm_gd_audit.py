@@ -11,7 +11,7 @@ noise; at most T = 2 steps; the rule stops after step 1 when the released noisy 
 For a transcript o = (θ₁, …, θ_{T_run}) drawn by ``rgm_gd_train`` on D, the privacy loss is
 L(o) = Σ_t [log p_t(θ_{t+1} | θ_t) − log q_t(θ_{t+1} | θ_t)] with the Gaussian step densities of what the
 sampler draws (mean θ_t − τ∇f(θ_t), variance τ²v(θ_t)); the stopping time is a function of o, so it is the
-same under both datasets. The ex-post RDP inequality (DESIGN §4) says
+same under both datasets. The ex-post RDP inequality (docs/privacy.md §1) says
 E_D[exp((α−1)(L − T_run·ε_step(α)))] ≤ 1. A lower confidence bound on that mean (empirical Bernstein,
 Maurer & Pontil 2009 Thm 4, on the variable truncated at e^{α−1}, which only lowers the mean) above 1
 would prove a violation; false-alarm probability ≤ 1e-6 per audit (Bonferroni over the two orders 2 and 4).

@@ -488,7 +488,8 @@ def test_geometric_sampler_convention(epsilon: float) -> None:
 
 
 def test_numpy_geometric_is_one_based() -> None:
-    """numpy's geometric(q) lives on {1, 2, …}: minus one it is our Geom_{e^{−ε}} (note §2 pitfall)."""
+    """numpy's geometric(q) lives on {1, 2, …}: minus one it is our Geom_{e^{−ε}} (Ghazi et al.'s Geom lives
+    on {0, 1, …}; docs/mechanisms/above_threshold.md)."""
     epsilon = 0.4
     draws = np.random.default_rng(5).geometric(-math.expm1(-epsilon), 200_000)
     assert draws.min() == 1
@@ -514,6 +515,7 @@ def test_geometric_sampler_is_exact_and_reproducible() -> None:
         assert rate >= Fraction(epsilon) * (1 - Fraction(1, 2**30))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("eps_i", "eps_threshold", "tau"),
     [(0.1, 0.01, 0.095522), (1.0, 0.01, 0.015650), (0.1, 0.001, 0.010404), (1.0, 0.1, 0.142645)],
@@ -541,7 +543,7 @@ def test_keep_frequency(eps_i: float, eps_threshold: float, tau: float) -> None:
     assert abs(keep.mean() - wrong) > z * math.sqrt(wrong * (1 - wrong) / n)
 
 
-# ===== exact losses: Algorithm 1 (note §7.3) ==============================================================
+# ===== exact losses: Algorithm 1 (Ghazi et al.) ============================================================
 def exact_algorithm1(
     values: Sequence[int], epsilons: Sequence[float], eps_threshold: float, gaps: int
 ) -> tuple[np.ndarray, float, float]:
@@ -670,7 +672,7 @@ def test_monotone_charge_is_wrong_for_non_monotone_pairs() -> None:
 
 
 def test_bound_is_attained_after_a_long_prefix() -> None:
-    """2ε_i + ε′ is attained (note §6.4: do not optimise the factor 2 away): after eight queries that all
+    """2ε_i + ε′ is attained (do not optimise the factor 2 away): after eight queries that all
     move up, the last one moving down loses exactly 2ε₉ + ε′, and nothing loses more than its charge."""
     epsilons = (0.4,) * 8 + (0.3,)
     first = (0,) * 8 + (2,)
@@ -682,6 +684,7 @@ def test_bound_is_attained_after_a_long_prefix() -> None:
     assert lower[-1].max() == pytest.approx(2 * 0.3 + 0.1, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_random_instances_respect_the_charges() -> None:
     """Every outcome of 150 random small instances, all neighbours (both directions), within the charge;
     monotone neighbours within ε_i + ε′."""
@@ -859,6 +862,7 @@ def candidate_sf(epsilon: float, need: float) -> tuple[float, float]:
     return float(candidate_level(plan, scale)), float(dlap_sf(scale, math.ceil(need)))
 
 
+@pytest.mark.slow
 def test_exact_discrete_laplace_above_threshold() -> None:
     """The grid session's comparison round(f/γ) + ν ≥ round(T/γ) + ρ: every neighbour whose units move
     by ≤ M (the grid's bound for sensitivity Δ) loses ≤ ε at a halt and ≤ ε/2 for ⊥ (exact sums)."""
@@ -973,6 +977,7 @@ def algorithm1_cells(
     return cells
 
 
+@pytest.mark.slow
 def test_geometric_session_matches_the_exact_distribution() -> None:
     """The real ``step`` code (via the batch form) on count(g = a) = 3, count(g = b) = 5, threshold 1."""
     batch = GeometricAboveThresholdBatch()
@@ -994,6 +999,7 @@ def test_geometric_session_matches_the_exact_distribution() -> None:
         assert chi_square_outcomes(observed, algorithm1_cells(off_by_one, (0.5, 0.3), 0.3), runs) < ALPHA
 
 
+@pytest.mark.slow
 def test_laplace_session_matches_quadrature() -> None:
     batch = LaplaceAboveThresholdBatch()
     params = batch.params_model.model_validate(
@@ -1022,6 +1028,7 @@ def test_laplace_session_matches_quadrature() -> None:
     )
 
 
+@pytest.mark.slow
 def test_dropping_session_bot_probability() -> None:
     """P(⊥) of the real dropping session against Σ_k G′(k)·Π_j(1 − e^{−ε_j k}·S_j)."""
     batch = DroppingAboveThresholdBatch()

@@ -724,12 +724,14 @@ def _filter_delta_for_coin_mechanism(
     return p_d, p_d - math.exp(epsilon) * p_d_prime
 
 
+@pytest.mark.slow
 def test_filter_with_coin_mechanism_keeps_delta() -> None:
     p_tail, delta_true = _filter_delta_for_coin_mechanism(_coin_curve)
     assert p_tail <= 1e-3
     assert delta_true <= 1e-3
 
 
+@pytest.mark.slow
 def test_clamping_would_break_the_filter() -> None:
     # Documents the size of the old bug: same filter, clamped curves.
     p_tail, delta_true = _filter_delta_for_coin_mechanism(_clamped_coin_curve)

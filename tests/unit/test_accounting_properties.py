@@ -1,9 +1,9 @@
 """Property-based tests of the accounting core: curve algebra, rounding direction, conversions, capacity,
 and the filter's admission rule (a simulation and a reserve/commit/abort state machine).
 
-The filter model below is the service's rule (DESIGN §4): a request with worst-case charge w is admitted iff
-some slot j has capacity cap[j] ≠ None and spent[j] + reserved[j] + w[j] finite and ≤ cap[j]; a commit
-replaces the reservation by the realized charge (≤ the reservation); an abort releases it.
+The filter model below is the service's rule (docs/privacy.md §2): a request with worst-case charge w is
+admitted iff some slot j has capacity cap[j] ≠ None and spent[j] + reserved[j] + w[j] finite and ≤ cap[j]; a
+commit replaces the reservation by the realized charge (≤ the reservation); an abort releases it.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from mechanisms.accounting import (
     units_up,
 )
 
+# The numbers of examples and of steps per stateful run come from the Hypothesis profile (tests/conftest.py):
+# 200 examples of 40 steps under the ci profile, a small sample by default.
 SETTINGS = settings(
-    max_examples=200,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -391,8 +392,6 @@ class FilterMachine(RuleBasedStateMachine):
 
 TestFilterMachine = FilterMachine.TestCase
 TestFilterMachine.settings = settings(
-    max_examples=200,
-    stateful_step_count=40,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

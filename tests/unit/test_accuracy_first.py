@@ -170,12 +170,12 @@ def test_output_dim_comes_from_the_schema() -> None:
 
 # ----- the relative check --------------------------------------------------------------------------------
 def test_relative_check_is_ghazi_rule_with_the_positive_fix() -> None:
-    """r = 0.1: accept iff ŷ > 0 and σ ≤ ŷ/21 (Ghazi et al. §6.1; note seed_003 §5.1)."""
+    """r = 0.1: accept iff ŷ > 0 and σ ≤ ŷ/21 (Ghazi et al. §6.1)."""
     target = RelativeTarget(relative=0.1)
     sigma = np.array([1.0, 1.0, 1.0, 1.0])
     noisy = np.array([[21.0], [20.99], [-100.0], [0.0]])
     assert relative_pass(noisy, sigma, target).tolist() == [True, False, False, False]
-    # The unfixed check |(ŷ+σ)/(ŷ−σ)| ∈ [0.9, 1.1] would accept ŷ = −100 (note's pitfall): we do not.
+    # The unfixed check |(ŷ+σ)/(ŷ−σ)| ∈ [0.9, 1.1] would accept ŷ = −100: we do not.
     y, s = -100.0, 1.0
     assert 0.9 <= abs((y + s) / (y - s)) <= 1.1
     # Histograms: every coordinate must pass.
@@ -283,6 +283,7 @@ def test_private_check_charges_epsilon_a_plus_the_level() -> None:
         assert release.realized.pure == pytest.approx(0.5 + GRID[-1], rel=1e-12)
 
 
+@pytest.mark.slow
 def test_private_check_accepts_only_accurate_releases() -> None:
     """With a wide-margin calibration the accepted releases meet the true relative error (Thm A.1)."""
     params = _laplace(
@@ -297,6 +298,7 @@ def test_private_check_accepts_only_accurate_releases() -> None:
         assert abs(release.output["value"] - TRUE_COUNT) <= 0.2 * TRUE_COUNT
 
 
+@pytest.mark.slow
 def test_gaussian_one_shot_charges_the_brownian_curve() -> None:
     params = _gaussian(target={"relative": 0.1})
     variances = params.variances  # type: ignore[attr-defined]

@@ -239,9 +239,10 @@ def _exact_norm_squared(vector: np.ndarray) -> Fraction:
     return sum((Fraction(float(v)) ** 2 for v in vector), Fraction(0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss", ["logistic", "squared"])
 def test_summed_vector_has_exact_norm_at_most_clip(loss: Loss) -> None:
-    """The reviewer's nit: the vector actually summed (c_i·x_i in floats), not only |s_i|·‖x_i‖, has exact
+    """The vector actually summed (c_i·x_i in floats), not only |s_i|·‖x_i‖, has exact
     norm ≤ C. One record per call, so the sum is that vector; exact rational arithmetic on its entries."""
     rng = np.random.default_rng(21)
     clipped = 0
@@ -313,6 +314,7 @@ def test_safe_row_norms() -> None:
 
 
 # ----- projection onto the public ball ---------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("loss", ["logistic", "squared"])
 def test_default_radius_contains_both_optima(loss: Loss) -> None:
     """r ≥ ‖θ*‖ (unclipped optimum) and r ≥ ‖θ_c‖ (fixed point of clipped GD, n_norm = n) on extreme data:

@@ -1,4 +1,5 @@
-"""Per-instance reports: the exact ex-post loss (Cor 2.3.2) and the published bounds (Alg 2, note §1.3)."""
+"""Per-instance reports: the exact ex-post loss (Redberg 2023, Cor 2.3.2) and the published bounds (Redberg &
+Wang 2021, Algorithm 2; docs/privacy.md §8.4.4)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ D1_Y = np.array([1.0, -1.0, 1.0])
 D2_X = np.array([[0.6, 0.0], [0.0, -0.7], [0.3, 0.4], [-0.5, 0.5]])
 D2_Y = np.array([1.0, -1.0, 1.0, -1.0])
 
-# note §1.3 test vectors (logistic, λ=1, σ=2): (D, θ, z, member, ε₁)
+# test vectors of the exact loss (Redberg 2023, Cor 2.3.2; logistic, λ=1, σ=2): (D, θ, z, member, ε₁)
 VECTORS = [
     (D1_X, D1_Y, [0.3], [0.6], -1.0, False, 0.0909170973),
     (D1_X, D1_Y, [0.3], [0.8], 1.0, True, 0.1136952656),
@@ -109,7 +110,8 @@ def test_exact_loss_matches_direct_ratio_on_random_problems() -> None:
 
 
 def test_data_independent_report_vector_of_the_note() -> None:
-    """note §1.8: z=([0.1,0.9],+1), θ=[0.2,−0.1], σ=2, λ=1, ρ=1e-6: 0.229098 + 0.027449 + 1.146135."""
+    """Data-independent report (docs/privacy.md §8.4.4):
+    z=([0.1,0.9],+1), θ=[0.2,−0.1], σ=2, λ=1, ρ=1e-6: 0.229098 + 0.027449 + 1.146135."""
     terms = ex_post_terms(
         np.array([0.2, -0.1]),
         np.array([[0.1, 0.9]]),
@@ -152,11 +154,13 @@ def _rejects(failures: int, trials: int, rho: float) -> bool:
     return bool(stats.binom.sf(failures - 1, trials, rho) < FALSE_ALARM)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("z", "member"), [((np.array([0.1, 0.9]), 1.0), False), ((np.array([0.6, 0.0]), 1.0), True)]
 )
 def test_coverage_of_public_and_data_dependent_reports(z: tuple[np.ndarray, float], member: bool) -> None:
-    """Over draws of the noise, P[ε₁ > reported bound] ≤ ρ (note §1.8), exact minimizer, ρ = 0.05.
+    """Over draws of the noise, P[ε₁ > reported bound] ≤ ρ (docs/privacy.md §8.4.4), exact minimizer,
+    ρ = 0.05.
 
     Power: a report that drops the gradient term (treats b as 0) fails far more often.
     """
@@ -247,6 +251,7 @@ def test_personalized_rdp_is_below_the_worst_case() -> None:
         assert np.allclose(curve.values, reference, rtol=1e-11)
 
 
+@pytest.mark.slow
 def test_amp_release_coverage_with_the_ball() -> None:
     """AMP releases: the reported leverage+fit+gradient terms at ``out`` cover ε₁ at the exact θ^P, through
     the ball ‖θ^P − out‖ ≤ r (ρ = 0.05 split over 3 events), over repeated runs of the real learner."""

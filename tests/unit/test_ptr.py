@@ -126,6 +126,7 @@ def _dlap_tail(scale: Fraction, k: int) -> float:
     return q ** (k + 1) / (1 + q)
 
 
+@pytest.mark.slow
 def test_classic_ptr_output_distribution_matches_gen_ptr() -> None:
     """Independent seeds: pass rates match the exact P[D + Z > log(1/δ)/ε] in both forms, and the released
     values have the same law (two-sample comparison of the means and of a quantile)."""

@@ -103,6 +103,7 @@ def _a_k(ms: tuple[int, ...], k: int, rel: Rel) -> float:
     return float(np.max(_padded(s, 0.0, float(_D), upper) - _padded(s, 0.0, float(_D), lower)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rel", ["replace_one", "add_remove"])
 def test_sensitivity_profile_bounds_every_ball_and_shifts_by_one_step(rel: Rel) -> None:
     """Brute force on the domain {0..4}, n ≤ 4, k ≤ 2: A^(k)(X) ≥ the local
@@ -211,6 +212,7 @@ def test_classic_run_is_the_gen_ptr_special_case_draw_for_draw() -> None:
             assert out["median"] == classic_via_gen_ptr(plan, distance, median, Noise.seeded(seed))
 
 
+@pytest.mark.slow
 def test_classic_output_distribution_matches_the_exact_pass_rate() -> None:
     """On a dataset with a moderate distance, the release rate matches P[D + Z ≥ K] exactly computed."""
     values = np.concatenate([_stable(121), np.full(20, 3.0)])
@@ -229,6 +231,7 @@ def test_classic_output_distribution_matches_the_exact_pass_rate() -> None:
     assert abs(rate - exact) <= _binomial_band(exact, trials)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rel", ["replace_one", "add_remove"])
 def test_classic_bottom_rate_on_unstable_data_and_power_on_stable_data(rel: Rel) -> None:
     """Unstable X (D = 0): released with probability ≤ δ (false alarm); stable X: released ≥ 99 %."""
@@ -369,6 +372,7 @@ def _best_found_probability(tau: float, cutoff: int, p: float) -> float:
     return 1 - head - (1 - tau) ** (cutoff - 1) * x**cutoff
 
 
+@pytest.mark.slow
 def test_select_finds_the_smallest_stable_beta_at_the_random_stopping_rate() -> None:
     """Candidates (0.001, 0.5, 5, 20) on data with values 0.01 apart: 0.001 is unstable (D = 0), 0.5 is the
     best stable one. The rate at which 0.5 is returned matches 1 − E[(1 − 1/k)^T̂] (false alarm: 4.5σ), and is

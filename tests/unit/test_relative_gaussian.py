@@ -4,13 +4,15 @@ Everything the module claims is checked against oracles written here, independen
 
 * ``renyi_matrix``: the Rényi divergence of two multivariate Gaussians with full covariance matrices
   (D_α = (α/2)ΔᵀΣ_α⁻¹Δ − log(det Σ_α / (det Σ₁^{1−α} det Σ₂^α))/(2(α−1)), Σ_α = αΣ₂ + (1−α)Σ₁ ≻ 0, else ∞),
-  itself checked against 1-D ``scipy.integrate.quad`` of ∫p^α q^{1−α} and the note's Lemma 2 table;
+  itself checked against 1-D ``scipy.integrate.quad`` of ∫p^α q^{1−α} and a table of Hendrikx et al. 2024,
+  Lemma 2;
 * ``renyi_decimal``: the same closed form in 60-digit decimal arithmetic, used to verify the final
   candidates of every adversarial search without floating-point doubt;
 * ``renyi_stable``: a cancellation-free float form used inside the searches;
-* ``exact_decimal`` / ``theorem1_decimal``: the note's formulas for ε_ex and ε_T1 in 60-digit decimals.
+* ``exact_decimal`` / ``theorem1_decimal``: the formulas for ε_ex (docs/privacy.md §8.3) and ε_T1
+  (Hendrikx et al. 2024, Theorem 1) in 60-digit decimals.
 
-Numbers are the note's §6.2 test vectors (seed_004_relative_gaussian.md).
+Numbers are test vectors computed independently from those formulas.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from mechanisms.learners.relative_gaussian import (
     theorem1_epsilon,
 )
 from mechanisms.noise import Noise
+from tests.unit.conftest import pair_quantities, random_batch, sup_ratio_over_theta
 
 PREC = 60
 
@@ -162,7 +165,7 @@ def g_decimal(alpha: float, u: Decimal) -> Decimal:
 
 
 # ----- the oracles themselves -------------------------------------------------------------------------------
-LEMMA2_TABLE = [  # note §6.2: α, ‖Δμ‖, σ₁², σ₂², D_α
+LEMMA2_TABLE = [  # Hendrikx et al. 2024, Lemma 2: α, ‖Δμ‖, σ₁², σ₂², D_α
     (2.0, 1.0, 1.0, 1.0, 1.0),
     (2.0, 0.5, 1.2, 1.0, 0.3329109973),
     (3.0, 1.0, 0.8, 1.0, 1.098882288),
@@ -183,6 +186,7 @@ def test_oracles_reproduce_lemma2_table(
     assert float(renyi_decimal(alpha, shift, 0.0, shift, 1.0, 0.0, 1)) != 0  # smoke: decimal path runs
 
 
+@pytest.mark.slow
 def test_oracles_agree_on_random_gaussians() -> None:
     """Matrix form = Σ over coordinates of 1-D quadrature (product measures) = stable form = decimal form."""
     rng = np.random.default_rng(11)
@@ -214,8 +218,8 @@ def test_oracles_infinite_when_s_not_positive() -> None:
     assert renyi_decimal(3.0, 1.0, math.sqrt(0.6), 0.1, 1.0, 0.0, 2) == Decimal("Infinity")
 
 
-# ----- Theorem 1 and the exact curve: the note's vectors ----------------------------------------------------
-VECTORS = [  # α, η, γ, d, α_max, ε_T1, ε_ex (note §6.2)
+# ----- Theorem 1 and the exact curve: test vectors ---------------------------------------------------------
+VECTORS = [  # α, η, γ, d, α_max, ε_T1, ε_ex
     (2.0, 0.01, 1e-3, 10, 50.75124378, 0.1062570732, 0.1040716879),
     (2.0, 0.1, 1e-2, 1, 5.761904762, 1.333368354, 1.288373772),
     (1.5, 0.1, 1e-2, 5, 5.761904762, 1.061568436, 0.9160957313),
@@ -283,7 +287,7 @@ def test_numerics_are_upper_bounds_and_accurate() -> None:
             assert Decimal(ours) >= theirs
             if rho > 1e-3:
                 assert float((Decimal(ours) - theirs) / theirs) < 1e-11
-    # The note's cancellation example (pitfall 6): α = 1 + 1e-6, u_lo ≈ −2e-6.
+    # A cancellation example: α = 1 + 1e-6, u_lo ≈ −2e-6.
     eta = 1e-6
     ours = exact_epsilon(1.0 + 1e-6, eta, 1.0, 1000)
     theirs = exact_decimal(1.0 + 1e-6, eta, 1.0, 1000)
@@ -367,7 +371,8 @@ def test_theorem1_decreasing_in_gamma_to_its_floor_and_affine_in_d() -> None:
 
 
 def test_log_term_is_maximal_at_the_small_ratio_end() -> None:
-    """The step of note §2.6: g(u_lo) ≥ g(u_hi), u_lo = −η(2+η)/(1+η)², u_hi = η(2+η), for α ∈ (1, α_max)."""
+    """The step of the exact curve (docs/privacy.md §8.3):
+    g(u_lo) ≥ g(u_hi), u_lo = −η(2+η)/(1+η)², u_hi = η(2+η), for α ∈ (1, α_max)."""
     for eta in (1e-5, 1e-3, 0.05, 0.3, 1.0, 3.0):
         top = alpha_max(eta)
         with localcontext() as ctx:
@@ -383,7 +388,7 @@ def test_log_term_is_maximal_at_the_small_ratio_end() -> None:
 def test_reduction_to_gaussian_mechanism() -> None:
     """σ² = γR²/η², γ = η²σ²/R², η → 0: both curves tend to RdpCurve.gaussian(R, σ) from above."""
     sigma, r_rel, d = math.sqrt(10.0), 1.0, 10
-    table = {1e-2: 0.10625707, 1e-3: 0.10024070, 1e-4: 0.10002041, 1e-6: 0.10000020}  # note §6.2, α = 2
+    table = {1e-2: 0.10625707, 1e-3: 0.10024070, 1e-4: 0.10002041, 1e-6: 0.10000020}  # α = 2
     for eta, expected in table.items():
         gamma = eta**2 * sigma**2 / r_rel**2
         curve = rgm_rdp_curve([2.0], eta=eta, gamma=gamma, sigma=sigma, r_rel=r_rel, d=d)
@@ -414,7 +419,7 @@ def test_eta_zero_is_the_gaussian_mechanism() -> None:
 
 # ----- the exact curve against the true divergence ----------------------------------------------------------
 def test_worst_case_path_attains_the_exact_curve() -> None:
-    """R(x) = p·e, R(y) = R(x)/(1+η), p → ∞ approaches ε_ex from below (note: p = 1e5 gives 51.13 for the
+    """R(x) = p·e, R(y) = R(x)/(1+η), p → ∞ approaches ε_ex from below (p = 1e5 gives 51.13 for the
     α = 5.5 row)."""
     alpha, eta, gamma, d = 5.5, 0.1, 1e-2, 5
     sigma2 = gamma / eta**2  # R = 1
@@ -518,6 +523,7 @@ def _adversarial_sup(
     return best, best_pair
 
 
+@pytest.mark.slow
 def test_adversarial_search_never_exceeds_the_exact_curve() -> None:
     """Optimised neighbouring outputs: the verified (60-digit) divergence of the best pair is ≤ ε_ex ≤ ε_T1,
     and the search gets within 1e-3 of ε_ex: the curve is a tight upper bound, not a vacuous one."""
@@ -600,7 +606,7 @@ def test_lemma1_variance_ratio() -> None:
 
 # ----- the σ² condition and validation ----------------------------------------------------------------------
 def test_sigma_condition_and_alpha_lo() -> None:
-    # note §6.1 pitfall 4: R = 1, η = 0.01, γ = 1e-3
+    # R = 1, η = 0.01, γ = 1e-3
     assert alpha_lo(0.01, 1e-3, math.sqrt(9.9), 1.0) == pytest.approx(2.0, rel=1e-12)
     assert alpha_lo(0.01, 1e-3, math.sqrt(9.99), 1.0) == pytest.approx(1.1, rel=1e-12)
     assert alpha_lo(0.01, 1e-3, math.sqrt(10.0), 1.0) == 1.0
@@ -669,47 +675,9 @@ def test_scalar_bounds_reject_bad_parameters() -> None:
 
 
 # ----- relative sensitivity of the ridge gradient -----------------------------------------------------------
-def _pair_quantities(
-    features: np.ndarray, labels: np.ndarray, new_row: np.ndarray, new_label: np.ndarray, reg: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For a batch of datasets and their replace-record-0 neighbours: A, M = (A₀ − A₀′)A⁻¹/n and
-    c = (∇ℓ₀(θ*) − ∇ℓ₀′(θ*))/n, so that ∇f(θ) − ∇f′(θ) = M∇f(θ) + c for every θ."""
-    n, d = features.shape[-2:]
-    a = np.einsum("bni,bnj->bij", features, features) / n + reg * np.eye(d)
-    b = np.einsum("bni,bn->bi", features, labels) / n
-    a_inv = np.linalg.inv(a)
-    theta_star = np.einsum("bij,bj->bi", a_inv, b)
-    x0, y0 = features[:, 0], labels[:, 0]
-    outer = np.einsum("bi,bj->bij", x0, x0) - np.einsum("bi,bj->bij", new_row, new_row)
-    m = np.einsum("bij,bjk->bik", outer, a_inv) / n
-    r0 = np.einsum("bi,bi->b", x0, theta_star) - y0
-    r0_new = np.einsum("bi,bi->b", new_row, theta_star) - new_label
-    c = (x0 * r0[:, None] - new_row * r0_new[:, None]) / n
-    return a, m, c
-
-
-def _sup_ratio_over_theta(m: np.ndarray, c: np.ndarray, sens: RelativeSensitivity) -> np.ndarray:
-    """sup_θ ‖M g + c‖²/(η²‖g‖² + R²) over g = ∇f(θ) ∈ R^d (θ ↦ ∇f(θ) is onto): the squared spectral norm of
-    [M/η, c/R] (a homogeneous quotient in (g, 1))."""
-    stacked = np.concatenate([m / sens.eta, (c / sens.r_rel)[:, :, None]], axis=2)
-    result: np.ndarray = np.linalg.norm(stacked, ord=2, axis=(1, 2)) ** 2
-    return result
-
-
-def _random_batch(
-    rng: np.random.Generator, batch: int, n: int, d: int, x_max: float, y_max: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    scale = 10 ** rng.uniform(-2, 1, size=(batch, 1, 1))
-    features = clip_rows(rng.normal(size=(batch, n, d)) * scale, x_max)
-    labels = np.clip(rng.normal(size=(batch, n)) * 2 * y_max, -y_max, y_max)
-    new_row = clip_rows(rng.normal(size=(batch, d)) * 3 * x_max, x_max)
-    new_label = np.clip(rng.normal(size=batch) * 3 * y_max, -y_max, y_max)
-    return features, labels, new_row, new_label
-
-
 def test_ridge_gradient_and_decomposition() -> None:
     rng = np.random.default_rng(1)
-    features, labels, new_row, new_label = _random_batch(rng, 64, 9, 4, 1.5, 2.0)
+    features, labels, new_row, new_label = random_batch(rng, 64, 9, 4, 1.5, 2.0)
     reg = 0.3
     theta = rng.normal(size=(64, 4)) * 5
     # gradient against a finite-difference check of f on one dataset
@@ -720,14 +688,14 @@ def test_ridge_gradient_and_decomposition() -> None:
 
     numeric = optimize.approx_fprime(th, f, 1e-7)
     np.testing.assert_allclose(ridge_gradient(th, x, y, reg), numeric, rtol=1e-5, atol=1e-5)
-    # the identity ∇f − ∇f′ = M∇f + c the bound rests on (note §3.2)
+    # the identity ∇f − ∇f′ = M∇f + c the bound rests on (docs/privacy.md §8.3.4)
     neighbour_x = features.copy()
     neighbour_x[:, 0] = new_row
     neighbour_y = labels.copy()
     neighbour_y[:, 0] = new_label
     g = ridge_gradient(theta, features, labels, reg)
     g_new = ridge_gradient(theta, neighbour_x, neighbour_y, reg)
-    _, m, c = _pair_quantities(features, labels, new_row, new_label, reg)
+    _, m, c = pair_quantities(features, labels, new_row, new_label, reg)
     np.testing.assert_allclose(g - g_new, np.einsum("bij,bj->bi", m, g) + c, rtol=1e-9, atol=1e-12)
 
 
@@ -765,13 +733,13 @@ def test_ridge_relative_sensitivity_on_random_datasets(
     rng = np.random.default_rng(n * d)
     sens = ridge_relative_sensitivity(n, reg, x_max, y_max)
     batch = 2000
-    features, labels, new_row, new_label = _random_batch(rng, batch, n, d, x_max, y_max)
+    features, labels, new_row, new_label = random_batch(rng, batch, n, d, x_max, y_max)
     neighbour_x = features.copy()
     neighbour_x[:, 0] = new_row
     neighbour_y = labels.copy()
     neighbour_y[:, 0] = new_label
-    _, m, c = _pair_quantities(features, labels, new_row, new_label, reg)
-    assert np.max(_sup_ratio_over_theta(m, c, sens)) <= 1.0
+    _, m, c = pair_quantities(features, labels, new_row, new_label, reg)
+    assert np.max(sup_ratio_over_theta(m, c, sens)) <= 1.0
     for scale in (1e-3, 1.0, 1e3, 1e6):
         theta = rng.normal(size=(batch, d)) * scale
         g = ridge_gradient(theta, features, labels, reg)
@@ -781,6 +749,7 @@ def test_ridge_relative_sensitivity_on_random_datasets(
         assert np.all(lhs <= sens.eta**2 * np.sum(g_new**2, axis=1) + sens.r_rel**2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("n", "d", "reg"), [(3, 2, 0.01), (4, 2, 0.1), (6, 3, 1.0), (5, 2, 10.0)])
 def test_ridge_relative_sensitivity_adversarial(n: int, d: int, reg: float) -> None:
     """Nelder–Mead over every record, label and the replacement (then clipped), maximising the exact sup over
@@ -799,8 +768,8 @@ def test_ridge_relative_sensitivity_adversarial(n: int, d: int, reg: float) -> N
 
     def ratio(z: np.ndarray, batch: int = 1) -> np.ndarray:
         features, labels, new_row, new_label = unpack(z, batch)
-        _, m, c = _pair_quantities(features, labels, new_row, new_label, reg)
-        return _sup_ratio_over_theta(m, c, sens)
+        _, m, c = pair_quantities(features, labels, new_row, new_label, reg)
+        return sup_ratio_over_theta(m, c, sens)
 
     size = n * d + n + d + 1
     starts = rng.normal(size=(400, size)) * 2
@@ -853,6 +822,7 @@ def test_release_gamma_zero_is_gaussian_and_input_untouched() -> None:
         rgm_release_grid(np.zeros(2), 1.0, 0.0, Noise.seeded(0))  # the grid needs σ > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sigma_units", [6.0, 12.0, 30.0])
 def test_grid_bound_by_exact_summation(sigma_units: float) -> None:
     """Theorem RGM-GRID checked by exact summation over the integer support (d = 1): random admissible
