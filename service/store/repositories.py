@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Select, func, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
@@ -24,6 +24,8 @@ from service.store.models import (
     RequestState,
     SecretState,
 )
+
+SelectT = TypeVar("SelectT", bound=Select[Any])
 
 
 def _storable(key: str) -> bool:
@@ -380,20 +382,30 @@ class RequestRepository:
         of ``analyst`` / ``dataset_id`` / in ``state`` when given; only those listed after the position
         ``before`` (a ``(created_at, id)`` of an earlier page's last item): a keyset page."""
         query = select(AnalysisRequest).where(AnalysisRequest.kind == "request")
-        if analyst is not None:
-            query = query.where(AnalysisRequest.analyst == analyst)
-        if dataset_id is not None:
-            query = query.where(AnalysisRequest.dataset_id == dataset_id)
-        if state is not None:
-            query = query.where(AnalysisRequest.state == state)
-        if before is not None:
-            at, last_id = before
-            query = query.where(
-                (AnalysisRequest.created_at < at)
-                | ((AnalysisRequest.created_at == at) & (AnalysisRequest.id < last_id))
-            )
-        order = (AnalysisRequest.created_at.desc(), AnalysisRequest.id.desc())
-        return self.session.scalars(query.order_by(*order).limit(limit)).all()
+        query = _newest_first(query, AnalysisRequest, analyst, dataset_id, state, before)
+        return self.session.scalars(query.limit(limit)).all()
+
+
+def _newest_first(
+    query: SelectT,
+    model: type[AnalysisRequest] | type[AnalysisSession],
+    analyst: str | None,
+    dataset_id: str | None,
+    state: str | None,
+    before: tuple[datetime, str] | None,
+) -> SelectT:
+    """A history query: the given filters, rows after the keyset position ``before`` (an earlier page's
+    last (created_at, id)), newest first with ``id`` breaking ties."""
+    if analyst is not None:
+        query = query.where(model.analyst == analyst)
+    if dataset_id is not None:
+        query = query.where(model.dataset_id == dataset_id)
+    if state is not None:
+        query = query.where(model.state == state)
+    if before is not None:
+        at, last_id = before
+        query = query.where((model.created_at < at) | ((model.created_at == at) & (model.id < last_id)))
+    return query.order_by(model.created_at.desc(), model.id.desc())
 
 
 class SessionRepository:
@@ -438,20 +450,8 @@ class SessionRepository:
         query = select(AnalysisSession, AnalysisRequest).join(
             AnalysisRequest, AnalysisRequest.id == AnalysisSession.request_id
         )
-        if analyst is not None:
-            query = query.where(AnalysisSession.analyst == analyst)
-        if dataset_id is not None:
-            query = query.where(AnalysisSession.dataset_id == dataset_id)
-        if state is not None:
-            query = query.where(AnalysisSession.state == state)
-        if before is not None:
-            at, last_id = before
-            query = query.where(
-                (AnalysisSession.created_at < at)
-                | ((AnalysisSession.created_at == at) & (AnalysisSession.id < last_id))
-            )
-        order = (AnalysisSession.created_at.desc(), AnalysisSession.id.desc())
-        rows = self.session.execute(query.order_by(*order).limit(limit)).tuples().all()
+        query = _newest_first(query, AnalysisSession, analyst, dataset_id, state, before)
+        rows = self.session.execute(query.limit(limit)).tuples().all()
         return [(row, request) for row, request in rows]
 
 
