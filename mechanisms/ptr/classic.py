@@ -40,12 +40,12 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictStr
 
-from mechanisms.accounting import RdpCurve
 from mechanisms.accounting.approximate import ApproximateCharge
-from mechanisms.base import ParamsChecked, ParamsError, PublicContext, Release, Table
+from mechanisms.base import ParamsError, PublicContext, Release, Table
 from mechanisms.data.schema import FloatColumn, IntColumn
 from mechanisms.noise import Grid, Noise, laplace_grid
 from mechanisms.ptr.generalized import GenPtrBudget, gen_ptr, laplace_scale_units
+from mechanisms.ptr.protocol import ApproximateBase
 
 _PAD = 1.0 + 1e-12
 MAX_VALUE_UNITS = 2**44
@@ -243,7 +243,7 @@ def classic_plan(params: ClassicPtrParams) -> ClassicPtrPlan:
         raise ParamsError("epsilon", str(error)) from error
 
 
-class ClassicPtr(ParamsChecked):
+class ClassicPtr(ApproximateBase[ClassicPtrParams]):
     """``ptr.classic``: the median of a bounded numeric column by classic PTR (Alg 3), or ⊥."""
 
     name: ClassVar[str] = "ptr.classic"
@@ -253,9 +253,6 @@ class ClassicPtr(ParamsChecked):
         "(approximate DP: charged (ε, δ) on the δ-ledger)"
     )
     params_model: ClassVar[type[BaseModel]] = ClassicPtrParams
-    cost_parameter: ClassVar[str] = "epsilon"
-    cost_increases_with_parameter: ClassVar[bool] = True
-    approximate: ClassVar[bool] = True
 
     def check(self, p: ClassicPtrParams, ctx: PublicContext) -> None:
         check_beta(numeric_column(ctx, p.column, "column"), p.beta, "beta")
@@ -263,9 +260,6 @@ class ClassicPtr(ParamsChecked):
 
     def approximate_charge(self, p: ClassicPtrParams, ctx: PublicContext) -> ApproximateCharge:
         return classic_plan(p).charge(ctx.orders)
-
-    def worst_case(self, p: ClassicPtrParams, ctx: PublicContext) -> RdpCurve:
-        return self.approximate_charge(p, ctx).curve
 
     def run(self, p: ClassicPtrParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         column = numeric_column(ctx, p.column, "column")
@@ -281,7 +275,7 @@ class ClassicPtr(ParamsChecked):
             "median": released,
             **pl.grid.describe(),
         }
-        return Release(output=output, realized=self.worst_case(p, ctx))
+        return self.release(p, ctx, output)
 
 
 CLASSIC_PTR = ClassicPtr()

@@ -25,9 +25,8 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
-from mechanisms.accounting import RdpCurve
 from mechanisms.accounting.approximate import ApproximateCharge
-from mechanisms.base import ParamsChecked, ParamsError, PublicContext, Release, Table
+from mechanisms.base import ParamsError, PublicContext, Release, Table
 from mechanisms.learners.features import FeatureSpec, check_features, design_matrix, dimension
 from mechanisms.noise import Noise, dyadic_scale_up
 from mechanisms.noise.learners import discrete_gaussian_std
@@ -37,6 +36,7 @@ from mechanisms.ptr.generalized import (
     lower_bound_release,
     upper_bound_release,
 )
+from mechanisms.ptr.protocol import ApproximateBase
 
 MAX_DIMENSION = 32
 INPUT_BITS = 20  # data grid: 2^-20·R per entry
@@ -267,7 +267,7 @@ def _ceil_units(value: Fraction) -> int:
 # ----- the mechanism ------------------------------------------------------------------------------------
 
 
-class OpsLinear(ParamsChecked):
+class OpsLinear(ApproximateBase[OpsLinearParams]):
     """``ptr.ops_linear``: private ridge regression by one posterior sample, γ tuned by Gen-PTR."""
 
     name: ClassVar[str] = "ptr.ops_linear"
@@ -276,9 +276,6 @@ class OpsLinear(ParamsChecked):
         "(approximate DP: charged (ε, δ) on the δ-ledger)"
     )
     params_model: ClassVar[type[BaseModel]] = OpsLinearParams
-    cost_parameter: ClassVar[str] = "epsilon"
-    cost_increases_with_parameter: ClassVar[bool] = True
-    approximate: ClassVar[bool] = True
 
     def check(self, p: OpsLinearParams, ctx: PublicContext) -> None:
         check_features(p.features, ctx, "regression", "features")
@@ -291,14 +288,11 @@ class OpsLinear(ParamsChecked):
         budget = plan(p, dimension(p.features, ctx), ctx.schema.neighboring).budget
         return ApproximateCharge.from_epsilon_delta(budget.epsilon, budget.delta, ctx.orders)
 
-    def worst_case(self, p: OpsLinearParams, ctx: PublicContext) -> RdpCurve:
-        return self.approximate_charge(p, ctx).curve
-
     def run(self, p: OpsLinearParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         x, y = design_matrix(p.features, ctx, table, "regression", row_norm=p.row_norm)
         pl = plan(p, x.shape[1], ctx.schema.neighboring)
         output = ops_release(pl, x, y, noise)
-        return Release(output=output, realized=self.worst_case(p, ctx))
+        return self.release(p, ctx, output)
 
 
 def quantise(x: np.ndarray, grid: float) -> np.ndarray:

@@ -8,13 +8,13 @@ that same curve: an approximate request commits what it reserved, ⊥ included.
 
 from __future__ import annotations
 
-from typing import ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel
 
 from mechanisms.accounting import RdpCurve
 from mechanisms.accounting.approximate import ApproximateCharge
-from mechanisms.base import PublicContext, Release, Table
+from mechanisms.base import ParamsChecked, PublicContext, Release, Table
 from mechanisms.noise import Noise
 
 P = TypeVar("P", bound=BaseModel, contravariant=True)
@@ -39,3 +39,22 @@ class ApproximateMechanism(Protocol[P]):
 def is_approximate(mechanism: object) -> bool:
     """Whether the filter must admit ``mechanism`` through the δ-ledger (docs/privacy.md §11)."""
     return bool(getattr(mechanism, "approximate", False))
+
+
+class ApproximateBase(ParamsChecked, Generic[P]):
+    """What the (ε, δ) mechanisms share: the cost parameter is ε (the refusal's affordability search
+    prices the curve part), ``worst_case`` is the charge's curve, and a release's realized charge is that
+    same curve — an approximate request commits what it reserved, ⊥ included (docs/privacy.md §11.2)."""
+
+    cost_parameter: ClassVar[str] = "epsilon"
+    cost_increases_with_parameter: ClassVar[bool] = True
+    approximate: ClassVar[bool] = True
+
+    def approximate_charge(self, p: P, ctx: PublicContext) -> ApproximateCharge:
+        raise NotImplementedError
+
+    def worst_case(self, p: P, ctx: PublicContext) -> RdpCurve:
+        return self.approximate_charge(p, ctx).curve
+
+    def release(self, p: P, ctx: PublicContext, output: dict[str, Any]) -> Release:
+        return Release(output=output, realized=self.worst_case(p, ctx))

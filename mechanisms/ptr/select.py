@@ -33,9 +33,8 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictStr
 
-from mechanisms.accounting import RdpCurve
 from mechanisms.accounting.approximate import ApproximateCharge
-from mechanisms.base import ParamsChecked, ParamsError, PublicContext, Release, Table
+from mechanisms.base import ParamsError, PublicContext, Release, Table
 from mechanisms.noise import Noise
 from mechanisms.ptr.classic import (
     ClassicPtrPlan,
@@ -45,6 +44,7 @@ from mechanisms.ptr.classic import (
     lower_median,
     numeric_column,
 )
+from mechanisms.ptr.protocol import ApproximateBase
 
 MAX_CANDIDATES = 64
 MAX_ITERATIONS = 1 << 20
@@ -154,7 +154,7 @@ def random_stopping_select(
     return None if best is None else (best[3], best[2])
 
 
-class PtrSelect(ParamsChecked):
+class PtrSelect(ApproximateBase[PtrSelectParams]):
     """``ptr.select``: the median by classic PTR with β chosen among public candidates (Alg 5)."""
 
     name: ClassVar[str] = "ptr.select"
@@ -164,9 +164,6 @@ class PtrSelect(ParamsChecked):
         "(approximate DP: charged (ε, δ) on the δ-ledger)"
     )
     params_model: ClassVar[type[BaseModel]] = PtrSelectParams
-    cost_parameter: ClassVar[str] = "epsilon"
-    cost_increases_with_parameter: ClassVar[bool] = True
-    approximate: ClassVar[bool] = True
 
     def check(self, p: PtrSelectParams, ctx: PublicContext) -> None:
         column = numeric_column(ctx, p.column, "column")
@@ -181,9 +178,6 @@ class PtrSelect(ParamsChecked):
     def approximate_charge(self, p: PtrSelectParams, ctx: PublicContext) -> ApproximateCharge:
         return select_plan(p).charge(ctx.orders)
 
-    def worst_case(self, p: PtrSelectParams, ctx: PublicContext) -> RdpCurve:
-        return self.approximate_charge(p, ctx).curve
-
     def run(self, p: PtrSelectParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         column = numeric_column(ctx, p.column, "column")
         pl = select_plan(p)
@@ -197,7 +191,7 @@ class PtrSelect(ParamsChecked):
         else:
             index, value = chosen
             output.update(beta=p.betas[index], median=value, **pl.plans[index].grid.describe())
-        return Release(output=output, realized=self.worst_case(p, ctx))
+        return self.release(p, ctx, output)
 
 
 PTR_SELECT = PtrSelect()

@@ -184,6 +184,18 @@ class HistoryPage(Generic[T]):
     next_after: str | None
 
 
+@dataclass(frozen=True)
+class HistoryQuery:
+    """A history listing's filters (each None: any) and its page: ``after`` is the id of the previous
+    page's last item, ``limit`` the page size."""
+
+    analyst: str | None = None
+    dataset_id: str | None = None
+    state: str | None = None
+    after: str | None = None
+    limit: int = 100
+
+
 def history_owner(principal: Principal, analyst: str | None) -> str | None:
     """Whose requests and sessions ``principal`` may list: analysts their own (asking for another analyst's
     is a 403), admins everyone's or ``analyst``'s; viewers none (they cannot read releases or answers).
@@ -207,29 +219,20 @@ def history_page(rows: Sequence[T], limit: int, key: Callable[[T], str]) -> Hist
     return HistoryPage(items, key(items[-1]) if len(rows) > limit else None)
 
 
-def history(
-    session: Session,
-    principal: Principal,
-    *,
-    analyst: str | None = None,
-    dataset_id: str | None = None,
-    state: str | None = None,
-    after: str | None = None,
-    limit: int = 100,
-) -> HistoryPage[AnalysisRequest]:
+def history(session: Session, principal: Principal, query: HistoryQuery) -> HistoryPage[AnalysisRequest]:
     """The caller's requests (admins: everyone's, or ``analyst``'s), newest first, optionally of one dataset
     or in one state; ``after`` is the id of the previous page's last item. Sessions' reservations are
     listed as sessions, not here."""
-    owner = history_owner(principal, analyst)
+    owner = history_owner(principal, query.analyst)
     repository = RequestRepository(session)
     before = None
-    if after is not None:
-        cursor = repository.get(after)
+    if query.after is not None:
+        cursor = repository.get(query.after)
         if cursor is None or cursor.kind != "request" or not _may_see(principal, cursor.analyst):
-            raise InvalidInput("query.after", f"no request {after!r} in this listing to continue after")
+            raise InvalidInput("query.after", f"no request {query.after!r} in this listing to continue after")
         before = (cursor.created_at, cursor.id)
-    rows = repository.history(owner, dataset_id, state, before, limit + 1)
-    return history_page(rows, limit, lambda row: row.id)
+    rows = repository.history(owner, query.dataset_id, query.state, before, query.limit + 1)
+    return history_page(rows, query.limit, lambda row: row.id)
 
 
 def public_progress(request: AnalysisRequest) -> float | None:

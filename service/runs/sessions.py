@@ -40,7 +40,7 @@ from service.errors import (
 from service.filter.admission import Refused, lock_filters
 from service.logs import failure_fields
 from service.runs.admission import Validated, admit_locked, fingerprint, refusal, validated_for
-from service.runs.requests import HistoryPage, history_owner, history_page
+from service.runs.requests import HistoryPage, HistoryQuery, history_owner, history_page
 from service.runs.runtime import Runtime
 from service.runs.settlement import settle_locked
 from service.store.models import AnalysisRequest, AnalysisSession, PrivacyFilter, SecretState
@@ -146,28 +146,21 @@ def visible_session(session: Session, principal: Principal, session_id: str) -> 
 
 
 def history(
-    session: Session,
-    principal: Principal,
-    *,
-    analyst: str | None = None,
-    dataset_id: str | None = None,
-    state: str | None = None,
-    after: str | None = None,
-    limit: int = 100,
+    session: Session, principal: Principal, query: HistoryQuery
 ) -> HistoryPage[tuple[AnalysisSession, AnalysisRequest]]:
     """The caller's sessions (admins: everyone's, or ``analyst``'s) with their reservation's request row,
     newest first, optionally of one dataset or in one state; ``after`` is the id of the previous page's
     last item. The same role rules as the requests' history."""
-    owner = history_owner(principal, analyst)
+    owner = history_owner(principal, query.analyst)
     repository = SessionRepository(session)
     before = None
-    if after is not None:
-        cursor = repository.get(after)
+    if query.after is not None:
+        cursor = repository.get(query.after)
         if cursor is None or (principal.role is not Role.admin and cursor.analyst != principal.name):
-            raise InvalidInput("query.after", f"no session {after!r} in this listing to continue after")
+            raise InvalidInput("query.after", f"no session {query.after!r} in this listing to continue after")
         before = (cursor.created_at, cursor.id)
-    rows = repository.history(owner, dataset_id, state, before, limit + 1)
-    return history_page(rows, limit, lambda pair: pair[0].id)
+    rows = repository.history(owner, query.dataset_id, query.state, before, query.limit + 1)
+    return history_page(rows, query.limit, lambda pair: pair[0].id)
 
 
 class _PublicParts:

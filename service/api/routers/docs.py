@@ -8,7 +8,9 @@ FastAPI's own pages load Swagger UI and ReDoc from a CDN; the app turns them off
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
@@ -49,28 +51,28 @@ def _openapi_url(request: Request) -> str:
 
 @router.get("/docs")
 def swagger_ui(request: Request) -> HTMLResponse:
-    page = get_swagger_ui_html(
-        openapi_url=_openapi_url(request),
-        title=f"{request.app.title} - Swagger UI",
+    return _page(
+        request,
+        get_swagger_ui_html,
+        "Swagger UI",
         swagger_js_url=_asset(request, SWAGGER_JS),
         swagger_css_url=_asset(request, SWAGGER_CSS),
         swagger_favicon_url=_asset(request, FAVICON),
         # no badge from the online validator (it would send the document to a third party)
         swagger_ui_parameters={"validatorUrl": None},
     )
-    page.headers.update(SECURITY_HEADERS)
-    return page
 
 
 @router.get("/redoc")
 def redoc(request: Request) -> HTMLResponse:
-    page = get_redoc_html(
-        openapi_url=_openapi_url(request),
-        title=f"{request.app.title} - ReDoc",
-        redoc_js_url=_asset(request, REDOC_JS),
-        redoc_favicon_url=_asset(request, FAVICON),
-        with_google_fonts=False,
-    )
+    assets = {"redoc_js_url": _asset(request, REDOC_JS), "redoc_favicon_url": _asset(request, FAVICON)}
+    return _page(request, get_redoc_html, "ReDoc", with_google_fonts=False, **assets)
+
+
+def _page(request: Request, render: Callable[..., HTMLResponse], name: str, **assets: Any) -> HTMLResponse:
+    """A docs page for this app's OpenAPI document that loads scripts, styles and images from this server
+    only."""
+    page = render(openapi_url=_openapi_url(request), title=f"{request.app.title} - {name}", **assets)
     page.headers.update(SECURITY_HEADERS)
     return page
 

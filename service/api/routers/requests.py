@@ -13,6 +13,7 @@ from service.auth import NAME_PATTERN
 from service.errors import BudgetExhausted, MechanismFailed
 from service.filter.refusals import record_refusal
 from service.runs import requests as lifecycle
+from service.runs.requests import HistoryQuery
 from service.store.models import AnalysisRequest, RequestState
 from service.store.repositories import RequestRepository
 
@@ -157,9 +158,8 @@ def list_requests(
     after: HistoryAfter = None,
     limit: HistoryLimit = 100,
 ) -> RequestPage:
-    page = lifecycle.history(
-        session, who, analyst=analyst, dataset_id=dataset_id, state=state, after=after, limit=limit
-    )
+    query = HistoryQuery(analyst, dataset_id, state, after, limit)
+    page = lifecycle.history(session, who, query)
     repository = RequestRepository(session)
     items = [_out(r, repository.queue_position(r) if r.queued else None) for r in page.items]
     return RequestPage(items=items, next_after=page.next_after)

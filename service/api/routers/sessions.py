@@ -19,6 +19,7 @@ from service.api.schemas import AnswerOut, SessionIn, SessionOut, SessionPage
 from service.errors import BudgetExhausted, Forbidden
 from service.filter.refusals import record_refusal
 from service.runs import sessions as domain
+from service.runs.requests import HistoryQuery
 from service.store.models import AnalysisSession
 from service.store.repositories import RequestRepository
 
@@ -102,9 +103,8 @@ def list_sessions(
     after: HistoryAfter = None,
     limit: HistoryLimit = 100,
 ) -> SessionPage:
-    page = domain.history(
-        session, who, analyst=analyst, dataset_id=dataset_id, state=state, after=after, limit=limit
-    )
+    query = HistoryQuery(analyst, dataset_id, state, after, limit)
+    page = domain.history(session, who, query)
     # each session's request row was loaded with it: _out_with finds it in the session's identity map
     return SessionPage(items=[_out_with(session, row) for row, _ in page.items], next_after=page.next_after)
 
