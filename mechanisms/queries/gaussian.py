@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import ParamsChecked, PublicContext, Release, Table
 from mechanisms.noise import Noise, dyadic_scale_up
+from mechanisms.queries.intervals import discrete_gaussian_quantile, release_interval
 from mechanisms.queries.language import (
     MAX_SCALE_BITS,
     GridPlan,
@@ -52,6 +53,13 @@ class GaussianParams(BaseModel):
     sigma: StrictFloat = Field(
         gt=0, le=1e9, allow_inf_nan=False, description="standard deviation of the noise"
     )
+    confidence: StrictFloat = Field(
+        default=0.95,
+        gt=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="level of the confidence interval published with the release (post-processing, free)",
+    )
 
 
 def gaussian_plan(params: GaussianParams, ctx: PublicContext) -> tuple[GridPlan, float, Fraction]:
@@ -73,7 +81,8 @@ class Gaussian(ParamsChecked):
 
     def check(self, p: GaussianParams, ctx: PublicContext) -> None:
         check_query(p.query, ctx)
-        gaussian_plan(p, ctx)  # refuses a grid that cannot hold the release
+        variance_units = gaussian_plan(p, ctx)[2]  # refuses a grid that cannot hold the release
+        discrete_gaussian_quantile(variance_units, p.confidence)  # the interval's half-width (cached for run)
 
     def worst_case(self, p: GaussianParams, ctx: PublicContext) -> RdpCurve:
         plan, sigma_units, _ = gaussian_plan(p, ctx)
@@ -83,9 +92,11 @@ class Gaussian(ParamsChecked):
         self.check(p, ctx)
         plan, sigma_units, variance_units = gaussian_plan(p, ctx)  # the public plan of worst_case
         worst = RdpCurve.gaussian(plan.l2_units, sigma_units, ctx.orders)
+        quantile = discrete_gaussian_quantile(variance_units, p.confidence)  # public (s², level)
         units, labels = evaluate_units(p.query, ctx, table, plan)
         draws = noise.discrete_gaussian(variance_units, units.size)
-        noisy = plan.grid.from_units(units.astype(object) + draws)
+        noisy_units = units.astype(object) + draws
+        noisy = plan.grid.from_units(noisy_units)
         realized = worst  # the ex-ante curve holds for every outcome
         spec = {
             "distribution": "discrete_gaussian",
@@ -94,4 +105,5 @@ class Gaussian(ParamsChecked):
             "variance_units": float(variance_units),
             **plan.grid.describe(),
         }
-        return Release(output=release_output(noisy, labels, spec), realized=realized)
+        interval = release_interval(noisy_units, plan, quantile, p.confidence, labels)
+        return Release(output=release_output(noisy, labels, spec, interval), realized=realized)

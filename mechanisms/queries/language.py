@@ -288,11 +288,21 @@ def evaluate(
     return np.array([total / ctx.n_rows]), None
 
 
-def release_output(noisy: np.ndarray, labels: list[str] | None, noise: dict[str, Any]) -> dict[str, Any]:
-    """JSON output of a noisy query: ``{"value": x}`` or ``{"values": {label: x}}``, plus the noise spec."""
+def release_output(
+    noisy: np.ndarray,
+    labels: list[str] | None,
+    noise: dict[str, Any],
+    interval: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """JSON output of a noisy query: ``{"value": x}`` or ``{"values": {label: x}}``, plus the noise spec and,
+    when given, the confidence interval (``mechanisms.queries.intervals.release_interval``)."""
     if labels is None:
-        return {"value": float(noisy[0]), "noise": noise}
-    return {"values": dict(zip(labels, map(float, noisy), strict=True)), "noise": noise}
+        output: dict[str, Any] = {"value": float(noisy[0]), "noise": noise}
+    else:
+        output = {"values": dict(zip(labels, map(float, noisy), strict=True)), "noise": noise}
+    if interval is not None:
+        output["interval"] = interval
+    return output
 
 
 # ----- releases on a public grid (docs/privacy.md §10, finite precision) ---------------------------------

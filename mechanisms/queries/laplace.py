@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import ParamsChecked, PublicContext, Release, Table
 from mechanisms.noise import Noise, float_up
+from mechanisms.queries.intervals import discrete_laplace_quantile, release_interval
 from mechanisms.queries.language import (
     AnyQuery,
     GridPlan,
@@ -44,6 +45,13 @@ class LaplaceParams(BaseModel):
 
     query: Query
     epsilon: StrictFloat = Field(gt=0, le=100, allow_inf_nan=False, description="pure-DP ε of this release")
+    confidence: StrictFloat = Field(
+        default=0.95,
+        gt=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="level of the confidence interval published with the release (post-processing, free)",
+    )
 
 
 def laplace_curve(plan: GridPlan, scale: Fraction, epsilon: float, orders: tuple[float, ...]) -> RdpCurve:
@@ -74,7 +82,8 @@ class Laplace(ParamsChecked):
 
     def check(self, p: LaplaceParams, ctx: PublicContext) -> None:
         check_query(p.query, ctx)
-        _release_plan(p.query, ctx, p.epsilon)  # refuses an ε whose noise would not fit the grid
+        scale = _release_plan(p.query, ctx, p.epsilon)[1]  # refuses an ε whose noise would not fit the grid
+        discrete_laplace_quantile(scale, p.confidence)  # the interval's half-width (cached for run)
 
     def worst_case(self, p: LaplaceParams, ctx: PublicContext) -> RdpCurve:
         return _release_plan(p.query, ctx, p.epsilon)[2]
@@ -82,8 +91,10 @@ class Laplace(ParamsChecked):
     def run(self, p: LaplaceParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         check_query(p.query, ctx)
         plan, scale, worst = _release_plan(p.query, ctx, p.epsilon)  # the plan of check and worst_case
+        quantile = discrete_laplace_quantile(scale, p.confidence)  # public (scale, level): post-processing
         units, labels = evaluate_units(p.query, ctx, table, plan)
-        noisy = plan.grid.from_units(units.astype(object) + noise.discrete_laplace(scale, units.size))
+        noisy_units = units.astype(object) + noise.discrete_laplace(scale, units.size)
+        noisy = plan.grid.from_units(noisy_units)
         realized = worst  # the loss bound holds for every outcome: nothing about the output lowers it
         spec = {
             "distribution": "discrete_laplace",
@@ -91,4 +102,5 @@ class Laplace(ParamsChecked):
             "scale_units": float(scale),
             **plan.grid.describe(),
         }
-        return Release(output=release_output(noisy, labels, spec), realized=realized)
+        interval = release_interval(noisy_units, plan, quantile, p.confidence, labels)
+        return Release(output=release_output(noisy, labels, spec, interval), realized=realized)

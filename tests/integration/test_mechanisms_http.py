@@ -31,7 +31,7 @@ class TestCatalog:
             schema = entry["params_schema"]
             assert schema["type"] == "object"
             assert set(schema["required"]) == {"query", cost}
-            assert set(schema["properties"]) == {"query", cost}
+            assert set(schema["properties"]) == {"query", cost, "confidence"}
             assert schema["additionalProperties"] is False
             assert schema["properties"][cost]["type"] == "number"
             assert schema["properties"][cost]["exclusiveMinimum"] == 0

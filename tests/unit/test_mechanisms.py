@@ -249,7 +249,7 @@ def test_laplace_scalar_output(replace_ctx: PublicContext, table: LoadedTable) -
     """A real-valued sum (Δ = 100): γ = 2^-4, M = ⌊1600 + 1/64⌋ + 1 = 1601, t = 3202 units = 200.125."""
     release = LAPLACE.run(laplace(SUM, 0.5), replace_ctx, table.columns, Noise.seeded(12345))
     noise = release.output["noise"]
-    assert set(release.output) == {"value", "noise"}
+    assert set(release.output) == {"value", "noise", "interval"}
     assert noise == {
         "distribution": "discrete_laplace",
         "scale": 200.125,
