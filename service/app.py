@@ -28,6 +28,7 @@ from service.api.routers import (
     health,
     keys,
     limits,
+    me,
     mechanisms,
     requests,
     sessions,
@@ -134,7 +135,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     install_openapi(app)
-    for module in (health, keys, datasets, requests, sessions, limits, mechanisms, dashboard):
+    for module in (health, keys, me, datasets, requests, sessions, limits, mechanisms, dashboard):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(reports_router, responses=ERROR_RESPONSES)
     app.include_router(docs.router)

@@ -241,6 +241,23 @@ def keys_create(
     typer.echo(key)
 
 
+@keys_app.command("revoke")
+def keys_revoke(name: Annotated[str, typer.Argument(help="the key's name")]) -> None:
+    """Revoke an API key in the database: servers refuse it within EXPOST_AUTH_CACHE_SECONDS."""
+    from service.auth import revoke_key
+    from service.errors import ServiceError
+
+    sessions = _sessions()
+    try:
+        with sessions() as session, session.begin():
+            key = revoke_key(session, name)
+            revoked_at = key.revoked_at
+    except ServiceError as exc:
+        typer.echo(f"error: {exc.detail}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"revoked: {name} (at {revoked_at.isoformat() if revoked_at else '?'})")
+
+
 @datasets_app.command("add")
 def datasets_add(
     file: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="CSV file with a header row")],
@@ -829,14 +846,50 @@ def budget_show(
     url: UrlOption = DEFAULT_URL,
     key: KeyOption = None,
 ) -> None:
-    """Show spent, reserved and remaining budget per order."""
+    """Show spent, reserved and remaining budget per order.
+
+    With an analyst's key and no --analyst, also the caller's own sub-budget when one is set, and which of
+    the two binds (a request must fit both). --json prints only the view asked for, as the server sends it.
+    """
     with _remote(url, key, as_json) as client:
         budget = client.get_budget(dataset_id, analyst)
+        own = None if analyst is not None or as_json else _own_sub_budget(client, dataset_id)
     assert budget is not None  # no ETag was sent, so never 304
     if as_json:
         _print_json(budget.raw)
-    else:
+    elif own is None:
         _show(*_budget_tables(budget))
+    else:
+        _show(_binding_summary(budget, own), *_budget_tables(own), *_budget_tables(budget))
+
+
+def _own_sub_budget(client: ExpostClient, dataset_id: str) -> Budget | None:
+    """The caller's own sub-budget on the dataset when the key is an analyst's and one is set, else None."""
+    me = client.me()
+    if me.role != "analyst":
+        return None
+    name = me.name
+    own = client.get_budget(dataset_id, name)
+    return own if own is not None and own.budget_set else None
+
+
+def _binding_summary(dataset: Budget, own: Budget) -> Group:
+    """Which filter binds an analyst: the smaller remaining ε (no budget or no usable slot admits nothing)."""
+
+    def left(view: Budget) -> float:
+        return (view.epsilon_remaining or 0.0) if view.budget_set else 0.0
+
+    mine, theirs = left(own), left(dataset)
+    binding = "your sub-budget" if mine < theirs else "dataset" if mine > theirs else "both"
+    return _kv(
+        f"what binds you on {dataset.dataset_id}",
+        [
+            ("largest ε admissible", min(mine, theirs)),
+            ("binding", binding),
+            ("your sub-budget: ε remaining", own.epsilon_remaining),
+            ("dataset: ε remaining", dataset.epsilon_remaining),
+        ],
+    )
 
 
 @app.command("grant")

@@ -202,3 +202,34 @@ class SessionPage(BaseModel):
     next_after: str | None = Field(
         description="the id to pass as `after` for the next page; null on the last page"
     )
+
+
+class KeyRevokedOut(BaseModel):
+    """``DELETE /v1/keys/{name}``: the key is refused from now on (other processes: within the key cache)."""
+
+    name: str
+    role: str
+    revoked_at: datetime = Field(description="when it was first revoked (revoking again changes nothing)")
+
+
+class GrantRevokedOut(BaseModel):
+    """``DELETE /v1/datasets/{id}/grants/{analyst}``."""
+
+    dataset_id: str
+    analyst: str
+    revoked: bool = Field(description="false when the analyst had no grant (nothing changed)")
+
+
+class DatasetArchivedOut(BaseModel):
+    """``POST /v1/datasets/{id}/archive``: no new requests or sessions; history and ledger stay."""
+
+    dataset_id: str
+    archived_at: datetime = Field(description="when it was first archived (archiving again changes nothing)")
+    archived_by: str
+
+
+class MeOut(BaseModel):
+    """The caller: the name and role of the API key that authenticated the request."""
+
+    name: str
+    role: Role

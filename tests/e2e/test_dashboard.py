@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import LiveServer
 from tests.e2e.browser import chromium_page, image_stats
-from tests.integration.helpers import World, get_budget, make_world
+from tests.integration.helpers import World, get_budget, make_world, upload
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -226,3 +226,89 @@ def test_the_delta_share_of_approximate_requests_is_shown(live_server: LiveServe
             "(v) => Number(document.getElementById('delta-used').dataset.value) === v", arg=used
         )
         assert (page.text_content("#delta-used") or "").endswith(" of 1e-6")
+
+
+def open_dashboard(page: Any, base_url: str, key: str) -> str:
+    """Log in without picking a dataset; returns the dataset the dashboard opened by itself."""
+    page.goto(f"{base_url}/dashboard")
+    page.wait_for_selector("#login-form", state="visible")
+    page.fill("#api-key", key)
+    page.click("#login-button")
+    page.wait_for_selector("#app", state="visible")
+    page.wait_for_function("() => document.getElementById('eps-remaining').dataset.value !== ''")
+    return str(page.eval_on_selector("#dataset-select", "(s) => s.value"))
+
+
+def test_an_analyst_sees_the_binding_one_of_their_sub_budget_and_the_dataset(
+    live_server: LiveServer, tmp_path: Path
+) -> None:
+    """An analyst whose own sub-budget is tighter than the dataset's sees it as ε remaining, labelled as
+    theirs, with both numbers; when the dataset's binds again the page says so by itself. After login the
+    dashboard opens the first dataset, then the one last used in this browser."""
+    world = make_world(live_server, budget={"epsilon": 5.0, "delta": 0.0})
+    first = world.dataset_id
+    created = upload(world.admin)
+    assert created.status_code == 201, created.text
+    second = created.json()["id"]
+    granted = world.admin.post(f"/v1/datasets/{second}/grants", json={"analyst": world.analyst_name})
+    assert granted.status_code == 201, granted.text
+    put = world.admin.put(f"/v1/datasets/{second}/budget", json={"epsilon": 3.0, "delta": 0.0})
+    assert put.status_code == 200, put.text
+    sub_budget = f"/v1/datasets/{first}/analysts/{world.analyst_name}/budget"
+    put = world.admin.put(sub_budget, json={"epsilon": 2.0, "delta": 0.0})
+    assert put.status_code == 200, put.text
+    base = world.server.base_url
+    analyst_key = key_of(world.analyst)
+
+    with chromium_page(tmp_path / "profile") as (page, log):
+        assert open_dashboard(page, base, analyst_key) == first  # the first dataset, not the last
+        # GET /v1/me names the analyst at once: their sub-budget (2, unspent) binds before any request.
+        page.wait_for_selector("#own-budget", state="visible")
+        page.wait_for_function("() => document.getElementById('eps-remaining').dataset.filter === 'analyst'")
+        assert value_of(page, "eps-remaining") == pytest.approx(2.0)
+
+        released = world.request(world.analyst, {"query": {"kind": "count"}, "epsilon": 1.0})
+        assert released.status_code == 200, released.text
+        dataset_left = get_budget(world.viewer, first)["epsilon_remaining"]
+        own_left = get_budget(world.analyst, first, world.analyst_name)["epsilon_remaining"]
+        assert own_left < dataset_left  # 1 < 4: the sub-budget binds (the issue's 39.2 against 49.2)
+        page.wait_for_function(
+            "(v) => Number(document.getElementById('eps-remaining').dataset.value) === v", arg=own_left
+        )
+        assert page.get_attribute("#eps-remaining", "data-filter") == "analyst"
+        assert "your sub-budget" in (page.text_content("#remaining-source") or "")
+        assert value_of(page, "own-remaining") == pytest.approx(own_left)
+        assert value_of(page, "dataset-remaining") == pytest.approx(dataset_left)
+        assert (page.text_content("#own-target") or "") == "ε = 2, δ = 0"
+        assert page.get_attribute("#own-budget", "class") == "own-budget binding"
+
+        # The admin raises the sub-budget above the dataset's: the dataset binds, and the page says so.
+        put = world.admin.put(sub_budget, json={"epsilon": 10.0, "delta": 0.0})
+        assert put.status_code == 200, put.text
+        page.wait_for_function("() => document.getElementById('eps-remaining').dataset.filter === 'dataset'")
+        assert value_of(page, "eps-remaining") == pytest.approx(dataset_left)
+        assert "binding: dataset" in (page.text_content("#remaining-source") or "")
+        assert value_of(page, "own-remaining") == pytest.approx(9.0)
+
+        # The second dataset: no sub-budget there, so only the dataset's budget, and a note.
+        page.select_option("#dataset-select", second)
+        page.wait_for_function(
+            "() => document.getElementById('own-note').textContent.includes('No sub-budget')"
+        )
+        assert page.is_hidden("#own-budget")
+        assert page.get_attribute("#eps-remaining", "data-filter") == "dataset"
+
+        # Log out and in again: the dataset last used opens, for this key and for another one.
+        page.click("#logout")
+        page.wait_for_selector("#login-form", state="visible")
+        assert open_dashboard(page, base, analyst_key) == second
+        page.click("#logout")
+        page.wait_for_selector("#login-form", state="visible")
+        assert open_dashboard(page, base, key_of(world.viewer)) == second
+        page.select_option("#dataset-select", first)
+        page.wait_for_function(
+            "(v) => Number(document.getElementById('eps-remaining').dataset.value) === v", arg=dataset_left
+        )
+        assert page.is_hidden("#own-budget")  # a viewer has no sub-budget of their own
+        assert (page.text_content("#own-note") or "") == ""
+        assert log.errors == [], log.errors  # no probing request failed

@@ -72,6 +72,7 @@ OPERATIONS: dict[str, str] = {
     "GET /readyz": NOBODY,
     "GET /v1/keys": ADMIN,
     "POST /v1/keys": ADMIN,
+    "DELETE /v1/keys/{name}": ADMIN,  # made-up names only: a 404 (or a 422 for a malformed name)
     "GET /v1/datasets": ANALYST,
     "POST /v1/datasets": ADMIN,
     "GET /v1/datasets/{dataset_id}": ANALYST,
@@ -92,6 +93,7 @@ OPERATIONS: dict[str, str] = {
     "GET /v1/datasets/{dataset_id}/activity": ANALYST,
     "GET /v1/datasets/{dataset_id}/refusals": ANALYST,
     "GET /v1/requests": ANALYST,
+    "GET /v1/me": ANALYST,
     "GET /v1/sessions": ANALYST,
     "POST /v1/requests/{request_id}/privacy-report": ANALYST,
     "POST /v1/sessions/{session_id}/next": ANALYST,
@@ -100,16 +102,21 @@ OPERATIONS: dict[str, str] = {
     "PUT /v1/datasets/{dataset_id}/analysts/{analyst}/budget": ADMIN,
     "PUT /v1/datasets/{dataset_id}/budget": ADMIN,
     "PUT /v1/analysts/{analyst}/limits": ADMIN,  # may lower the analyst's limits: after every submission
+    # the very last: they revoke the world analyst's grant, then archive the world's dataset
+    "DELETE /v1/datasets/{dataset_id}/grants/{analyst}": ADMIN,
+    "POST /v1/datasets/{dataset_id}/archive": ADMIN,
 }
 
 # Operations whose only inputs are the key and string path parameters, which no value can make invalid
 # against the schema: fuzzed in positive mode only (negative mode would have nothing to negate).
 POSITIVE_ONLY = {
-    "GET /healthz", "GET /readyz", "GET /v1/keys", "GET /v1/datasets", "GET /v1/mechanisms",
+    "GET /healthz", "GET /readyz", "GET /v1/keys", "GET /v1/datasets", "GET /v1/mechanisms", "GET /v1/me",
     "GET /v1/datasets/{dataset_id}", "GET /v1/datasets/{dataset_id}/grants",
     "GET /v1/datasets/{dataset_id}/budget", "GET /v1/datasets/{dataset_id}/analysts/{analyst}/budget",
     "GET /v1/requests/{request_id}", "GET /v1/sessions/{session_id}", "POST /v1/sessions/{session_id}/close",
     "POST /v1/requests/{request_id}/cancel", "GET /v1/analysts/{analyst}/limits",
+    "DELETE /v1/keys/{name}", "DELETE /v1/datasets/{dataset_id}/grants/{analyst}",
+    "POST /v1/datasets/{dataset_id}/archive",
 }
 
 # An int column too, so that histograms over integer bins are reachable.

@@ -434,3 +434,47 @@ class TestSubprocess:
             "grant",
         ):
             assert command in helped.stdout
+
+
+def test_budget_show_tells_an_analyst_which_budget_binds(cli: Cli) -> None:
+    """An analyst's `budget show` adds their own sub-budget when one is set, and says which one binds."""
+    with ExpostClient(cli.server.base_url, cli.admin_key) as admin:
+        admin.set_budget(cli.dataset_id, 5.0, 0.0)
+        admin.set_budget(cli.dataset_id, 2.0, 0.0, analyst=cli.analyst_name)
+        viewer = admin.create_key(f"cli-viewer-{secrets.token_hex(4)}", "viewer")
+    assert viewer.key is not None
+
+    before = cli.invoke("budget", "show", cli.dataset_id)
+    assert before.exit_code == 0, before.stderr
+    assert "what binds you" in output(before)  # GET /v1/me names the analyst from the start
+
+    submitted = parsed(cli.invoke("request", "submit", cli.dataset_id, "--params", COUNT, "--json"))
+    assert submitted["state"] == "committed"
+    with ExpostClient(cli.server.base_url, cli.admin_key) as admin:
+        left = admin.get_budget(cli.dataset_id)
+        mine = admin.get_budget(cli.dataset_id, cli.analyst_name)
+    assert left is not None
+    assert mine is not None
+    assert (mine.epsilon_remaining, left.epsilon_remaining) == (pytest.approx(1.9), pytest.approx(4.9))
+
+    shown = output(cli.invoke("budget", "show", cli.dataset_id))
+    assert "what binds you" in shown
+    binding = next(line for line in shown.splitlines() if line.startswith("binding "))
+    assert binding.split()[1:] == ["your", "sub-budget"], shown
+    admissible = next(line for line in shown.splitlines() if line.startswith("largest ε admissible"))
+    assert admissible.split()[-1] == "1.9", shown
+    assert f"budget of {cli.dataset_id} (analyst {cli.analyst_name})" in shown
+    assert f"budget of {cli.dataset_id} (dataset)" in shown
+    as_json = parsed(cli.invoke("budget", "show", cli.dataset_id, "--json"))
+    assert as_json["scope"] == "dataset"  # --json prints only the view asked for, unchanged
+
+    with ExpostClient(cli.server.base_url, cli.admin_key) as admin:
+        admin.set_budget(cli.dataset_id, 10.0, 0.0, analyst=cli.analyst_name)
+    raised = output(cli.invoke("budget", "show", cli.dataset_id))
+    binding = next(line for line in raised.splitlines() if line.startswith("binding "))
+    assert binding.split()[-1] == "dataset", raised
+    for other in (cli.admin_key, viewer.key):  # no sub-budget of their own
+        plain = cli.invoke("budget", "show", cli.dataset_id, key=other)
+        assert plain.exit_code == 0, plain.stderr
+        assert "what binds you" not in output(plain)
+        assert "(dataset)" in output(plain)

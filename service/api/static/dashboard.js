@@ -2,7 +2,8 @@
  *
  * Every ~2 s it polls the dataset's budget with If-None-Match (re-rendering only on 200, keeping the
  * picture on 304), then fetches what is new in the ledger and the refusals (cursor pagination) and what
- * is in flight. Everything shown comes from the API and is inserted as text, never as HTML.
+ * is in flight. For an analyst it also polls their own sub-budget and shows whichever of the two binds.
+ * Everything shown comes from the API and is inserted as text, never as HTML.
  */
 "use strict";
 
@@ -12,7 +13,7 @@
   const FETCH_PAGE = 1000;
   const UNITS_PER_EPSILON = 1e12;
   const KEY_STORAGE = "expost.apiKey";
-  const DATASET_STORAGE = "expost.datasetId";
+  const DATASET_STORAGE = "expost.datasetId"; // localStorage: the dataset last used, kept across logins
   const COLORS = {
     capacity: "#6b7687",
     spent: "#d23c3c",
@@ -32,6 +33,10 @@
     timer: null,
     etag: null,
     budget: null,
+    // Who the key is (GET /v1/me, read once per login): analyst = true / false / null (not read yet).
+    me: { analyst: null, name: null, searched: false },
+    ownEtag: null,
+    own: null,
     ledger: [],
     ledgerAfter: 0,
     ledgerPage: 0,
@@ -185,8 +190,8 @@
     stopPolling();
     state.generation += 1;
     state.key = null;
+    state.me = { analyst: null, name: null, searched: false };
     sessionStorage.removeItem(KEY_STORAGE);
-    sessionStorage.removeItem(DATASET_STORAGE);
     for (const chart of Object.values(state.charts)) chart.destroy();
     state.charts = {};
     $("app").hidden = true;
@@ -209,10 +214,27 @@
       return;
     }
     for (const d of datasets) select.append(el("option", { value: d.id }, `${d.name} (${d.id})`));
-    const wanted = [location.hash.slice(1), sessionStorage.getItem(DATASET_STORAGE)];
-    const chosen = wanted.find((id) => id && datasets.some((d) => d.id === id)) || datasets[datasets.length - 1].id;
+    // The dataset in the URL's #fragment, else the one last used in this browser, else the first one.
+    const wanted = [location.hash.slice(1), storedDataset()];
+    const chosen = wanted.find((id) => id && datasets.some((d) => d.id === id)) || datasets[0].id;
     select.value = chosen;
     selectDataset(chosen);
+  }
+
+  function storedDataset() {
+    try {
+      return localStorage.getItem(DATASET_STORAGE);
+    } catch (_) {
+      return null; // storage disabled: fall back to the first dataset
+    }
+  }
+
+  function storeDataset(id) {
+    try {
+      localStorage.setItem(DATASET_STORAGE, id);
+    } catch (_) {
+      // storage disabled or full: the choice is simply not remembered
+    }
   }
 
   // ----- dataset selection and polling ------------------------------------------------------------
@@ -229,6 +251,8 @@
       datasetId: id,
       etag: null,
       budget: null,
+      ownEtag: null,
+      own: null,
       ledger: [],
       ledgerAfter: 0,
       ledgerPage: 0,
@@ -236,13 +260,17 @@
       refusalsAfter: 0,
       activity: null,
     });
-    sessionStorage.setItem(DATASET_STORAGE, id);
+    storeDataset(id);
     const dataset = state.datasets.find((d) => d.id === id);
     $("dataset-name").textContent = dataset ? `· ${dataset.name}` : "";
     for (const id of ["eps-spent", "eps-remaining", "binding-alpha", "pure-capacity", "pure-spent", "pure-reserved", "pure-remaining"]) {
       setValue(id, null);
     }
     $("target").textContent = "—";
+    $("own-budget").hidden = true;
+    $("own-note").textContent = "";
+    $("remaining-source").textContent = "";
+    $("eps-remaining").dataset.filter = "";
     $("budget-note").textContent = "";
     $("spend-note").textContent = "";
     for (const body of ["orders-body", "requests-body", "sessions-body"]) $(body).replaceChildren();
@@ -263,11 +291,12 @@
         const newEntries = await pollLedger(generation);
         const newRefusals = await pollRefusals(generation);
         await pollActivity(generation);
+        const ownChanged = await pollOwn(generation);
         state.polls += 1;
         if (newEntries || (changed && state.ledger.length)) renderSpend();
         if (newEntries) renderLedger();
         if (newRefusals) renderRefusals();
-        const what = changed ? "budget changed" : "budget unchanged (304)";
+        const what = changed || ownChanged ? "budget changed" : "budget unchanged (304)";
         setStatus(`Updated ${new Date().toLocaleTimeString()} · ${what} · polling every ${POLL_MS / 1000} s`);
       }
     } catch (error) {
@@ -282,11 +311,11 @@
     if (generation === state.generation && state.key) state.timer = setTimeout(poll, POLL_MS);
   }
 
-  async function pollBudget(generation) {
-    const headers = state.etag ? { "If-None-Match": state.etag } : {};
-    const response = await api(datasetPath("budget"), headers);
+  /** GET a budget view with If-None-Match; null when unchanged (304). */
+  async function fetchBudget(path, etag, generation) {
+    const response = await api(path, etag ? { "If-None-Match": etag } : {});
     checkFresh(generation);
-    if (response.status === 304) return false;
+    if (response.status === 304) return null;
     if (!response.ok) {
       let body = null;
       try {
@@ -298,9 +327,44 @@
     }
     const budget = await response.json();
     checkFresh(generation);
-    state.etag = response.headers.get("ETag");
-    state.budget = budget;
+    return { budget, etag: response.headers.get("ETag") };
+  }
+
+  async function pollBudget(generation) {
+    const fresh = await fetchBudget(datasetPath("budget"), state.etag, generation);
+    if (fresh === null) return false;
+    state.etag = fresh.etag;
+    state.budget = fresh.budget;
     renderBudget();
+    return true;
+  }
+
+  /** Who the key is (GET /v1/me), once per login: whether it is an analyst's, and its name. */
+  async function identify(generation) {
+    const me = state.me;
+    if (me.searched) return;
+    const who = await getJson("/v1/me");
+    checkFresh(generation);
+    me.searched = true;
+    me.analyst = who.role === "analyst";
+    me.name = who.name;
+  }
+
+  /** An analyst's own sub-budget on this dataset; true when it changed. */
+  async function pollOwn(generation) {
+    await identify(generation);
+    const me = state.me;
+    if (!me.analyst) return false;
+    if (!me.name) {
+      renderConstraint();
+      return false;
+    }
+    const path = datasetPath(`analysts/${encodeURIComponent(me.name)}/budget`);
+    const fresh = await fetchBudget(path, state.ownEtag, generation);
+    if (fresh === null) return false;
+    state.ownEtag = fresh.etag;
+    state.own = fresh.budget;
+    renderConstraint();
     return true;
   }
 
@@ -348,8 +412,7 @@
     $("target").textContent = target;
     $("delta-label").textContent = b.budget_set ? `(at δ = ${fmt(b.delta)})` : "";
     setValue("eps-spent", b.epsilon_spent);
-    setValue("eps-remaining", b.epsilon_remaining);
-    setValue("binding-alpha", b.binding_alpha, fmtAlpha(b.binding_alpha));
+    renderConstraint();
     // The δ-ledger of approximate-DP mechanisms (docs/privacy.md §11): shown only when a share is set.
     const hasShare = b.delta_share !== null && b.delta_share !== undefined;
     $("delta-ledger").hidden = !hasShare;
@@ -393,6 +456,52 @@
     renderCurve();
     const canvas = $("curve-chart");
     canvas.dataset.renders = String(state.renders);
+  }
+
+  /** A filter's remaining ε for comparison: no budget or no usable slot admits nothing. */
+  function remainingOf(view) {
+    return view.budget_set ? num(view.epsilon_remaining) ?? 0 : 0;
+  }
+
+  /**
+   * ε remaining and the binding order: the dataset's, or for an analyst with a sub-budget the smaller of
+   * the two (a request must fit both filters), saying which one binds; both numbers are shown.
+   */
+  function renderConstraint() {
+    const b = state.budget;
+    if (!b) return;
+    const own = state.own && state.own.budget_set ? state.own : null;
+    const node = $("eps-remaining");
+    $("own-budget").hidden = own === null;
+    let note = "";
+    if (state.me.analyst && state.own && !own) {
+      note = "No sub-budget of yours is set on this dataset: the dataset's budget applies.";
+    }
+    $("own-note").textContent = note;
+    if (own === null) {
+      setValue("eps-remaining", b.epsilon_remaining);
+      setValue("binding-alpha", b.binding_alpha, fmtAlpha(b.binding_alpha));
+      node.dataset.filter = "dataset";
+      $("remaining-source").textContent = "";
+      return;
+    }
+    const mine = remainingOf(own);
+    const theirs = remainingOf(b);
+    const filter = mine < theirs ? "analyst" : mine > theirs ? "dataset" : "both";
+    const binding = filter === "dataset" ? b : own;
+    setValue("eps-remaining", binding.epsilon_remaining);
+    setValue("binding-alpha", binding.binding_alpha, fmtAlpha(binding.binding_alpha));
+    node.dataset.filter = filter;
+    $("remaining-source").textContent = {
+      analyst: "(binding: your sub-budget)",
+      dataset: "(binding: dataset)",
+      both: "(binding: your sub-budget and the dataset)",
+    }[filter];
+    $("own-target").textContent = `ε = ${fmt(own.epsilon)}, δ = ${fmt(own.delta)}`;
+    setValue("own-spent", own.epsilon_spent);
+    setValue("own-remaining", own.epsilon_remaining);
+    setValue("dataset-remaining", b.epsilon_remaining);
+    $("own-budget").classList.toggle("binding", filter !== "dataset");
   }
 
   /** Draws a dashed vertical line at the binding order (a tiny inline Chart.js plugin). */

@@ -37,6 +37,7 @@ from expost_client.models import (
     Grant,
     LedgerPage,
     Limits,
+    Me,
     MechanismInfo,
     PrivacyReport,
     RequestPage,
@@ -301,8 +302,18 @@ class _Endpoints:
         return self._fetch(call, ApiKey.from_json)
 
     @_endpoint
+    def me(self) -> _Op[Me]:
+        """The caller: this key's name and role."""
+        return self._fetch(_get("/v1/me"), Me.from_json)
+
+    @_endpoint
     def list_keys(self) -> _Op[list[ApiKey]]:
         return self._fetch(_get("/v1/keys"), _list_of(ApiKey))
+
+    @_endpoint
+    def revoke_key(self, name: str) -> _Op[dict[str, Any]]:
+        """Revoke an API key (admin; idempotent): ``{name, role, revoked_at}``."""
+        return self._fetch(_Call("DELETE", f"/v1/keys/{name}", Retry.SAFE), dict)
 
     # -- datasets
 
@@ -344,6 +355,17 @@ class _Endpoints:
     @_endpoint
     def grants(self, dataset_id: str) -> _Op[list[str]]:
         return self._fetch(_get(f"/v1/datasets/{dataset_id}/grants"), list)
+
+    @_endpoint
+    def revoke_grant(self, dataset_id: str, analyst: str) -> _Op[dict[str, Any]]:
+        """Revoke an analyst's grant (admin; idempotent): ``{dataset_id, analyst, revoked}``."""
+        call = _Call("DELETE", f"/v1/datasets/{dataset_id}/grants/{analyst}", Retry.SAFE)
+        return self._fetch(call, dict)
+
+    @_endpoint
+    def archive_dataset(self, dataset_id: str) -> _Op[dict[str, Any]]:
+        """Archive a dataset (admin; idempotent): no new requests or sessions; history and ledger stay."""
+        return self._fetch(_Call("POST", f"/v1/datasets/{dataset_id}/archive", Retry.SAFE), dict)
 
     # -- budgets
 

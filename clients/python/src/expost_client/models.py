@@ -28,6 +28,7 @@ __all__ = [
     "LedgerPage",
     "Limits",
     "Loss",
+    "Me",
     "MechanismInfo",
     "PrivacyReport",
     "RequestPage",
@@ -65,6 +66,13 @@ class ApiKey(ApiModel):
     role: str
     prefix: str
     key: str | None = None
+
+
+class Me(ApiModel):
+    """The caller (``GET /v1/me``)."""
+
+    name: str
+    role: str
 
 
 class Dataset(ApiModel):
