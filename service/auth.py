@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -12,7 +13,7 @@ from enum import StrEnum
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.errors import Conflict, InvalidInput
+from service.errors import Conflict, InvalidInput, NotFound
 from service.store.models import DATASET_SCOPE, ApiKey
 from service.store.repositories import KeyRepository
 
@@ -61,6 +62,22 @@ def create_key(session: Session, name: str, role: Role) -> str:
     return key
 
 
+def revoke_key(session: Session, name: str) -> ApiKey:
+    """Revoke the key named ``name`` (idempotent: a revoked key keeps its first ``revoked_at``).
+
+    The name stays taken, so a new key never inherits the revoked one's grants or sub-budgets. The last
+    active admin key cannot be revoked (nobody could create keys over HTTP any more)."""
+    keys = KeyRepository(session)
+    key = keys.by_name(name)
+    if key is None:
+        raise NotFound(f"no API key named {name!r}")
+    if key.revoked_at is None:
+        if key.role == Role.admin.value and keys.active_count(Role.admin.value) <= 1:
+            raise Conflict("this is the last active admin key; create another admin key first")
+        key.revoked_at = datetime.now(UTC)
+    return key
+
+
 def principal_for(session: Session, key: str) -> Principal | None:
     found = KeyRepository(session).by_hash(hash_key(key))
     return None if found is None else Principal(found.name, Role(found.role))
@@ -72,16 +89,30 @@ class KeyCache:
     def __init__(self, sessions: sessionmaker[Session], ttl: float) -> None:
         self.sessions, self.ttl = sessions, ttl
         self._principals: dict[str, tuple[Principal, float]] = {}
+        self._lock = threading.Lock()
+        self._forgotten = 0  # bumped by forget: an answer read from the database before it is not cached
 
     def authenticate(self, key: str) -> Principal | None:
         digest, now = hash_key(key), time.monotonic()
         cached = self._principals.get(digest)
         if cached is not None and cached[1] > now:
             return cached[0]
+        generation = self._forgotten
         with self.sessions() as session:
             principal = principal_for(session, key)
         if principal is not None and self.ttl > 0:
-            if len(self._principals) > 10_000:
-                self._principals.clear()
-            self._principals[digest] = (principal, now + self.ttl)
+            with self._lock:
+                if generation != self._forgotten:  # a revocation raced with this lookup
+                    return principal
+                if len(self._principals) > 10_000:
+                    self._principals.clear()
+                self._principals[digest] = (principal, now + self.ttl)
         return principal
+
+    def forget(self, name: str) -> None:
+        """Drop the cached principal of key ``name`` (after revoking it): this process refuses it at once.
+        Other processes refuse it when their entry expires, at most ``ttl`` seconds later."""
+        with self._lock:
+            self._forgotten += 1
+            for digest in [d for d, (p, _) in self._principals.items() if p.name == name]:
+                del self._principals[digest]

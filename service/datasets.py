@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from datetime import UTC, datetime
@@ -19,7 +20,7 @@ from mechanisms.base import PublicContext
 from mechanisms.data.schema import CategoricalColumn, DatasetSchema
 from mechanisms.data.table import TableError, content_hash, load_csv
 from service.auth import Principal, Role, validate_name
-from service.errors import InvalidInput, NotFound
+from service.errors import Conflict, InvalidInput, NotFound
 from service.filter import budget, ledger
 from service.filter.ledger import LedgerEvent
 from service.store.models import DATASET_SCOPE, Dataset, Grant
@@ -97,16 +98,21 @@ def _store(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-class _ImmutableCache:
-    """Datasets never change and grants are never revoked, so both are cached once seen.
+GRANT_CACHE_SECONDS = 5.0
+"""How long a process trusts a grant it has seen; a grant revoked in another process is still seen that
+long by reads. Admission re-reads the grant under the filter locks (``check_admissible``)."""
 
-    (A future revoke endpoint must clear ``granted``.) Ids are random, so one cache serves any database.
+
+class _ImmutableCache:
+    """A dataset's public facts never change, so rows and contexts are cached once seen (only
+    ``archived_at`` changes, and admission reads it from the database). Grants can be revoked, so each is
+    trusted for ``GRANT_CACHE_SECONDS``. Ids are random, so one cache serves any database.
     """
 
     def __init__(self) -> None:
         self.datasets: dict[str, Dataset] = {}
         self.contexts: dict[str, PublicContext] = {}
-        self.granted: set[tuple[str, str]] = set()
+        self.granted: dict[tuple[str, str], float] = {}  # → monotonic expiry
 
 
 _cache = _ImmutableCache()
@@ -124,11 +130,14 @@ def dataset_by_id(session: Session, dataset_id: str) -> Dataset | None:
 
 
 def _is_granted(session: Session, dataset_id: str, analyst: str) -> bool:
-    if (dataset_id, analyst) in _cache.granted:
+    now = time.monotonic()
+    if _cache.granted.get((dataset_id, analyst), 0.0) > now:
         return True
     granted = DatasetRepository(session).is_granted(dataset_id, analyst)
     if granted:
-        _cache.granted.add((dataset_id, analyst))
+        if len(_cache.granted) > 10_000:
+            _cache.granted.clear()
+        _cache.granted[(dataset_id, analyst)] = now + GRANT_CACHE_SECONDS
     return granted
 
 
@@ -155,9 +164,57 @@ def grant(session: Session, dataset: Dataset, analyst: str, actor: str) -> bool:
     if datasets.is_granted(dataset.id, analyst):
         return False
     datasets.add_grant(Grant(dataset_id=dataset.id, analyst=analyst, created_at=datetime.now(UTC)))
-    filters.add(budget.new_filter(dataset.id, analyst, len(dataset.orders) + 1))
+    if filters.get(dataset.id, analyst) is None:  # granted again after a revoke: the sub-filter stays
+        filters.add(budget.new_filter(dataset.id, analyst, len(dataset.orders) + 1))
     ledger.append(session, head, LedgerEvent.GRANT, actor, {"analyst": analyst})
     return True
+
+
+def revoke_grant(session: Session, dataset: Dataset, analyst: str, actor: str) -> bool:
+    """Revoke an analyst's grant: they no longer see the dataset and no new request or session of theirs
+    is admitted. Their sub-filter (what they spent), their history and the ledger stay; runs already
+    admitted finish and settle. Returns False if there was no grant."""
+    validate_name(analyst, "analyst")
+    head = FilterRepository(session).lock(dataset.id)
+    assert head is not None
+    if not DatasetRepository(session).delete_grant(dataset.id, analyst):
+        return False
+    ledger.append(session, head, LedgerEvent.REVOKE, actor, {"analyst": analyst})
+    _cache.granted.pop((dataset.id, analyst), None)
+    return True
+
+
+def archive(session: Session, dataset_id: str, actor: str) -> Dataset:
+    """Archive a dataset (idempotent): no new requests or sessions are admitted; admitted runs finish,
+    and history, budget views and the ledger stay readable. Nothing is deleted."""
+    head = FilterRepository(session).lock(dataset_id)  # admissions hold it: none is half-way through
+    row = DatasetRepository(session).get(dataset_id)
+    if head is None or row is None:
+        raise NotFound(f"no dataset {dataset_id!r}")
+    if row.archived_at is None:
+        row.archived_at, row.archived_by = datetime.now(UTC), actor
+    _cache.datasets.pop(dataset_id, None)
+    return row
+
+
+class DatasetArchived(Conflict):
+    type_slug = "dataset-archived"
+    title = "The dataset is archived"
+
+
+def check_admissible(session: Session, principal: Principal, dataset_id: str) -> None:
+    """Under the dataset's filter lock, before admitting: the dataset is not archived and an analyst is
+    still granted, both read from the database now (not from a process cache)."""
+    archived_at = DatasetRepository(session).archived_at(dataset_id)
+    if archived_at is not None:
+        raise DatasetArchived(
+            f"dataset {dataset_id} was archived at {archived_at.isoformat()}: it admits no new requests "
+            "or sessions (its history, budget and ledger stay readable)"
+        )
+    analyst = principal.role is Role.analyst
+    if analyst and not DatasetRepository(session).is_granted(dataset_id, principal.name):
+        _cache.granted.pop((dataset_id, principal.name), None)
+        raise NotFound(f"no dataset {dataset_id!r}")
 
 
 def public_context(dataset: Dataset) -> PublicContext:

@@ -27,10 +27,12 @@ GENESIS = "0" * 64
 
 class LedgerEvent(StrEnum):
     """What a ledger entry records. ``reserve``/``commit``/``abort`` are the filter transitions of
-    ``service.filter.state``; ``dataset``/``grant`` create filters, ``budget`` sets a capacity."""
+    ``service.filter.state``; ``dataset``/``grant`` create filters, ``budget`` sets a capacity;
+    ``revoke`` ends a grant and changes no filter (the analyst's sub-filter keeps what was spent)."""
 
     DATASET = "dataset"
     GRANT = "grant"
+    REVOKE = "revoke"
     BUDGET = "budget"
     RESERVE = "reserve"
     COMMIT = "commit"
@@ -115,6 +117,9 @@ def _apply(filters: dict[str, RebuiltFilter], body: dict[str, Any], slots: int) 
         filters[DATASET_SCOPE] = RebuiltFilter(FilterState.empty(slots))
     elif event is LedgerEvent.GRANT:
         filters.setdefault(body["analyst"], RebuiltFilter(FilterState.empty(slots)))
+    elif event is LedgerEvent.REVOKE:
+        if body["analyst"] not in filters:  # only a granted analyst can be revoked; no filter changes
+            raise KeyError(body["analyst"])
     elif event is LedgerEvent.BUDGET:
         target = filters[body["scope"]]
         target.epsilon, target.delta = body["epsilon"], body["delta"]

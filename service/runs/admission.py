@@ -31,7 +31,7 @@ from mechanisms.base import (
 from mechanisms.catalog import MECHANISMS
 from mechanisms.ptr.protocol import ApproximateMechanism, is_approximate
 from service.auth import Principal
-from service.datasets import public_context, visible_dataset
+from service.datasets import check_admissible, public_context, visible_dataset
 from service.errors import (
     BudgetExhausted,
     IdempotencyKeyReused,
@@ -185,6 +185,7 @@ def admit_locked(
                     "this Idempotency-Key was used for a different request", idempotency_key=key
                 )
             return existing, False
+    check_admissible(session, principal, v.dataset.id)  # not archived, still granted (read now)
     if v.limits is not None:
         check_limits(session, principal.name, v)
     check_admission(filters, v.charge, v.delta)

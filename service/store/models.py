@@ -91,6 +91,9 @@ class Dataset(Base):
     clipped: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_by: Mapped[str] = mapped_column(String(100))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # Archived: no new requests or sessions are admitted; history, budgets and the ledger stay readable.
+    archived_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    archived_by: Mapped[str | None] = mapped_column(String(100), nullable=True)
 
 
 class Grant(Base):

@@ -52,6 +52,11 @@ class KeyRepository:
     def all(self) -> Sequence[ApiKey]:
         return self.session.scalars(select(ApiKey).order_by(ApiKey.id)).all()
 
+    def active_count(self, role: str) -> int:
+        """How many keys of ``role`` are not revoked."""
+        active = select(func.count()).select_from(ApiKey).where(ApiKey.revoked_at.is_(None))
+        return int(self.session.scalar(active.where(ApiKey.role == role)) or 0)
+
 
 class DatasetRepository:
     def __init__(self, session: Session) -> None:
@@ -82,6 +87,20 @@ class DatasetRepository:
         return self.session.scalars(
             select(Grant.analyst).where(Grant.dataset_id == dataset_id).order_by(Grant.analyst)
         ).all()
+
+    def delete_grant(self, dataset_id: str, analyst: str) -> bool:
+        """Remove the grant; False if there was none."""
+        grant = self.session.scalar(
+            select(Grant).where(Grant.dataset_id == dataset_id, Grant.analyst == analyst)
+        )
+        if grant is None:
+            return False
+        self.session.delete(grant)
+        return True
+
+    def archived_at(self, dataset_id: str) -> datetime | None:
+        """When the dataset was archived (None: open, or no such dataset), read from the database now."""
+        return self.session.scalar(select(Dataset.archived_at).where(Dataset.id == dataset_id))
 
 
 class FilterRepository:

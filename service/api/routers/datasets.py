@@ -9,7 +9,7 @@ from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile
 from service import datasets
 from service.api.deps import Admin, AnyRole, RuntimeDep, SessionDep
 from service.api.problems import json_failure
-from service.api.schemas import BudgetIn, DatasetOut, GrantIn
+from service.api.schemas import BudgetIn, DatasetArchivedOut, DatasetOut, GrantIn, GrantRevokedOut
 from service.auth import Principal, Role, validate_name
 from service.errors import Forbidden, InvalidInput, NotFound, PayloadTooLarge
 from service.filter import budget
@@ -83,6 +83,31 @@ def grant(dataset_id: str, body: GrantIn, runtime: RuntimeDep, admin: Admin) -> 
 def list_grants(dataset_id: str, session: SessionDep, admin: Admin) -> list[str]:
     datasets.visible_dataset(session, admin, dataset_id)
     return list(DatasetRepository(session).grants(dataset_id))
+
+
+@router.delete(
+    "/{dataset_id}/grants/{analyst}",
+    summary="Revoke an analyst's grant (their sub-filter, history and the ledger stay)",
+)
+def revoke_grant(dataset_id: str, analyst: str, runtime: RuntimeDep, admin: Admin) -> GrantRevokedOut:
+    with runtime.sessions() as session, session.begin():
+        dataset = datasets.visible_dataset(session, admin, dataset_id)
+        revoked = datasets.revoke_grant(session, dataset, analyst, admin.name)
+    return GrantRevokedOut(dataset_id=dataset_id, analyst=analyst, revoked=revoked)
+
+
+@router.post(
+    "/{dataset_id}/archive",
+    summary="Archive a dataset: no new requests or sessions (running ones finish; nothing is deleted)",
+)
+def archive_dataset(dataset_id: str, runtime: RuntimeDep, admin: Admin) -> DatasetArchivedOut:
+    with runtime.sessions() as session, session.begin():
+        datasets.visible_dataset(session, admin, dataset_id)
+        row = datasets.archive(session, dataset_id, admin.name)
+        assert row.archived_at is not None
+        return DatasetArchivedOut(
+            dataset_id=row.id, archived_at=row.archived_at, archived_by=row.archived_by or admin.name
+        )
 
 
 def _set_budget(

@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from sqlalchemy.exc import IntegrityError
 
 from service.api.deps import Admin, RuntimeDep
-from service.api.schemas import KeyIn, KeyOut
-from service.auth import create_key
+from service.api.schemas import KeyIn, KeyOut, KeyRevokedOut
+from service.auth import KeyCache, create_key, revoke_key, validate_name
 from service.errors import Conflict
 from service.store.repositories import KeyRepository
 
@@ -26,3 +26,14 @@ def create(body: KeyIn, runtime: RuntimeDep, _admin: Admin) -> KeyOut:
 def list_keys(runtime: RuntimeDep, _admin: Admin) -> list[KeyOut]:
     with runtime.sessions() as session:
         return [KeyOut(name=k.name, role=k.role, prefix=k.prefix) for k in KeyRepository(session).all()]
+
+
+@router.delete("/{name}", summary="Revoke an API key (refused from now on; its history stays)")
+def revoke(name: str, request: Request, runtime: RuntimeDep, _admin: Admin) -> KeyRevokedOut:
+    validate_name(name)
+    with runtime.sessions() as session, session.begin():
+        key = revoke_key(session, name)
+        out = KeyRevokedOut(name=key.name, role=key.role, revoked_at=key.revoked_at)
+    keys: KeyCache = request.app.state.keys
+    keys.forget(name)  # after the commit: this process refuses the key from the next request on
+    return out
