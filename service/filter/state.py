@@ -56,11 +56,6 @@ class FilterState:
     def empty(cls, slots: int) -> FilterState:
         return cls(None, UnitsVector.zeros(slots), UnitsVector.zeros(slots))
 
-    @classmethod
-    def of(
-        cls, capacity: Sequence[int | None] | None, spent: UnitsVector, reserved: UnitsVector
-    ) -> FilterState:
-        return cls(None if capacity is None else _slots(capacity), spent, reserved)
 
     @property
     def has_budget(self) -> bool:
