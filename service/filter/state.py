@@ -56,7 +56,6 @@ class FilterState:
     def empty(cls, slots: int) -> FilterState:
         return cls(None, UnitsVector.zeros(slots), UnitsVector.zeros(slots))
 
-
     @property
     def has_budget(self) -> bool:
         return self.capacity is not None
