@@ -163,12 +163,20 @@ def _sum_sensitivity(m: int) -> float:
 def score_units(theta: np.ndarray, x: np.ndarray, y: np.ndarray, task: Task, grid: Grid) -> int:
     """The held-out utility's integer statistic: the number of correct signs (classification, γ = 1), or
     round(S/γ) for the sum S of clipped squared errors (regression). Sensitivity: 1, or ⌈Δ_S/γ⌉."""
-    margin = x @ theta
+    return int(score_units_batch(theta[np.newaxis, :], x, y, task, grid)[0])
+
+
+def score_units_batch(thetas: np.ndarray, x: np.ndarray, y: np.ndarray, task: Task, grid: Grid) -> np.ndarray:
+    """``score_units`` of every row of ``thetas`` (one matrix product). Entry (i, k) of the product depends
+    on row i and θ_k only, so each statistic keeps its one-row sensitivity."""
+    margins = x @ thetas.T
     if task == "classification":
-        return int(np.count_nonzero(np.where(margin >= 0.0, 1.0, -1.0) == y))
-    residual = np.clip(margin, -1.0, 1.0) - y
-    total = math.fsum((residual * residual).tolist())
-    return int(grid.to_units(np.array([total]))[0])
+        correct = np.where(margins >= 0.0, 1.0, -1.0) == y[:, np.newaxis]
+        return np.count_nonzero(correct, axis=0).astype(np.int64)
+    residual = np.clip(margins, -1.0, 1.0) - y[:, np.newaxis]
+    totals = [math.fsum(column) for column in (residual * residual).T.tolist()]
+    units: np.ndarray = grid.to_units(np.array(totals))
+    return units
 
 
 def score_from_units(units: int, task: Task, grid: Grid, m: int) -> float:
@@ -266,7 +274,7 @@ class BaseLearner(Protocol):
         ...
 
     def predraw(self, candidates: list[CandidateConfig], split: Split, noise: Noise) -> None:
-        """Optionally draw every entry's noise in one batch (data-independent; ``Split.noise_pool``)."""
+        """Optionally compute every entry's output in one batch before the latent (``Split.predrawn``)."""
         ...
 
     def fit_and_score(
@@ -294,12 +302,12 @@ class Split:
     x_hold: np.ndarray
     y_hold: np.ndarray
     solutions: dict[tuple[str, float], np.ndarray] = field(default_factory=dict, compare=False, repr=False)
-    noise_pool: dict[CandidateConfig, list[np.ndarray]] = field(
+    predrawn: dict[CandidateConfig, list[tuple[np.ndarray, float, dict[str, Any]]]] = field(
         default_factory=dict, compare=False, repr=False
     )
-    """Integer noise drawn in one batch for every entry of the list (``predraw``), one row per entry of a
-    configuration, consumed once each: i.i.d. and independent of everything else, so the same law as
-    drawing it inside each candidate."""
+    """Every entry's (noisy model, noisy score, score noise), computed in one batch (``predraw``) with
+    fresh noise per entry and consumed once each: i.i.d. given the data and independent of the latent, so
+    the same law as computing each in its candidate (and the same work whatever the latent: all are done)."""
 
 
 def split_rows(x: np.ndarray, y: np.ndarray, holdout: int, noise: Noise) -> Split:
@@ -437,35 +445,51 @@ class OutputPerturbation:
         noise: Noise,
         progress: ProgressFn = no_progress,
     ) -> tuple[np.ndarray, float, dict[str, Any]]:
+        pool = split.predrawn.get(config)
+        if pool:  # this entry's output, computed in the batch
+            noisy_theta, score, description = pool.pop()
+            return noisy_theta, score, dict(description)
         n_train, d = split.x_train.shape
         theta = self._solution(config.reg, split, progress)
         grid, scale = output_perturbation_noise(self.task, config.reg, n_train, d, config.epsilon)
         plan = laplace_score_noise(self.task, split.x_hold.shape[0], config.epsilon)
-        pool = split.noise_pool.get(config)
-        if pool:  # this entry's pre-drawn row: d coordinates of θ's noise, then the score's
-            row = pool.pop()
-            noisy_theta = grid.from_units(grid.to_units(theta) + row[:d])
-            score = noisy_score(noisy_theta, split, self.task, plan, noise, int(row[d]))
-        else:
-            noisy_theta = laplace_on_grid(noise, theta, grid, scale)
-            score = noisy_score(noisy_theta, split, self.task, plan, noise)
+        noisy_theta = laplace_on_grid(noise, theta, grid, scale)
+        score = noisy_score(noisy_theta, split, self.task, plan, noise)
         return noisy_theta, score, plan.describe(split.x_hold.shape[0])
 
     def predraw(self, candidates: list[CandidateConfig], split: Split, noise: Noise) -> None:
-        """Every entry's discrete Laplace noise (θ's d coordinates and the score) in one vectorised batch
-        (``discrete_laplace_rows``), before the latent is drawn: one row per list entry, used once."""
+        """Every entry's noisy model and noisy score in one vectorised batch, before the latent is drawn:
+        the discrete Laplace noise of every entry (θ's d coordinates and the score, one
+        ``discrete_laplace_rows``), then one grid rounding per configuration and one matrix product for
+        every held-out score."""
         n_train, d = split.x_train.shape
         m = split.x_hold.shape[0]
-        scales: list[Fraction] = []
-        for config in candidates:
-            _grid, scale = output_perturbation_noise(self.task, config.reg, n_train, d, config.epsilon)
-            score_scale = laplace_score_noise(self.task, m, config.epsilon).laplace_scale
-            assert score_scale is not None
-            scales.extend([scale] * d + [score_scale])
+        configs = list(dict.fromkeys(candidates))  # the distinct configurations, in list order
+        slot_of = {config: slot for slot, config in enumerate(configs)}
+        slots = np.array([slot_of[config] for config in candidates], dtype=np.intp)
+        noise_plans = [output_perturbation_noise(self.task, c.reg, n_train, d, c.epsilon) for c in configs]
+        score_plans = [laplace_score_noise(self.task, m, c.epsilon) for c in configs]
+        row_scales: list[list[Fraction]] = []
+        for (_grid, scale), plan in zip(noise_plans, score_plans, strict=True):
+            assert plan.laplace_scale is not None
+            row_scales.append([scale] * d + [plan.laplace_scale])
+        scales = [t for slot in slots.tolist() for t in row_scales[slot]]
         draws = discrete_laplace_rows(noise, scales).reshape(len(candidates), d + 1)
-        split.noise_pool.clear()
-        for config, row in zip(candidates, draws, strict=True):
-            split.noise_pool.setdefault(config, []).append(row)
+        thetas = np.empty((len(candidates), d))
+        for slot, config in enumerate(configs):
+            rows = np.flatnonzero(slots == slot)
+            grid = noise_plans[slot][0]
+            base = grid.to_units(self._solution(config.reg, split))
+            thetas[rows] = grid.from_units(base[np.newaxis, :] + draws[rows, :d])
+        score_grid = _score_grid(self.task, m, gaussian=False)[0]  # the same grid for every ε
+        units = score_units_batch(thetas, split.x_hold, split.y_hold, self.task, score_grid) + draws[:, d]
+        descriptions = [plan.describe(m) for plan in score_plans]
+        outputs: list[list[tuple[np.ndarray, float, dict[str, Any]]]] = [[] for _ in configs]
+        for index, slot in enumerate(slots.tolist()):
+            score = score_from_units(int(units[index]), self.task, score_grid, m)
+            outputs[slot].append((thetas[index], score, descriptions[slot]))
+        split.predrawn.clear()
+        split.predrawn.update(zip(configs, outputs, strict=True))
 
 
 # ----- DP gradient descent (RDP) -------------------------------------------------------------------------
