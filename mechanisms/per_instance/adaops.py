@@ -1,0 +1,622 @@
+"""AdaOPS for ridge regression (Wang 2019, Alg 1, corrected: note seed_002 §3.5 and errata 1–7), with
+publishable per-instance reports. Proofs: docs/privacy.md §13, docs/mechanisms/per_instance_ridge.md.
+
+1. λ̃ = 2^−10·(m* + Y): m* = ⌈λ_min(XᵀX)/2^−10⌉ − 1 certified by exact elimination (it moves by ≤ 1024 units
+   between neighbours, Weyl with ‖x‖ ≤ 1), Y ~ N_Z(0, t²) with the smallest integer t (from the analytic
+   Gaussian σ up) whose **exact** discrete-Gaussian profile (Canonne–Kamath–Steinke 2020, Thm 7) meets
+   (ε₁, δ₁).
+2. Margin m = 1 + 2^−10·k₃ with P(Y > k₃) ≤ δ₃ (exact tail); h = n̄/(dκ); λ_n = max(λ_floor, h − λ̃ + m).
+   On the good event {Y·2^−10 ≤ m − 1} (probability ≥ 1 − δ₃ under every data set) the smaller data set of
+   any neighbouring pair has λ_min(H) ≥ h, so μ ≤ μ̄ = 1/h and |r| ≤ R = 1 + sqrt(2dκ) (Lemma A.1).
+3. γ from B(μ̄, R; γ, δ_post) = ε_post (B is the certified OPS bound, monotone in μ, |r|, γ); replace-one goes
+   through the data set minus the row (2 steps: (2e, (1 + e^e)δ)).
+4. θ̃ ~ N(θ̂, H⁻¹/γ) drawn exactly as ``mechanisms.ptr.ops_linear`` does (discrete Gaussians coupled to the
+   continuous ones, exact rationals, output on a public grid; the discretisation costs (ε_out, δ_out)).
+Guarantee (Theorem GEN-PTR of docs/privacy.md §11.4 with W = λ̃, δ′ = δ₃): (ε₁ + ε₂, δ₁ + δ₂ + δ₃)-DP,
+admitted through the δ-ledger (approximate-DP path). With ``report = "data_dependent"`` a GOE-noised Gram
+matrix is released as well and charged (ε_rep, δ_rep) on top.
+
+Reports (``evaluate_report``) are functions of the release, the public parameters and the caller's own
+record only: post-processing, charged 0. They bound, with probability ≥ 1 − ρ over the mechanism's noise,
+the ex-post per-instance loss of the record (both the λ̃ release and the OPS step) and its (ε, δ₂)-pDP in the
+OPS step, as a member (pair (Z_{-i}, z_i)) and as an outsider (pair (Z, [Z, z])).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from scipy import special
+
+from mechanisms.accounting.approximate import ApproximateCharge
+from mechanisms.base import ParamsError, PublicContext, Release, Table
+from mechanisms.learners.features import FeatureSpec, check_features, design_matrix, dimension
+from mechanisms.noise import Grid, Noise, dyadic_scale_up, grid_l2_sensitivity
+from mechanisms.noise.learners import discrete_gaussian_std
+from mechanisms.per_instance.ridge import agm_sigma, ops_bound
+from mechanisms.ptr.ops_linear import (
+    COUPLING_BITS,
+    INPUT_BITS,
+    OUTPUT_BITS,
+    OUTPUT_NOISE_BITS,
+    lambda_min_floor_units,
+    output_step_cost,
+    quantise,
+)
+from mechanisms.ptr.protocol import ApproximateBase
+
+MAX_DIMENSION = 32
+LAMBDA_BITS = 10  # λ̃ on the grid 2^−10
+LAMBDA_SHIFT = 1 << LAMBDA_BITS  # λ_min moves by ≤ 1 = 1024 units between neighbours
+REPORT_EVENTS = 4  # λ̃ margin, residual, output noise, λ̃ noise (public report); +1 GOE (data-dependent)
+_PAD = 1.0 + 1e-12
+Neighbouring = Literal["replace_one", "add_remove"]
+
+
+def _up(x: float) -> float:
+    return math.nextafter(x * _PAD, math.inf) if x > 0 else x
+
+
+def _down(x: float) -> float:
+    return math.nextafter(x / _PAD, -math.inf) if x > 0 else x
+
+
+class AdaOpsRidgeParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    features: FeatureSpec
+    epsilon: StrictFloat = Field(gt=0, le=20, allow_inf_nan=False, description="total ε of the call")
+    delta: StrictFloat = Field(gt=0, lt=0.01, allow_inf_nan=False, description="total δ of the call")
+    kappa: StrictFloat = Field(
+        gt=0, le=1e9, allow_inf_nan=False, description="κ: largest acceptable condition number (h = n̄/(dκ))"
+    )
+    max_rows: StrictInt | None = Field(
+        default=None, ge=1, le=10**9, description="public bound n̄ on the row count (add_remove datasets only)"
+    )
+    lambda_share: StrictFloat = Field(
+        default=0.5, gt=0, lt=1, allow_inf_nan=False, description="share ε₁/ε of ε spent on releasing λ_min"
+    )
+    min_lambda: StrictFloat = Field(
+        default=1.0, gt=0, le=1e9, allow_inf_nan=False, description="floor of the adaptive ridge λ_n"
+    )
+    report: Literal["public", "data_dependent"] = Field(
+        default="public", description="public: free report from the release; data_dependent: also a noisy XᵀX"
+    )
+    report_sigma: StrictFloat | None = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        allow_inf_nan=False,
+        description="σ of the Gram's GOE noise (data_dependent)",
+    )
+    report_delta: StrictFloat | None = Field(
+        default=None,
+        gt=0,
+        lt=0.01,
+        allow_inf_nan=False,
+        description="δ charged for the Gram (data_dependent)",
+    )
+    report_rho: StrictFloat = Field(
+        default=0.05, gt=0, lt=0.5, allow_inf_nan=False, description="failure probability ρ of the report"
+    )
+
+
+# ----- exact discrete Gaussian profile ------------------------------------------------------------------
+
+
+EXACT_SUM_STD = 20_000  # up to this std the tails are summed term by term (80·t floats); above, bounded
+
+
+def _dg_tail(t: int, above: float, *, upper: bool = True) -> float:
+    """A bound on P(Y > above), Y ~ N_Z(0, t²): an upper bound (``upper``) or a lower bound.
+
+    Normaliser Z = Σ_k e^{−k²/(2t²)} = √(2π)t·(1 + 2Σ_{m≥1} e^{−2π²t²m²}) (Poisson summation), so
+    √(2π)t ≤ Z ≤ √(2π)t·(1 + 3e^{−2π²t²}). For t ≤ ``EXACT_SUM_STD`` the terms on (above, 40t] are summed
+    (beyond 40t the mass is < e^{−800}, covered by the caller's +1e-300); for larger t the sum over k > m,
+    m = ⌊above⌋ ≥ 0, lies between the integrals ∫_{m+1}^∞ and ∫_m^∞ of the decreasing density."""
+    tf = float(t)
+    z_low = math.sqrt(2.0 * math.pi) * tf
+    z_high = z_low * (1.0 + 3.0 * math.exp(-2.0 * math.pi**2 * tf * tf))
+    start = math.floor(above) + 1
+    if t <= EXACT_SUM_STD or start < 1:
+        start = max(start, -40 * t)
+        if start > 40 * t:
+            return 0.0
+        k = np.arange(start, 40 * t + 1, dtype=np.float64)
+        total = float(np.sum(np.exp(-(k * k) / (2.0 * tf * tf))[::-1]))
+        return total / z_low * (1.0 + 1e-12) if upper else total / z_high * (1.0 - 1e-12)
+    m = start - 1
+    if upper:
+        return float(special.ndtr(-m / tf)) * (1.0 + 1e-12)
+    return float(special.ndtr(-(m + 1) / tf)) * z_low / z_high * (1.0 - 1e-12)
+
+
+def discrete_gaussian_delta(t: int, shift: int, epsilon: float) -> float:
+    """δ(ε) of N_Z(0, t²) vs a shift by ≤ ``shift`` integers (CKS 2020, Thm 7), rounded up: an upper bound
+    of the first tail minus e^ε times a lower bound of the second."""
+    a = epsilon * t * t / shift
+    first = _dg_tail(t, a - shift / 2.0, upper=True)
+    second = _dg_tail(t, a + shift / 2.0, upper=False)
+    return _up(max(first - math.exp(epsilon) * second, 0.0)) + 1e-300
+
+
+@lru_cache(maxsize=256)
+def discrete_gaussian_std_for(shift: int, epsilon: float, delta: float) -> int:
+    """The smallest integer t ≥ ⌈AGM σ⌉ (scanned upward by 0.1%) with discrete_gaussian_delta ≤ δ."""
+    t = max(1, math.ceil(agm_sigma(float(shift), epsilon, delta)))
+    while discrete_gaussian_delta(t, shift, epsilon) > delta:
+        t = max(t + 1, math.ceil(t * 1.001))
+    return t
+
+
+@lru_cache(maxsize=256)
+def discrete_gaussian_quantile(t: int, prob: float) -> int:
+    """The smallest integer k ≥ 0 with P(Y > k) ≤ prob (tail bounded above as in ``_dg_tail``)."""
+    lo, hi = 0, max(1, t)
+    while _dg_tail(t, hi) > prob:
+        hi *= 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _dg_tail(t, mid) <= prob else (mid, hi)
+    return hi if _dg_tail(t, lo) > prob else lo
+
+
+# ----- the public plan ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AdaOpsPlan:
+    """Everything public about one call (a function of the parameters and the public context only)."""
+
+    dim: int
+    n_bound: int
+    neighbouring: Neighbouring
+    eps_lambda: float
+    eps_ops: float
+    eps_post: float
+    eps_out: float
+    delta_lambda: float
+    delta_ops: float
+    delta_post: float
+    delta_out: float
+    delta_event: float
+    lambda_std_units: int  # t: std of Y in units of 2^−10
+    margin: float  # m = 1 + 2^−10·k₃
+    threshold: float  # h = n̄/(dκ)
+    mu_bar: float
+    r_bar: float
+    gamma: float  # γ_B (per add/remove step target for replace_one)
+    min_lambda: float
+    report_epsilon: float
+    report_delta: float
+    report_sigma: float | None
+
+    @property
+    def lambda_step(self) -> float:
+        return math.ldexp(1.0, -LAMBDA_BITS)
+
+    @property
+    def lambda_sigma(self) -> float:
+        return self.lambda_std_units * self.lambda_step
+
+    @property
+    def epsilon(self) -> float:
+        return self.eps_lambda + self.eps_ops + self.report_epsilon
+
+    @property
+    def delta(self) -> float:
+        return self.delta_lambda + self.delta_ops + self.delta_event + self.report_delta
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "lambda_noise_sigma": self.lambda_sigma,
+            "lambda_grid": self.lambda_step,
+            "margin": self.margin,
+            "threshold_h": self.threshold,
+            "mu_bar": self.mu_bar,
+            "residual_bar": self.r_bar,
+            "gamma": self.gamma,
+            "epsilon_split": {"lambda": self.eps_lambda, "ops": self.eps_ops, "report": self.report_epsilon},
+            "delta_split": {
+                "lambda": self.delta_lambda,
+                "ops": self.delta_ops,
+                "good_event": self.delta_event,
+                "report": self.report_delta,
+            },
+        }
+
+
+def solve_gamma(mu_bar: float, r_bar: float, target: float, delta: float) -> float | None:
+    """The γ > 0 with B(μ̄, R; γ, δ) = target (quadratic in s = √γ), rounded down; None if B at γ → 0
+    is already ≥ target."""
+    ld = math.log(1.0 / delta)
+    a = mu_bar * r_bar * r_bar / (2.0 * (1.0 + mu_bar))
+    b = r_bar * math.sqrt(2.0 * mu_bar * ld)
+    c = 0.5 * math.log1p(mu_bar) + mu_bar * ld - target
+    if c >= 0.0:
+        return None
+    s = 2.0 * (-c) / (b + math.sqrt(b * b - 4.0 * a * c))
+    gamma = _down(s * s)
+    while float(ops_bound(gamma, mu_bar, r_bar, delta)) > target:
+        gamma = _down(gamma * (1.0 - 1e-9))
+    return gamma
+
+
+def public_row_bound(p: AdaOpsRidgeParams, ctx: PublicContext) -> int:
+    """n̄: the dataset's n under replace_one (public there), the declared ``max_rows`` under add_remove."""
+    if ctx.schema.neighboring == "replace_one":
+        if p.max_rows is not None:
+            raise ParamsError(
+                "max_rows", "only for add_remove datasets (the row count is public under replace_one)"
+            )
+        assert ctx.n_rows is not None
+        return ctx.n_rows
+    if p.max_rows is None:
+        raise ParamsError(
+            "max_rows", "required on add_remove datasets: a public upper bound on the row count"
+        )
+    return p.max_rows
+
+
+def gram_grid(sigma: float, d: int) -> Grid:
+    """The grid of the released Gram's GOE vector: the largest power of two ≤ σ·2^−20/d."""
+    return Grid(math.frexp(sigma * 2.0**-20 / d)[1] - 1)
+
+
+def report_charge(p: AdaOpsRidgeParams, d: int, neighbouring: Neighbouring) -> tuple[float, float]:
+    """(ε_rep, δ_rep) of the GOE-noised Gram: vector [diag/√2, upper] with iid N_Z noise of std ≥ σ₃;
+    sensitivity ‖xxᵀ‖_F/√2 ≤ 1/√2 (add/remove), ≤ 1 (replace-one), plus the grid rounding; discrete Gaussians
+    are ρ-zCDP with ρ = Δ²/(2σ²) (CKS 2020, Thm 4) and ε = ρ + 2√(ρ log(1/δ)) (Bun–Steinke 2016, Prop 1.3)."""
+    if p.report != "data_dependent":
+        return 0.0, 0.0
+    if p.report_sigma is None or p.report_delta is None:
+        raise ParamsError("report_sigma", "report = data_dependent needs report_sigma and report_delta")
+    grid = gram_grid(p.report_sigma, d)
+    size = d * (d + 1) // 2
+    l2 = 1.0 if neighbouring == "replace_one" else 1.0 / math.sqrt(2.0)
+    units = grid_l2_sensitivity(l2, size, grid, integer_valued=False)
+    t = max(1, math.ceil(Fraction(p.report_sigma) / Fraction(grid.granularity)))
+    rho = _up(units * units / (2.0 * t * t))
+    return _up(rho + 2.0 * math.sqrt(rho * math.log(1.0 / p.report_delta))), float(p.report_delta)
+
+
+def plan(p: AdaOpsRidgeParams, dim: int, n_bound: int, neighbouring: Neighbouring) -> AdaOpsPlan:
+    eps_lambda = p.epsilon * p.lambda_share
+    eps_ops = p.epsilon - eps_lambda
+    delta_lambda = p.delta / 3.0
+    delta_event = p.delta / 3.0
+    delta_ops = p.delta - delta_lambda - delta_event
+    delta_out = delta_ops / 1024.0
+    eps_out = output_step_cost(dim, delta_out)
+    eps_post = _down(eps_ops - eps_out)
+    if eps_post <= 0.0:
+        raise ParamsError("epsilon", "too small for the output discretisation step")
+    delta_post = _down(delta_ops - delta_out)
+    t = discrete_gaussian_std_for(LAMBDA_SHIFT, eps_lambda, delta_lambda)
+    k3 = discrete_gaussian_quantile(t, delta_event)
+    margin = _up(1.0 + k3 * math.ldexp(1.0, -LAMBDA_BITS))
+    h = _down(n_bound / (dim * p.kappa))
+    mu_bar = _up(1.0 / h)
+    r_bar = _up(1.0 + math.sqrt(_up(2.0 * n_bound / h)))
+    if neighbouring == "add_remove":
+        target, d0 = eps_post, delta_post
+    else:  # two add/remove steps through the data set minus the row: (2e, (1 + e^e)δ₀)
+        target = eps_post / 2.0
+        d0 = delta_post / (1.0 + math.exp(target)) / _PAD
+    gamma = solve_gamma(mu_bar, r_bar, target, d0)
+    if gamma is None:
+        raise ParamsError(
+            "kappa", "too large for this ε: need ε_ops > ½log(1+dκ/n̄) + (dκ/n̄)·log(1/δ) (lower κ or raise ε)"
+        )
+    rep_eps, rep_delta = report_charge(p, dim, neighbouring)
+    return AdaOpsPlan(
+        dim=dim,
+        n_bound=n_bound,
+        neighbouring=neighbouring,
+        eps_lambda=eps_lambda,
+        eps_ops=eps_ops,
+        eps_post=eps_post,
+        eps_out=eps_out,
+        delta_lambda=delta_lambda,
+        delta_ops=delta_ops,
+        delta_post=delta_post,
+        delta_out=delta_out,
+        delta_event=delta_event,
+        lambda_std_units=t,
+        margin=margin,
+        threshold=h,
+        mu_bar=mu_bar,
+        r_bar=r_bar,
+        gamma=gamma,
+        min_lambda=p.min_lambda,
+        report_epsilon=rep_eps,
+        report_delta=rep_delta,
+        report_sigma=p.report_sigma if p.report == "data_dependent" else None,
+    )
+
+
+def adaptive_lambda(pl: AdaOpsPlan, lambda_noisy: float) -> float:
+    """λ_n = max(λ_floor, h − λ̃ + m) (post-processing of λ̃)."""
+    return max(pl.min_lambda, pl.threshold - lambda_noisy + pl.margin)
+
+
+def _output_std(dim: int) -> int:
+    """t_o = 2^12·⌈√d⌉: the output step's discrete-Gaussian std (as ``ptr.ops_linear``; ε_out is its cost)."""
+    return (1 << OUTPUT_NOISE_BITS) * (math.isqrt(dim - 1) + 1)
+
+
+def _solve(matrix: list[list[Fraction]], rhs: list[Fraction]) -> list[Fraction]:
+    """Exact solution of a positive definite rational system (Gaussian elimination, no pivoting needed)."""
+    n = len(matrix)
+    m = [[*row[:], rhs[i]] for i, row in enumerate(matrix)]
+    for k in range(n):
+        for i in range(k + 1, n):
+            factor = m[i][k] / m[k][k]
+            if factor:
+                for j in range(k, n + 1):
+                    m[i][j] -= factor * m[k][j]
+    x = [Fraction(0)] * n
+    for i in reversed(range(n)):
+        x[i] = (m[i][n] - sum((m[i][j] * x[j] for j in range(i + 1, n)), Fraction(0))) / m[i][i]
+    return x
+
+
+# ----- the mechanism -----------------------------------------------------------------------------------
+
+
+class AdaOpsRidge(ApproximateBase[AdaOpsRidgeParams]):
+    """``adaops.ridge``: ridge regression by one posterior sample with a privately released λ_min."""
+
+    name: ClassVar[str] = "adaops.ridge"
+    summary: ClassVar[str] = (
+        "Ridge regression by AdaOPS (one posterior sample, ridge adapted to a DP release of λ_min), with "
+        "per-instance privacy reports (approximate DP: charged (ε, δ) on the δ-ledger)"
+    )
+    params_model: ClassVar[type[BaseModel]] = AdaOpsRidgeParams
+
+    def plan_for(self, p: AdaOpsRidgeParams, ctx: PublicContext) -> AdaOpsPlan:
+        d = dimension(p.features, ctx)
+        return plan(p, d, public_row_bound(p, ctx), ctx.schema.neighboring)
+
+    def check(self, p: AdaOpsRidgeParams, ctx: PublicContext) -> None:
+        check_features(p.features, ctx, "regression", "features")
+        d = dimension(p.features, ctx)
+        if d > MAX_DIMENSION:
+            raise ParamsError("features", f"dimension {d} exceeds {MAX_DIMENSION} (exact arithmetic)")
+        self.plan_for(p, ctx)
+
+    def approximate_charge(self, p: AdaOpsRidgeParams, ctx: PublicContext) -> ApproximateCharge:
+        pl = self.plan_for(p, ctx)
+        return ApproximateCharge.from_epsilon_delta(_up(pl.epsilon), _up(pl.delta), ctx.orders)
+
+    def run(self, p: AdaOpsRidgeParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
+        x, y = design_matrix(p.features, ctx, table, "regression", row_norm=1.0)
+        pl = self.plan_for(p, ctx)
+        output = adaops_release(pl, x, y, noise)
+        return self.release(p, ctx, output)
+
+
+def _exact_gram(
+    x: np.ndarray, y: np.ndarray
+) -> tuple[np.ndarray, list[list[Fraction]], list[Fraction], Fraction]:
+    """Rows truncated toward zero on the grid 2^−20 (‖x‖ ≤ 1, |y| ≤ 1 kept); exact XᵀX and Xᵀy."""
+    d = x.shape[1]
+    grid = math.ldexp(1.0, -INPUT_BITS)
+    g = Fraction(grid)
+    xi = quantise(x, grid)
+    yi = quantise(y, grid)
+    xo = xi.astype(object)
+    gram_int = xo.T @ xo
+    xty_int = xo.T @ yi.astype(object)
+    gram = [[Fraction(int(gram_int[i, j])) * g * g for j in range(d)] for i in range(d)]
+    xty = [Fraction(int(xty_int[i])) * g * g for i in range(d)]
+    return xi, gram, xty, g
+
+
+def adaops_release(
+    pl: AdaOpsPlan, x: np.ndarray, y: np.ndarray, noise: Noise, *, drop_margin: bool = False
+) -> dict[str, Any]:
+    """Corrected Alg 1. ``drop_margin`` (tests only: the broken variant an audit must catch) uses m = 0."""
+    n, d = x.shape
+    out: dict[str, Any] = {"released": False, "coefficients": None, **pl.public()}
+    xi, gram, xty, g = _exact_gram(x, y)
+    step = Fraction(pl.lambda_step)
+    estimate = float(np.linalg.eigvalsh(np.asarray(xi, dtype=np.float64).T @ xi)[0]) * float(g * g)
+    units = lambda_min_floor_units(gram, step, estimate)
+    lam_units = units + int(discrete_gaussian_std(noise, pl.lambda_std_units, 1)[0])
+    lambda_noisy = float(lam_units * step)
+    out["lambda_min_noisy"] = lambda_noisy
+    if n > pl.n_bound:  # the declared public bound is false: no OPS step (documented condition)
+        return out
+    margin = 0.0 if drop_margin else pl.margin
+    lam_n = max(pl.min_lambda, pl.threshold - lambda_noisy + margin)
+    root = dyadic_scale_up(math.sqrt(lam_n))
+    while root * root < Fraction(lam_n):
+        root += Fraction(1, root.denominator)
+    lam_eff = root * root
+    hess = [[gram[i][j] + (lam_eff if i == j else 0) for j in range(d)] for i in range(d)]
+    s = dyadic_scale_up(_up(1.0 / math.sqrt(pl.gamma)))
+    while float(1 / (s * s)) > pl.gamma:
+        s = s * Fraction(1025, 1024)
+    coefficients, granularity = _posterior_sample(xi, g, gram, xty, hess, root, s, noise)
+    out.update(
+        released=True,
+        coefficients=coefficients,
+        granularity=granularity,
+        output_noise_std=_output_std(d),
+        **{"lambda": float(lam_eff), "gamma": float(1 / (s * s))},
+    )
+    if pl.report_sigma is not None:
+        out["gram"] = _noisy_gram(gram, pl.report_sigma, noise)
+    return out
+
+
+def _posterior_sample(
+    xi: np.ndarray,
+    g: Fraction,
+    gram: list[list[Fraction]],
+    xty: list[Fraction],
+    hess: list[list[Fraction]],
+    root_lam: Fraction,
+    s: Fraction,
+    noise: Noise,
+) -> tuple[list[float], float]:
+    """θ̂ = H⁻¹(Xᵀy + s(XᵀG₁ + √λ·G₂)/T) exactly (G ~ N_Z(0, T²): Cov → s²H⁻¹ = H⁻¹/γ), released as
+    γ_o(round(θ̂/γ_o) + Z_o) — the sampler of ``mechanisms.ptr.ops_linear`` (docs/privacy.md §11.4)."""
+    del gram
+    n, d = xi.shape
+    big_t = (1 << COUPLING_BITS) * (math.isqrt(max(n - 1, 0)) + 1 + math.isqrt(d - 1) + 1)
+    if big_t > 1 << 52:
+        raise ValueError("too many rows for the exact sampler (n > 2^34)")
+    g1 = discrete_gaussian_std(noise, big_t, n).astype(object)
+    g2 = discrete_gaussian_std(noise, big_t, d)
+    xtg = xi.astype(object).T @ g1
+    rhs = [xty[i] + s * (Fraction(int(xtg[i])) * g + root_lam * int(g2[i])) / big_t for i in range(d)]
+    theta = _solve(hess, rhs)
+    grid_o = math.ldexp(1.0, math.frexp(float(s / root_lam))[1] - 1 - OUTPUT_BITS)
+    limit = 1 << 50
+    units = [max(-limit, min(limit, math.floor(t / Fraction(grid_o) + Fraction(1, 2)))) for t in theta]
+    z = discrete_gaussian_std(noise, _output_std(d), d)
+    released = [
+        math.ldexp(float(u + int(zi)), math.frexp(grid_o)[1] - 1) for u, zi in zip(units, z, strict=True)
+    ]
+    return released, grid_o
+
+
+def _noisy_gram(gram: list[list[Fraction]], sigma: float, noise: Noise) -> dict[str, Any]:
+    """Ĝ = XᵀX + GOE noise on a public grid: vector u = [G_ii/√2, G_ij (i<j)], û = γ(round(u/γ) + Z),
+    Z ~ N_Z(0, t²) iid, t = ⌈σ/γ⌉; Ĝ_ii = √2·û_i, Ĝ_ij = û_ij (post-processing)."""
+    d = len(gram)
+    grid = gram_grid(sigma, d)
+    mat = np.array([[float(v) for v in row] for row in gram])
+    upper = np.triu_indices(d, 1)
+    vector = np.concatenate([np.diag(mat) / math.sqrt(2.0), mat[upper]])
+    t = max(1, math.ceil(Fraction(sigma) / Fraction(grid.granularity)))
+    v_hat = grid.from_units(grid.to_units(vector) + discrete_gaussian_std(noise, t, vector.size))
+    g_hat = np.zeros((d, d))
+    g_hat[upper] = v_hat[d:]
+    g_hat = g_hat + g_hat.T
+    g_hat[np.diag_indices(d)] = v_hat[:d] * math.sqrt(2.0)
+    return {
+        "matrix": [[float(v) for v in row] for row in g_hat],
+        "grid": grid.describe(),
+        "std": t * grid.granularity,
+    }
+
+
+# ----- reports (post-processing of the release) -----------------------------------------------------------
+
+
+def goe_norm_bound(d: int, rho: float) -> float:
+    """τ with P(‖W‖ > τ) ≤ ρ for W = (Z + Zᵀ)/√2 (Sudakov–Fernique + Gaussian concentration; the bound of
+    ``mechanisms.per_instance.reports``): 2√d + 2√(log(2/ρ))."""
+    return 2.0 * math.sqrt(d) + 2.0 * math.sqrt(math.log(2.0 / rho))
+
+
+def _z(prob: float) -> float:
+    """Φ⁻¹(1 − prob/2): P(|N(0,1)| > z) = prob."""
+    return float(special.ndtri(1.0 - prob / 2.0))
+
+
+def evaluate_report(
+    pl: AdaOpsPlan,
+    release: dict[str, Any],
+    x: np.ndarray,
+    y: np.ndarray,
+    rho: float,
+    *,
+    drop_margins: bool = False,
+) -> list[dict[str, Any]]:
+    """Per-record bounds from the release and the records themselves (rows of x, entries of y; already
+    clipped to ‖x‖ ≤ 1, |y| ≤ 1 as in training). Vectorised over records. For each record:
+    ``member``/``outsider``: {``ex_post``, ``pdp_epsilon``, ``mu_upper``, ``residual_upper``}, all holding
+    together with probability ≥ 1 − ρ over the mechanism's noise, for a record fixed before the release.
+    ``drop_margins`` (tests only): the broken variant without confidence margins."""
+    if not release.get("released"):
+        raise ValueError("the release is ⊥: there is no model to report on")
+    x = np.atleast_2d(np.asarray(x, dtype=np.float64))
+    y = np.atleast_1d(np.asarray(y, dtype=np.float64))
+    grid = math.ldexp(1.0, -INPUT_BITS)
+    x = quantise(x, grid) * grid
+    y = quantise(y, grid) * grid
+    data_dep = "gram" in release
+    events = REPORT_EVENTS + (1 if data_dep else 0)
+    beta = rho / events
+    gamma = float(release["gamma"])
+    lam = float(release["lambda"])
+    theta = np.asarray(release["coefficients"], dtype=np.float64)
+    d = theta.size
+    sq = np.einsum("ij,ij->i", x, x)
+    t = pl.lambda_std_units
+    step = pl.lambda_step
+    # (1) λ_min(XᵀX) > λ̃ − m_β with probability ≥ 1 − β.
+    m_beta = 0.0 if drop_margins else discrete_gaussian_quantile(t, beta) * step
+    lam_full = lam + max(float(release["lambda_min_noisy"]) - m_beta, 0.0)
+    mu_out = sq / lam_full
+    h_mem = sq / lam_full
+    if data_dep:  # XᵀX ⪰ Ĝ − σ₃τ I with probability ≥ 1 − β; H ⪰ M = Ĝ + (λ − σ₃τ)I
+        gram = release["gram"]
+        # noise ‖G‖ ≤ t·γ_G·τ_GOE, plus the rounding onto the grid: ‖E‖ ≤ ‖E‖_F ≤ d·γ_G (entries ≤ γ_G/√2)
+        rounding = d * float(gram["grid"]["granularity"]) * _PAD
+        tau = 0.0 if drop_margins else float(gram["std"]) * goe_norm_bound(d, beta) + rounding
+        m = np.asarray(gram["matrix"], dtype=np.float64) + (lam - tau) * np.eye(d)
+        ev = np.linalg.eigvalsh(m)
+        if ev[0] > 0.0:
+            quad = np.einsum("ij,ij->i", x @ np.linalg.inv(m), x) * _PAD
+            mu_out = np.minimum(mu_out, quad)
+            h_mem = np.minimum(h_mem, quad)
+    lam_member = np.maximum(lam_full - sq, lam)
+    mu_mem = sq / lam_member
+    with np.errstate(divide="ignore"):
+        mu_mem = np.minimum(mu_mem, np.where(h_mem < 1.0, h_mem / np.maximum(1.0 - h_mem, 1e-300), np.inf))
+    # (3) the output step: ‖out − θ̃‖ ≤ γ_o(1 + √d/2 + ‖Z_o‖), ‖Z_o‖ ≤ t_o(√d + √(2 log(1/β))).
+    t_o = float(release["output_noise_std"])
+    slack_out = (
+        0.0
+        if drop_margins
+        else float(release["granularity"])
+        * (1.0 + math.sqrt(d) / 2.0 + t_o * (math.sqrt(d) + math.sqrt(2.0 * math.log(1.0 / beta))))
+    )
+    s_hat = np.abs(y - x @ theta) + np.sqrt(sq) * slack_out  # ≥ |y − xᵀθ̃|
+    # (2) xᵀ(θ̃ − θ̂) ~ N(0, xᵀH⁻¹x/γ).
+    z2 = 0.0 if drop_margins else _z(beta)
+    r_out = s_hat + z2 * np.sqrt(mu_out / gamma)
+    r_mem = (1.0 + mu_mem) * (s_hat + z2 * np.sqrt(mu_mem / gamma))
+    # (4) the λ̃ release: shift v ≤ ‖x‖² (≤ ⌈‖x‖²·1024⌉ units), loss |(v² ± 2vY)/(2t²)|, |Y| ≤ k_β.
+    k4 = 0.0 if drop_margins else float(discrete_gaussian_quantile(t, beta / 2.0))
+    v = np.ceil(sq * LAMBDA_SHIFT)
+    lam_loss = (v * v + 2.0 * v * k4) / (2.0 * float(t) * float(t))
+    delta_ops = pl.delta_post
+
+    def side(mu: np.ndarray, r: np.ndarray) -> dict[str, np.ndarray]:
+        neg_c = 0.5 * np.log1p(mu) + gamma * r * r / (2.0 * (1.0 + mu))
+        ops_loss = np.maximum(0.5 * gamma * s_hat * s_hat, neg_c)
+        return {
+            "ex_post": lam_loss + ops_loss,
+            "pdp_epsilon": ops_bound(gamma, mu, r, delta_ops),
+            "mu_upper": mu,
+            "residual_upper": r,
+        }
+
+    mem, outs = side(mu_mem, r_mem), side(mu_out, r_out)
+    results = []
+    for i in range(x.shape[0]):
+        results.append(
+            {
+                "member": {k: float(v[i]) for k, v in mem.items()},
+                "outsider": {k: float(v[i]) for k, v in outs.items()},
+                "confidence": 1.0 - rho,
+                "pdp_delta": delta_ops,
+                "lambda_release_loss": float(lam_loss[i]),
+            }
+        )
+    return results
+
+
+ADAOPS_RIDGE = AdaOpsRidge()
