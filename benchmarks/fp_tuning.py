@@ -34,11 +34,13 @@ sys.path.insert(0, os.getcwd())
 
 from mechanisms.accounting import DEFAULT_ORDERS  # noqa: E402
 from mechanisms.base import PublicContext  # noqa: E402
+
 try:  # the layout since the architecture issue
     from mechanisms.data.schema import DatasetSchema
     from mechanisms.tuning.select import TuningParams, TuningSelect, sample_kept
 except ModuleNotFoundError:  # the float tree (flat mechanisms/ modules)
     from mechanisms.schema import DatasetSchema  # type: ignore[no-redef]
+
     from mechanisms.tuning import TuningParams, TuningSelect, sample_kept  # type: ignore[no-redef]
 
 ROWS = 4_000

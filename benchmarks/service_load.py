@@ -7,8 +7,9 @@ concurrent loops) running for ``--warmup`` then ``--duration`` seconds:
 1. **API processes** (``--processes``, default 1 2 4): ``expost serve --workers N``, in-process executor.
    (a) ``GET /healthz``: no authentication, no database: the ceiling of the same app and server stack;
    (b) ``POST /v1/datasets/{id}/requests``: a cheap Laplace count (ε = 1e-6, against a pure budget of
-       ε = 1e6, so nothing is refused), run inline: authentication, validation, admission + reservation
-       (``SELECT … FOR UPDATE`` on the filter rows), commit + release (second locked transaction).
+       ε = 1e6, so nothing is refused), run inline: authentication, validation, then one group-commit
+       transaction (``SELECT … FOR UPDATE`` on the filter rows, admission + reservation, the run, commit +
+       release, both ledger entries).
 2. **Queue workers** (``--workers``, default 1 2 4): one API process with ``EXPOST_EXECUTOR=queue`` and N
    ``expost worker --queue --threads 1`` processes (Dramatiq on Redis). Heavy requests: ``bench.busy_count``
    burns ``--busy`` seconds of one core (CPU-bound; pure Python, holds the GIL) and ``bench.sleepy_count``
@@ -16,7 +17,8 @@ concurrent loops) running for ``--warmup`` then ``--duration`` seconds:
    POSTs and gets the release in the same response (the API waits for the worker's commit).
 3. **One filter row vs many** (at the smallest and the largest ``--processes``): cheap requests all on one
    dataset vs spread over ``--datasets`` datasets (client i uses dataset i mod D): how far one filter row
-   goes.
+   goes; then the same filter row without HTTP (``run_filter_row``: ``--clients`` threads of this process
+   call ``service.runs.requests.submit``), reported as ``filter_row`` with the process's CPU.
 
 Scaling efficiency = throughput(k) / (k · throughput(1)). Only requests completed inside the measured window
 count. Every request response must be 200 and ``committed``; afterwards every dataset's budget must show
@@ -444,6 +446,103 @@ def run_datasets_configuration(
         server.stop()
 
 
+def run_filter_row(
+    env: dict[str, str], workdir: Path, keys: dict[str, str], args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Section 3b: how many requests one filter row admits and commits per second, without HTTP.
+
+    ``args.clients`` threads of this process call ``service.runs.requests.submit`` (validation, the
+    group-commit writer's one-transaction path: admit + reserve, run the Laplace count, commit + release,
+    ledger append) on one dataset for ``--duration`` seconds, against the same PostgreSQL database. This
+    is the capacity of one dataset's filter row (its lock, its ledger chain) that a shard of the scale-out
+    plan must carry; the HTTP stack in front of it is measured by the other rows. Checked afterwards: the
+    filter's pure slot holds exactly releases × 1e-6 ε in units and nothing reserved (``ledger verify``
+    runs on the whole database at the end).
+    """
+    import threading
+
+    from mechanisms.accounting import UnitsVector
+    from service.app import build_runtime
+    from service.auth import Principal, Role
+    from service.config import Settings
+    from service.logs import configure_logging
+    from service.runs.requests import submit
+    from service.store.repositories import FilterRepository
+
+    server = Server(env, workdir, 1, tag="filter-row-")
+    try:
+        server.wait_ready()
+        dataset_id = setup_dataset(server.base_url, keys["admin"], "load-analyst")
+    finally:
+        server.stop()
+    configure_logging("WARNING", True)
+    settings = Settings(database_url=env["EXPOST_DATABASE_URL"], data_dir=Path(env["EXPOST_DATA_DIR"]),
+                        pool_size=max(10, args.clients))
+    runtime = build_runtime(settings)
+    analyst = Principal("load-analyst", Role.analyst)
+    params = request_body("laplace")["params"]
+    latencies: list[float] = []
+    counts = {"sent": 0, "failures": 0}
+    examples: list[str] = []
+    lock = threading.Lock()
+    start = time.perf_counter()
+    window_start, window_end = start + args.warmup, start + args.warmup + args.duration
+
+    def loop() -> None:
+        while (begin := time.perf_counter()) < window_end:
+            try:
+                request = submit(runtime, analyst, dataset_id, "laplace", params, None)
+                ok, why = request.state == "committed" and request.release is not None, request.state
+            except Exception as exc:  # counted and shown, never hidden
+                ok, why = False, repr(exc)[:300]
+            end = time.perf_counter()
+            with lock:
+                counts["sent"] += 1
+                if not ok:
+                    counts["failures"] += 1
+                    if len(examples) < 5:
+                        examples.append(why)
+                elif window_start <= end <= window_end:
+                    latencies.append(end - begin)
+
+    threads = [threading.Thread(target=loop) for _ in range(args.clients)]
+    for thread in threads:
+        thread.start()
+    time.sleep(max(0.0, window_start - time.perf_counter()))
+    cpu0, machine0, t0 = time.process_time(), machine_busy_seconds(), time.perf_counter()
+    batches0 = runtime.writer.batches
+    time.sleep(max(0.0, window_end - time.perf_counter()))
+    cpu1, machine1, t1 = time.process_time(), machine_busy_seconds(), time.perf_counter()
+    batches1 = runtime.writer.batches
+    for thread in threads:
+        thread.join()
+    with runtime.sessions() as session:
+        row = FilterRepository(session).get(dataset_id)
+        assert row is not None
+        spent, reserved = UnitsVector.from_json(row.spent), UnitsVector.from_json(row.reserved)
+    runtime.close()
+    releases = counts["sent"] - counts["failures"]
+    pure = len(spent) - 1
+    spent_units = spent.finite[pure]
+    wall = t1 - t0
+    latencies.sort()
+    rate = len(latencies) / args.duration
+    process_cores = (cpu1 - cpu0) / wall
+    return {
+        "section": "datasets", "endpoint": "filter row (in process, no HTTP)", "threads": args.clients,
+        "duration_s": args.duration, "requests": len(latencies), "requests_per_s": rate,
+        "p50_ms": 1000 * percentile(latencies, 50), "p99_ms": 1000 * percentile(latencies, 99),
+        "failures": counts["failures"], "failure_examples": examples,
+        "process_cpu_cores": process_cores, "machine_cpu_cores": (machine1 - machine0) / wall,
+        "requests_per_process_core_s": rate / process_cores if process_cores else None,
+        "writer_batches_per_s": (batches1 - batches0) / wall,
+        "loadavg_1min_after": os.getloadavg()[0],
+        "budget": {"ok": spent_units == releases * REQUEST_UNITS and not any(reserved.finite),
+                   "pure_spent_units": spent_units, "expected_units": releases * REQUEST_UNITS,
+                   "releases": releases},
+    }
+
+
 def run_queue_configuration(
     env: dict[str, str], workdir: Path, workers: int, mechanism: str, keys: dict[str, str],
     args: argparse.Namespace,
@@ -602,6 +701,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: list[Measurement] = []
     checks: list[dict[str, Any]] = []
+    filter_row: dict[str, Any] | None = None
     loadavg_before = os.getloadavg()[0]
     digest_before = source_digest(ROOT / "service")
     if loadavg_before > 0.5 * (os.cpu_count() or 1):
@@ -645,6 +745,8 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(measured_d)
                     checks.append(check)
                     print(f"... {datasets} dataset(s) on {processes} process(es) done", file=sys.stderr)
+            filter_row = run_filter_row(env, workdir, keys, args)
+            print("... one filter row in process done", file=sys.stderr)
         verify = subprocess.run([EXPOST, "ledger", "verify"], env=env, cwd=workdir, capture_output=True,
                                 text=True, timeout=600, check=False)
 
@@ -666,7 +768,8 @@ def main(argv: list[str] | None = None) -> int:
             ratios[str(processes)] = (real.requests_per_s / ceiling.requests_per_s
                                       if ceiling.requests_per_s else None)
     ok = (all(m.failures == 0 for m in results) and all(c["budget"]["ok"] for c in checks)
-          and not any(c["server_log_errors"] for c in checks) and verify.returncode == 0)
+          and not any(c["server_log_errors"] for c in checks) and verify.returncode == 0
+          and (filter_row is None or (filter_row["failures"] == 0 and filter_row["budget"]["ok"])))
     report = {
         "benchmark": "service_load",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -684,6 +787,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": [asdict(m) for m in results],
         "scaling_efficiency": scaling,
         "ratio_requests_to_healthz": ratios,
+        "filter_row": filter_row,
         "checks": checks,
         "ledger_verify": {"exit_code": verify.returncode, "output": verify.stdout.strip()[-500:]},
         "ok": ok,
@@ -699,6 +803,12 @@ def main(argv: list[str] | None = None) -> int:
         if values:
             shown = "  ".join(f"k={k}: {'n/a' if v is None else f'{v:.2f}'}" for k, v in values.items())
             print(f"scaling efficiency {name:20} {shown}")
+    if filter_row is not None:
+        print(f"one filter row in process ({filter_row['threads']} threads, no HTTP): "
+              f"{filter_row['requests_per_s']:.1f} committed/s  p99 {filter_row['p99_ms']:.1f} ms  "
+              f"process cpu {filter_row['process_cpu_cores']:.2f} cores  "
+              f"({filter_row['requests_per_process_core_s'] or 0:.0f}/core-s)  "
+              f"spent = releases x charge: {filter_row['budget']['ok']}")
     output = verify.stdout.strip()
     verdict = output.splitlines()[-1] if output else verify.stderr.strip()[-200:]
     print(f"budget checks: {[c['budget']['ok'] for c in checks]}  ledger verify: exit {verify.returncode} "

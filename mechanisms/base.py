@@ -209,6 +209,47 @@ def cost_range(model: type[BaseModel], name: str) -> tuple[float, float] | None:
     return (lo, hi) if 0 < lo < hi else None
 
 
+def cost_knob(mechanism: Mechanism[Any], params: BaseModel) -> tuple[str, bool]:
+    """(name, cost increases with it) of the knob an affordable value is searched on for ``params``: the
+    mechanism's ``cost_knob(params)`` when it defines one (a learner given a target ε is priced by that
+    target, not by the noise scale it is calibrated to), else its ``cost_parameter``."""
+    own = getattr(mechanism, "cost_knob", None)
+    if callable(own):
+        name, increases = own(params)
+        return str(name), bool(increases)
+    return mechanism.cost_parameter, mechanism.cost_increases_with_parameter
+
+
+def _checked_edge(
+    mechanism: Mechanism[ModelT], params: ModelT, ctx: PublicContext, name: str, cheap: float, dear: float
+) -> float | None:
+    """The value nearest ``cheap`` (towards ``dear``) that the mechanism's ``check`` accepts: a 65-point log
+    scan for the first accepted value, then bisection between it and the refused point before it (the
+    accepted set is taken to be an interval). None when no scanned value is accepted."""
+
+    def accepted(value: float) -> bool:
+        try:
+            mechanism.check(with_cost(params, name, value), ctx)
+            return True
+        except (ValueError, ArithmeticError):
+            return False
+
+    scan = [math.exp(v) for v in np.linspace(math.log(cheap), math.log(dear), 65)]
+    first = next((i for i, value in enumerate(scan) if accepted(value)), None)
+    if first is None:
+        return None
+    if first == 0:
+        return scan[0]
+    refused, good = math.log(scan[first - 1]), math.log(scan[first])
+    for _ in range(50):
+        mid = (refused + good) / 2
+        if accepted(math.exp(mid)):
+            good = mid
+        else:
+            refused = mid
+    return math.exp(good)
+
+
 def best_affordable_cost(
     mechanism: Mechanism[ModelT],
     params: ModelT,
@@ -216,14 +257,18 @@ def best_affordable_cost(
     admissible: Callable[[RdpCurve], bool],
     iterations: int = 60,
 ) -> float | None:
-    """The most expensive value of the cost parameter that ``admissible`` still accepts, or None.
+    """The most expensive value of the cost knob (``cost_knob``) that ``admissible`` still accepts, or None.
 
     Bisection in log space over the field's own accepted range (within [1e-9, 1e9]) assuming the worst case
-    is monotone in the parameter; a value counts only if the mechanism's ``check`` accepts it too. The
+    is monotone in the parameter; a value counts only if the mechanism's ``check`` accepts it too. A mechanism
+    whose check refuses the cheap end of the range may define ``cost_floor(params, ctx)``, the smallest value
+    its check accepts (for accuracy_first's epsilon_max: just above the test's own ε_A); otherwise the edge
+    of what ``check`` accepts nearest the cheap end is searched (``_checked_edge``: a dp_gd target ε whose
+    noise multiplier would exceed the sampler's range, an RGM target below its floor). The
     returned value is on the admissible side of the bracket (checked again before returning). None when the
     cost parameter is not a scalar or nothing in range is admissible.
     """
-    name = mechanism.cost_parameter
+    name, increases = cost_knob(mechanism, params)
     bracket = cost_range(type(params), name)
     if bracket is None:
         return None
@@ -237,9 +282,20 @@ def best_affordable_cost(
             return False
 
     low, high = bracket
-    cheap, dear = (low, high) if mechanism.cost_increases_with_parameter else (high, low)
+    cheap, dear = (low, high) if increases else (high, low)
+    floor = getattr(mechanism, "cost_floor", None)
+    if callable(floor) and increases:  # the knob's smallest value ``check`` can accept (a public bound)
+        try:
+            least = floor(params, ctx)
+        except (ValueError, ArithmeticError):
+            least = None
+        if least is not None and cheap < least < dear:
+            cheap = least
     if not ok(cheap):
-        return None
+        edge = _checked_edge(mechanism, params, ctx, name, cheap, dear)
+        if edge is None or not ok(edge):
+            return None
+        cheap = edge
     if ok(dear):
         return dear
     lo, hi = math.log(cheap), math.log(dear)

@@ -11,12 +11,15 @@ from typing import Any
 from mechanisms.base import InteractiveMechanism, Mechanism
 from mechanisms.learners.dp_gd import DpGdMechanism
 from mechanisms.learners.rgm_gd import RgmGdMechanism
+from mechanisms.per_instance.adaops import ADAOPS_RIDGE
 from mechanisms.per_instance.objpert_logistic import ObjPertLogistic
 from mechanisms.ptr.classic import CLASSIC_PTR
 from mechanisms.ptr.ops_linear import OpsLinear
 from mechanisms.ptr.select import PTR_SELECT
 from mechanisms.queries.gaussian import Gaussian
 from mechanisms.queries.laplace import Laplace
+from mechanisms.queries.measures import MeasuresGaussian, MeasuresLaplace
+from mechanisms.queries.quantile import Quantile
 from mechanisms.reduction.accuracy_first import (
     ACCURACY_FIRST_GAUSSIAN,
     ACCURACY_FIRST_LAPLACE,
@@ -37,6 +40,9 @@ from mechanisms.tuning.select import TuningSelect
 MECHANISMS: dict[str, Mechanism[Any]] = {
     "laplace": Laplace(),
     "gaussian": Gaussian(),
+    "quantile": Quantile(),
+    "measures.laplace": MeasuresLaplace(),
+    "measures.gaussian": MeasuresGaussian(),
     "objpert.logistic": ObjPertLogistic(),
     "above_threshold.batch": GeometricAboveThresholdBatch(),
     "above_threshold.dropping.batch": DroppingAboveThresholdBatch(),
@@ -52,6 +58,7 @@ MECHANISMS: dict[str, Mechanism[Any]] = {
     "ptr.classic": CLASSIC_PTR,
     "ptr.select": PTR_SELECT,
     "ptr.ops_linear": OpsLinear(),
+    "adaops.ridge": ADAOPS_RIDGE,
 }
 
 INTERACTIVE: dict[str, InteractiveMechanism[Any, Any]] = {

@@ -19,6 +19,7 @@ from fastapi import FastAPI
 
 from service import metrics
 from service.api.middleware import ObservabilityMiddleware
+from service.api.openapi import operation_id
 from service.api.problems import install_error_handlers, install_openapi
 from service.api.ratelimit import GuardMiddleware
 from service.api.routers import (
@@ -32,6 +33,7 @@ from service.api.routers import (
     mechanisms,
     requests,
     sessions,
+    sql,
 )
 from service.api.routers.reports import router as reports_router
 from service.api.schemas import ERROR_RESPONSES
@@ -130,12 +132,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         summary="Privacy budgets as a persistent ex-post Rényi-DP filter",
         lifespan=lifespan,
+        generate_unique_id_function=operation_id,  # camelCase operationIds (service/api/openapi.py)
         docs_url=None,  # /docs and /redoc: service/api/routers/docs.py, with assets served by the app
         redoc_url=None,
     )
     install_error_handlers(app)
     install_openapi(app)
-    for module in (health, keys, me, datasets, requests, sessions, limits, mechanisms, dashboard):
+    for module in (health, keys, me, datasets, requests, sql, sessions, limits, mechanisms, dashboard):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(reports_router, responses=ERROR_RESPONSES)
     app.include_router(docs.router)

@@ -265,7 +265,8 @@ def datasets_add(
     name: Annotated[str | None, typer.Option(help="display name")] = None,
     actor: Annotated[str, typer.Option(help="recorded in the ledger")] = "cli",
 ) -> None:
-    """Register a dataset from local files; prints its id."""
+    """Register a dataset from local files; prints its id (and, on stderr, how many values of each column
+    lay outside the declared bounds and were clipped to them)."""
     from service.datasets import create_dataset
     from service.errors import ServiceError
 
@@ -283,7 +284,9 @@ def datasets_add(
     except ServiceError as exc:
         typer.echo(f"error: {exc.detail}", err=True)
         raise typer.Exit(1) from None
-    typer.echo(dataset.id)
+    typer.echo(dataset.id)  # stdout: the id alone (for scripts); the clipping report on stderr
+    clipped = ", ".join(f"{column} {count}" for column, count in (dataset.clipped or {}).items())
+    typer.echo(f"values clipped to the declared bounds, per column: {clipped or 'none'}", err=True)
 
 
 @ledger_app.command("verify")
@@ -655,6 +658,34 @@ def request_submit(
     ):
         request = client.submit(
             dataset_id, mechanism, body, idempotency_key=idempotency_key, timeout=timeout, progress=progress
+        )
+    if as_json:
+        _print_json(request.raw)
+    else:
+        _show(_request_table(request))
+
+
+@app.command("sql")
+def sql_command(
+    dataset_id: Annotated[str, typer.Argument(help="dataset id (ds_…)")],
+    statement: Annotated[str, typer.Argument(help="SELECT agg(col), … FROM dataset [WHERE …] [GROUP BY …]")],
+    epsilon: Annotated[float | None, typer.Option(help="pure ε (laplace noise and quantiles)")] = None,
+    noise: Annotated[str, typer.Option(help="laplace or gaussian")] = "laplace",
+    noise_multiplier: Annotated[float | None, typer.Option(help="gaussian: σ/ℓ2 per block")] = None,
+    candidates: Annotated[int | None, typer.Option(help="quantiles: public candidate grid size")] = None,
+    as_json: JsonOption = False,
+    url: UrlOption = DEFAULT_URL,
+    key: KeyOption = None,
+) -> None:
+    """Answer one SQL SELECT with a DP release (POST /v1/datasets/{id}/sql) and print it with its charge."""
+    with _remote(url, key, as_json) as client:
+        request = client.sql(
+            dataset_id,
+            statement,
+            epsilon=epsilon,
+            noise=noise,
+            noise_multiplier=noise_multiplier,
+            candidates=candidates,
         )
     if as_json:
         _print_json(request.raw)

@@ -141,13 +141,21 @@ def _is_granted(session: Session, dataset_id: str, analyst: str) -> bool:
     return granted
 
 
+def not_visible(principal: Principal, dataset_id: str) -> NotFound:
+    """The 404 for a dataset the principal may not see. For an analyst it reads the same whether the dataset
+    does not exist or is not granted to them (which one is not revealed)."""
+    if principal.role is Role.analyst:
+        return NotFound(f"dataset {dataset_id!r} not found or not granted to you")
+    return NotFound(f"no dataset {dataset_id!r}")
+
+
 def visible_dataset(session: Session, principal: Principal, dataset_id: str) -> Dataset:
     """The dataset if this principal may see it; analysts only see datasets they are granted (else 404)."""
     dataset = dataset_by_id(session, dataset_id)
     if dataset is None or (
         principal.role is Role.analyst and not _is_granted(session, dataset_id, principal.name)
     ):
-        raise NotFound(f"no dataset {dataset_id!r}")
+        raise not_visible(principal, dataset_id)
     return dataset
 
 
@@ -214,7 +222,7 @@ def check_admissible(session: Session, principal: Principal, dataset_id: str) ->
     analyst = principal.role is Role.analyst
     if analyst and not DatasetRepository(session).is_granted(dataset_id, principal.name):
         _cache.granted.pop((dataset_id, principal.name), None)
-        raise NotFound(f"no dataset {dataset_id!r}")
+        raise not_visible(principal, dataset_id)
 
 
 def public_context(dataset: Dataset) -> PublicContext:

@@ -20,6 +20,11 @@ labels: clipping alone bounds the sensitivity. ``n_norm`` must be public: the ro
 (``PublicContext.n_rows``); under add_remove the row count is private, so the caller passes a public
 estimate (the service mechanism asks for an ``n_hint`` parameter); a wrong hint only rescales the step.
 
+Adaptive clipping (``AdaptiveClip``, ``adaptive_dp_gd_train``; Andrew, Thakkar, McMahan, Ramaswamy 2021;
+Theorem DPGD-ADAPT, docs/privacy.md §8.3.6.1): C follows a privately estimated quantile of the gradient norms
+through a noisy clipped count released each step; the count and the gradient share the per-step RDP
+α/(2z²), so the charge is unchanged.
+
 Finite precision (docs/privacy.md §10.4.4, Theorem DPGD-GRID): each record's clipped term is rounded to a
 public unit ω with its norm checked below C in integers, the step's sum is an exact integer vector (order-
 free), and the noise is an exact discrete Gaussian of ⌈zΔ/ω⌉ units; the iterates are post-processing.
@@ -46,7 +51,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any, ClassVar, Literal, Self
 
@@ -86,6 +91,56 @@ MAX_NOISE_MULTIPLIER = float(1 << 20)
 """z ≤ 2^20 keeps the noise standard deviation in term units ≤ 2^52 (the exact sampler's range)."""
 
 
+ADAPTIVE_CLIP_MIN = 1e-6
+ADAPTIVE_CLIP_MAX = 1e6
+"""Public range the adaptive clip norm C_t is kept in (a clamp: post-processing of the released counts)."""
+
+
+@dataclass(frozen=True)
+class AdaptiveClip:
+    """Private adaptive clipping (Andrew, Thakkar, McMahan, Ramaswamy 2021), all public.
+
+    At step t the clip norm is C_t; besides the noisy clipped-gradient sum, the step releases the noisy count
+    b̃_t = #{i : ‖∇ℓ_i(θ_t)‖ ≤ C_t} + N_Z(0, t_b²) and sets C_{t+1} = clamp(C_t·exp(−η(b̃_t/n_norm − γ)))
+    (a geometric step towards the γ-quantile of the gradient norms). The effective noise multiplier z is
+    split: a share φ of the per-step RDP 1/z² goes to the count (std σ_b = z/√φ, count sensitivity 1) and
+    1 − φ to the gradient (multiplier z_g = z/√(1 − φ)), so one step costs α/(2z²) as without adaptation
+    (Theorem DPGD-ADAPT, docs/privacy.md §8.3.6.1).
+    """
+
+    target_quantile: float = 0.5
+    learning_rate: float = 0.2
+    count_share: float = 0.05
+    clip_min: float = ADAPTIVE_CLIP_MIN
+    clip_max: float = ADAPTIVE_CLIP_MAX
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.target_quantile < 1.0:
+            raise ValueError(f"target_quantile must be in (0, 1), got {self.target_quantile!r}")
+        if not (math.isfinite(self.learning_rate) and 0.0 < self.learning_rate <= 10.0):
+            raise ValueError(f"learning_rate must be in (0, 10], got {self.learning_rate!r}")
+        if not 0.0 < self.count_share < 1.0:
+            raise ValueError(f"count_share must be in (0, 1), got {self.count_share!r}")
+        if not (0.0 < self.clip_min <= self.clip_max and math.isfinite(self.clip_max)):
+            raise ValueError("need 0 < clip_min ≤ clip_max < ∞")
+
+
+def adaptive_split(noise_multiplier: float, count_share: float) -> tuple[float, float]:
+    """(z_g, σ_b): the gradient's noise multiplier z/√(1 − φ) and the count's std z/√φ (sensitivity 1),
+    so 1/z_g² + 1/σ_b² = 1/z² (rounded so that the sum is ≤ 1/z²: both raised by one ulp-scale factor)."""
+    z_g = noise_multiplier / math.sqrt(1.0 - count_share) * (1.0 + 1e-12)
+    sigma_b = noise_multiplier / math.sqrt(count_share) * (1.0 + 1e-12)
+    return z_g, sigma_b
+
+
+def count_noise_units(noise_multiplier: float, count_share: float) -> int:
+    """The integer std t_b = ⌈σ_b⌉ ≥ σ_b of the discrete Gaussian on the count (exact)."""
+    units = max(1, math.ceil(adaptive_split(noise_multiplier, count_share)[1]))
+    if units > MAX_STD:
+        raise ValueError("the count noise standard deviation exceeds 2^52: raise count_share")
+    return units
+
+
 @dataclass(frozen=True)
 class DpGdConfig:
     """Public hyper-parameters of clipped DP-GD (all checked in ``__post_init__``)."""
@@ -98,6 +153,7 @@ class DpGdConfig:
     noise_multiplier: float
     neighboring: Neighboring = "replace_one"
     radius: float | None = None  # projection radius r (public); None: no projection (library use)
+    adaptive: AdaptiveClip | None = None  # private adaptive clipping (``clip`` is then the initial C₀)
 
     def __post_init__(self) -> None:
         if self.loss not in ("logistic", "squared"):
@@ -119,6 +175,13 @@ class DpGdConfig:
             raise ValueError(
                 f"noise_multiplier must be ≤ 2^20 (the exact sampler's range), got {self.noise_multiplier!r}"
             )
+        if self.adaptive is not None:
+            if not self.adaptive.clip_min <= self.clip <= self.adaptive.clip_max:
+                raise ValueError(
+                    f"the initial clip must be in [{self.adaptive.clip_min}, {self.adaptive.clip_max}]"
+                )
+            if gradient_multiplier(self) > MAX_NOISE_MULTIPLIER:
+                raise ValueError("the gradient noise multiplier z/√(1 − count_share) exceeds 2^20")
 
 
 def sensitivity(clip: float, neighboring: Neighboring) -> float:
@@ -130,20 +193,41 @@ def sensitivity(clip: float, neighboring: Neighboring) -> float:
     raise ValueError(f"unknown neighbouring relation {neighboring!r}")
 
 
-def noise_std(config: DpGdConfig) -> float:
-    """Standard deviation z·Δ of the noise on the clipped gradient sum (Δ from ``config.neighboring``)."""
-    return config.noise_multiplier * sensitivity(config.clip, config.neighboring)
+def gradient_multiplier(config: DpGdConfig) -> float:
+    """The noise multiplier on the clipped gradient sum: z, or z_g = z/√(1 − φ) with adaptive clipping."""
+    if config.adaptive is None:
+        return config.noise_multiplier
+    return adaptive_split(config.noise_multiplier, config.adaptive.count_share)[0]
+
+
+def largest_clip(config: DpGdConfig) -> float:
+    """The largest clip norm any step can use: C, or the adaptive range's upper end."""
+    return config.clip if config.adaptive is None else config.adaptive.clip_max
+
+
+def noise_std(config: DpGdConfig, clip: float | None = None) -> float:
+    """Standard deviation z_g·Δ of the noise on the clipped gradient sum at clip norm ``clip`` (default C;
+    Δ from ``config.neighboring``)."""
+    used = config.clip if clip is None else clip
+    return gradient_multiplier(config) * sensitivity(used, config.neighboring)
 
 
 def dp_gd_curve(config: DpGdConfig, neighboring: Neighboring, orders: Sequence[float]) -> RdpCurve:
     """RDP of the whole run under ``neighboring``: T·α·Δ²/(2s²), s = ``noise_std(config)``; no pure bound.
 
     With ``neighboring == config.neighboring`` this is T·α/(2z²) (Mironov 2017, Prop. 7, composed T times
-    by Prop. 1). Values are padded upwards so rounding can only over-charge.
+    by Prop. 1). Values are padded upwards so rounding can only over-charge. With adaptive clipping each step
+    adds the count's α·1²/(2σ_b²) (sensitivity 1 under both relations) to the gradient's α·Δ²/(2(z_gΔ')²),
+    Δ/Δ' the same for every C_t (Theorem DPGD-ADAPT, docs/privacy.md §8.3.6.1).
     """
     grid = validate_orders(orders)
     one_step = RdpCurve.gaussian(sensitivity(config.clip, neighboring), noise_std(config), grid)
-    values = tuple(pad_up(config.steps * v) for v in one_step.values)
+    per_step = list(one_step.values)
+    if config.adaptive is not None:
+        sigma_b = adaptive_split(config.noise_multiplier, config.adaptive.count_share)[1]
+        count = RdpCurve.gaussian(1.0, sigma_b, grid)
+        per_step = [pad_up(a + b) for a, b in zip(per_step, count.values, strict=True)]
+    values = tuple(pad_up(config.steps * v) for v in per_step)
     return RdpCurve(grid, values)
 
 
@@ -219,7 +303,7 @@ def finiteness_problem(config: DpGdConfig, d: int, n_norm: float) -> tuple[str, 
             f"the iterate ball radius {radius!r} is too large for finite floating point: raise "
             "regularization or give a smaller max_norm"
         )
-    noisy = ROWS_MAX * config.clip + Z_MAX * noise_std(config)
+    noisy = ROWS_MAX * largest_clip(config) + Z_MAX * noise_std(config, largest_clip(config))
     if not noisy <= FLOAT_CEILING:
         return "clip", "the noisy gradient sum could overflow: lower clip or noise_multiplier"
     coordinate = radius + config.step_size * (noisy / n_norm + config.reg * radius)
@@ -280,18 +364,21 @@ def term_unit(clip: float, noise_multiplier: float | None = None) -> float:
     return math.ldexp(1.0, math.frexp(clip)[1] - 1 - term_bits(noise_multiplier))
 
 
-def noise_units(config: DpGdConfig) -> int:
-    """The integer standard deviation t = ⌈zΔ/ω⌉ of the discrete Gaussian, in term units ω (exact)."""
-    exact = Fraction(noise_std(config)) / Fraction(term_unit(config.clip, config.noise_multiplier))
+def noise_units(config: DpGdConfig, clip: float | None = None) -> int:
+    """The integer standard deviation t = ⌈z_gΔ/ω⌉ of the discrete Gaussian, in term units ω (exact), at
+    clip norm ``clip`` (default C)."""
+    used = config.clip if clip is None else clip
+    exact = Fraction(noise_std(config, used)) / Fraction(term_unit(used, gradient_multiplier(config)))
     units = max(1, math.ceil(exact))
     if units > MAX_STD:
         raise ValueError("the noise standard deviation exceeds 2^52 term units: lower noise_multiplier")
     return units
 
 
-def released_noise_std(config: DpGdConfig) -> float:
-    """The standard deviation t·ω ≥ zΔ of the noise actually added to each coordinate of the clipped sum."""
-    return float(noise_units(config)) * term_unit(config.clip, config.noise_multiplier)
+def released_noise_std(config: DpGdConfig, clip: float | None = None) -> float:
+    """The standard deviation t·ω ≥ z_gΔ of the noise actually added to each coordinate of the clipped sum."""
+    used = config.clip if clip is None else clip
+    return float(noise_units(config, used)) * term_unit(used, gradient_multiplier(config))
 
 
 @dataclass(frozen=True)
@@ -343,6 +430,19 @@ def grid_records(
     scale = np.ldexp(norms, -ROW_BITS)
     chunk = 1 << (50 - math.frexp(budget)[1] + 1)
     return GridRecords(rows, scale, cap, labels, unit, chunk)
+
+
+def regrid(records: GridRecords, clip: float, noise_multiplier: float | None = None) -> GridRecords:
+    """``records`` on the term grid of another clip norm: the same ``grid_records`` formulas for ω, k̄_i and
+    the chunk (rows, scales and labels do not depend on C), without redoing the per-row work."""
+    squared = np.sum(records.rows * records.rows, axis=1)  # exact: integers < 2^53
+    unit = term_unit(clip, noise_multiplier)
+    budget = clip / unit
+    with np.errstate(divide="ignore"):
+        cap = np.floor(budget / np.sqrt(squared) * (1.0 - 2.0**-40))
+    cap = np.where(squared > 0, cap, 0.0)
+    chunk = 1 << (50 - math.frexp(budget)[1] + 1)
+    return replace(records, cap=cap, unit=unit, chunk=chunk)
 
 
 def _dot_bits(d: int) -> int:
@@ -467,6 +567,8 @@ def dp_gd_train(
     problem = finiteness_problem(config, d, n_norm)
     if problem is not None:
         raise ValueError(f"{problem[0]}: {problem[1]}")
+    if config.adaptive is not None:
+        return _adaptive_train(config, features, labels, n_norm, noise, progress, return_iterates)
     draws = discrete_gaussian_std(noise, noise_units(config), config.steps * d).reshape(config.steps, d)
     theta = np.zeros(d)
     iterates = np.empty((config.steps, d)) if return_iterates else None
@@ -485,6 +587,88 @@ def dp_gd_train(
             iterates[t] = theta
         progress((t + 1) / config.steps)
     return iterates if iterates is not None else theta
+
+
+def clip_count(theta: np.ndarray, records: GridRecords, loss: Loss, clip: float) -> int:
+    """#{i : ‖∇ℓ_i(θ)‖ ≤ C} on the grid rows x̂_i (each indicator a function of its own record and the public
+    θ, C only, so one record moves the count by at most 1). A NaN norm counts as above C."""
+    if not np.all(np.isfinite(theta)):
+        return 0
+    with np.errstate(all="ignore"):
+        scalars = _scalar_grad(_margins(theta, records), records.labels, loss)
+        lengths = np.sqrt(np.sum(records.rows * records.rows, axis=1)) * records.scale
+        norms = np.abs(scalars) * lengths
+    return int(np.count_nonzero(norms <= clip))
+
+
+def next_clip(config: DpGdConfig, clip: float, noisy_count: int, n_norm: float) -> float:
+    """C_{t+1} = clamp(C_t·exp(−η(b̃_t/n_norm − γ)), [clip_min, clip_max]): post-processing of b̃_t."""
+    assert config.adaptive is not None
+    a = config.adaptive
+    exponent = -a.learning_rate * (noisy_count / n_norm - a.target_quantile)
+    exponent = min(max(exponent, -50.0), 50.0)
+    return float(min(max(clip * math.exp(exponent), a.clip_min), a.clip_max))
+
+
+def _adaptive_train(
+    config: DpGdConfig,
+    features: np.ndarray,
+    labels: np.ndarray,
+    n_norm: float,
+    noise: Noise,
+    progress: ProgressFn,
+    return_iterates: bool,
+) -> np.ndarray:
+    """``dp_gd_train`` with private adaptive clipping: per step the noisy clipped sum at C_t (exact discrete
+    Gaussian of ⌈z_gΔ(C_t)/ω_t⌉ units) and the noisy count b̃_t (N_Z(0, t_b²), t_b = ⌈σ_b⌉); C_{t+1} from
+    b̃_t (``next_clip``). Returns the iterates (or the final θ); ``adaptive_dp_gd_train`` also returns the
+    clip path and the noisy counts."""
+    path, _, _ = adaptive_dp_gd_train(config, features, labels, n_norm, noise, progress)
+    return path if return_iterates else path[-1]
+
+
+def adaptive_dp_gd_train(
+    config: DpGdConfig,
+    x: np.ndarray,
+    y: np.ndarray,
+    n_norm: float,
+    noise: Noise,
+    progress: ProgressFn = no_progress,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Adaptive-clipping DP-GD: (iterates θ₁…θ_T of shape (T, d), clip norms C₀…C_{T−1}, noisy counts
+    b̃₀…b̃_{T−1}). All three are released (post-processing of the noisy sums and counts)."""
+    assert config.adaptive is not None
+    features, labels = _check_data(x, y)
+    d = features.shape[1]
+    problem = finiteness_problem(config, d, n_norm)
+    if problem is not None:
+        raise ValueError(f"{problem[0]}: {problem[1]}")
+    z_g = gradient_multiplier(config)
+    count_units = count_noise_units(config.noise_multiplier, config.adaptive.count_share)
+    count_draws = discrete_gaussian_std(noise, count_units, config.steps)
+    base = grid_records(features, labels, config.clip, noise_multiplier=z_g)
+    theta = np.zeros(d)
+    iterates = np.empty((config.steps, d))
+    clips = np.empty(config.steps)
+    counts = np.empty(config.steps, dtype=np.int64)
+    clip = config.clip
+    for t in range(config.steps):
+        records = base if t == 0 else regrid(base, clip, z_g)
+        units = clipped_sum_units(theta, records, config.loss)
+        draw = discrete_gaussian_std(noise, noise_units(config, clip), d)
+        if units.dtype == object:
+            noisy_sum = np.array([float(u) for u in units + draw.astype(object)]) * records.unit
+        else:
+            noisy_sum = (units + draw).astype(np.float64) * records.unit
+        noisy_count = clip_count(theta, records, config.loss, clip) + int(count_draws[t])
+        clips[t], counts[t] = clip, noisy_count
+        theta = theta - config.step_size * (noisy_sum / n_norm + config.reg * theta)
+        if config.radius is not None:
+            theta = project_to_ball(theta, config.radius)
+        iterates[t] = theta
+        clip = next_clip(config, clip, noisy_count, n_norm)
+        progress((t + 1) / config.steps)
+    return iterates, clips, counts
 
 
 # ----- the service mechanism "dp_gd" ------------------------------------------------------------------------
@@ -558,6 +742,25 @@ class DpGdParams(FeatureSpec):
     return_iterates: StrictBool = Field(
         default=False, description="release every noisy iterate, not only the final one"
     )
+    clipping: Literal["fixed", "adaptive"] = Field(
+        default="fixed",
+        description="fixed: clip norm C throughout; adaptive: C is the initial norm and follows a privately "
+        "estimated target_quantile of the gradient norms (Andrew et al. 2021), at the same privacy cost",
+    )
+    target_quantile: StrictFloat = Field(
+        default=0.5, gt=0, lt=1, allow_inf_nan=False, description="adaptive: the gradient-norm quantile γ"
+    )
+    clip_learning_rate: StrictFloat = Field(
+        default=0.2, gt=0, le=10, allow_inf_nan=False, description="adaptive: geometric step η of the clip"
+    )
+    count_noise_share: StrictFloat = Field(
+        default=0.05,
+        gt=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="adaptive: share φ of the per-step privacy spent on the clipped count (count noise std "
+        "z/√φ, gradient multiplier z/√(1 − φ))",
+    )
 
     @model_validator(mode="after")
     def _one_noise_spec(self) -> Self:
@@ -583,6 +786,11 @@ class DpGdMechanism(ParamsChecked):
     cost_increases_with_parameter: ClassVar[bool] = False
     long_running: ClassVar[bool] = True
     progress_is_public: ClassVar[bool] = True
+
+    def cost_knob(self, p: DpGdParams) -> tuple[str, bool]:
+        """What a refusal's ``affordable`` searches: the largest target_epsilon that fits when the request
+        gives a target, else the smallest noise_multiplier."""
+        return ("target_epsilon", True) if p.target_epsilon is not None else ("noise_multiplier", False)
 
     def check(self, p: DpGdParams, ctx: PublicContext) -> None:
         check_features(p, ctx, learner_task(p.model, p.task))
@@ -610,7 +818,8 @@ class DpGdMechanism(ParamsChecked):
         loss: Loss = "squared" if p.model == "ridge" else "logistic"
         radius = p.max_norm
         if radius is None:
-            radius = default_radius(loss, p.regularization, p.row_norm, p.clip)
+            top = p.clip if p.clipping == "fixed" else ADAPTIVE_CLIP_MAX
+            radius = default_radius(loss, p.regularization, p.row_norm, top)
         if radius is None:
             raise ParamsError(
                 "max_norm",
@@ -619,7 +828,18 @@ class DpGdMechanism(ParamsChecked):
             )
         if not math.isfinite(radius):
             raise ParamsError("regularization", "the default iterate radius overflows: raise regularization")
-        config = DpGdConfig(loss, p.regularization, p.steps, tau, p.clip, z, ctx.schema.neighboring, radius)
+        adaptive = None
+        if p.clipping == "adaptive":
+            adaptive = AdaptiveClip(p.target_quantile, p.clip_learning_rate, p.count_noise_share)
+            if not adaptive.clip_min <= p.clip <= adaptive.clip_max:
+                raise ParamsError(
+                    "clip", f"the initial clip must be in [{adaptive.clip_min}, {adaptive.clip_max}]"
+                )
+            if adaptive_split(z, p.count_noise_share)[0] > MAX_NOISE_MULTIPLIER:
+                raise ParamsError("noise_multiplier", "z/√(1 − count_noise_share) exceeds 2^20")
+        config = DpGdConfig(
+            loss, p.regularization, p.steps, tau, p.clip, z, ctx.schema.neighboring, radius, adaptive
+        )
         n_norm = float(ctx.n_rows) if ctx.n_rows is not None else float(p.n_hint or 1)
         problem = finiteness_problem(config, dimension(p, ctx), n_norm)
         if problem is not None:
@@ -648,7 +868,12 @@ class DpGdMechanism(ParamsChecked):
             raise ParamsError("n_hint", "a public row count is needed to normalise the gradient")
         n_norm = float(public_n)
         x, y = design_matrix(p, ctx, table, learner_task(p.model, p.task), p.row_norm)
-        path = dp_gd_train(config, x, y, n_norm, noise, progress, return_iterates=True)
+        clips: np.ndarray | None = None
+        counts: np.ndarray | None = None
+        if config.adaptive is None:
+            path = dp_gd_train(config, x, y, n_norm, noise, progress, return_iterates=True)
+        else:
+            path, clips, counts = adaptive_dp_gd_train(config, x, y, n_norm, noise, progress)
         output: dict[str, Any] = {
             "model": p.model,
             "columns": column_names(p, ctx),
@@ -668,6 +893,16 @@ class DpGdMechanism(ParamsChecked):
             "scale": "coefficients are on the design matrix of mechanisms.learners.features "
             "(features divided by their declared magnitude, rows clipped to row_norm)",
         }
+        if clips is not None and counts is not None:
+            output["clipping"] = {
+                "mode": "adaptive",
+                "clip_path": clips.tolist(),
+                "noisy_counts": counts.tolist(),
+                "count_noise_std": count_noise_units(config.noise_multiplier, p.count_noise_share),
+                "gradient_noise_multiplier": gradient_multiplier(config),
+                "note": "C_t follows the noisy clipped count (Andrew et al. 2021); noise_std and the grid "
+                "granularity below are at the initial clip and scale with C_t",
+            }
         if p.return_iterates:
             output["iterates"] = path.tolist()
         # realized = worst case by theorem, not by comparison: every run releases all T noisy sums, so the

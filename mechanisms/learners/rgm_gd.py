@@ -635,6 +635,19 @@ class RgmGdMechanism(ParamsChecked):
     long_running: ClassVar[bool] = True
     progress_is_public: ClassVar[bool] = True
 
+    def cost_knob(self, p: RgmGdParams) -> tuple[str, bool]:
+        """What a refusal's ``affordable`` searches: the largest target_epsilon that fits when the request
+        gives a target, else the smallest gamma."""
+        return ("target_epsilon", True) if p.gamma is None else ("gamma", False)
+
+    def cost_floor(self, p: RgmGdParams, ctx: PublicContext) -> float | None:
+        """Target mode: the smallest target_epsilon reachable (the RGM floor at this λ and n, slightly
+        raised), where a refusal's affordable search starts; None otherwise."""
+        if p.gamma is not None or ctx.n_rows is None:
+            return None
+        floor = self._target_floor(p, ctx, dimension(p, ctx), p.regularization)
+        return floor * (1.0 + 1e-6) if math.isfinite(floor) else None
+
     def check(self, p: RgmGdParams, ctx: PublicContext) -> None:
         check_features(p, ctx, learner_task(p.model, p.task))
         self._resolve(p, ctx)
@@ -661,7 +674,7 @@ class RgmGdMechanism(ParamsChecked):
                     p.target_epsilon, p.target_delta, p.steps, sens, d, ctx.orders, p.bound
                 )
         except (ValueError, OverflowError) as error:
-            raise ParamsError("target_epsilon", str(error)) from error
+            raise ParamsError("target_epsilon", f"{error}. {self._feasible_range(p, ctx, d)}") from error
         sigma = baseline_sigma(gamma, sens)
         tau = p.step_size
         if tau is None:
@@ -687,6 +700,50 @@ class RgmGdMechanism(ParamsChecked):
         except OverflowError as error:  # (η, R_rel) outside the float range: λ far too small for this n, X
             raise ParamsError("regularization", f"the relative sensitivity overflows: {error}") from error
         return _Resolved(sens, d, config, step)
+
+    def _target_floor(self, p: RgmGdParams, ctx: PublicContext, d: int, reg: float) -> float:
+        """The smallest target ε reachable at regularization ``reg`` (γ = 1e12, the top of the γ range), in
+        the request's own terms (per step at target_alpha, or total at target_delta); +∞ if none."""
+        assert ctx.n_rows is not None
+        try:
+            sens = relative_sensitivity(p.model, ctx.n_rows, reg, p.row_norm)
+            if p.target_alpha is not None:
+                return float(grid_rgm_epsilon(p.target_alpha, sens.eta, 1e12, d, p.bound))
+            assert p.target_delta is not None
+            one = step_curve(ctx.orders, sens, 1e12, baseline_sigma(1e12, sens), d, p.bound)
+            return float(epsilon_at_delta(scale_curve(one, p.steps), p.target_delta))
+        except (ValueError, OverflowError):
+            return math.inf
+
+    def _feasible_range(self, p: RgmGdParams, ctx: PublicContext, d: int) -> str:
+        """Why a target is infeasible, with the feasible range: the smallest reachable ε at this λ, and the
+        smallest λ (bisection, 3 significant digits) at which the asked ε becomes reachable."""
+        assert p.target_epsilon is not None
+        floor = self._target_floor(p, ctx, d, p.regularization)
+        where = (
+            f"at order {p.target_alpha:g} per step"
+            if p.target_alpha is not None
+            else (f"at delta {p.target_delta:g} over {p.steps} steps")
+        )
+        text = (
+            f"Feasible range: target_epsilon ≥ {floor:.4g} {where} at regularization {p.regularization:g} "
+            f"and n = {ctx.n_rows} (the RGM floor shrinks with η = 2X²/(λn): more rows or a larger λ)"
+            if math.isfinite(floor)
+            else f"no target_epsilon is reachable {where} at regularization {p.regularization:g}"
+        )
+        lo, hi = math.log(p.regularization), math.log(1e6)
+        if self._target_floor(p, ctx, d, 1e6) > p.target_epsilon:
+            return text + "; no regularization up to 1e6 reaches the asked epsilon"
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            if self._target_floor(p, ctx, d, math.exp(mid)) <= p.target_epsilon:
+                hi = mid
+            else:
+                lo = mid
+        needed = float(f"{math.exp(hi):.3g}")
+        if self._target_floor(p, ctx, d, needed) > p.target_epsilon:
+            needed = math.exp(hi)
+        return text + f"; or keep target_epsilon and set regularization ≥ {needed:.3g}"
 
     def worst_case(self, p: RgmGdParams, ctx: PublicContext) -> RdpCurve:
         resolved = self._resolve(p, ctx)

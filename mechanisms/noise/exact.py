@@ -323,13 +323,13 @@ class Noise:
     # ----- data-independent helpers ---------------------------------------------------------------------
     def permutation(self, n: int) -> IntArray:
         """A uniform random permutation of range(n), exactly: the order that sorts n i.i.d. uniform reals
-        K_i ∈ [0, 1), revealed 32 bits at a time. The 32-bit prefixes are sorted (stable); while two of
+        K_i ∈ [0, 1), revealed 32 bits at a time. The 32-bit prefixes are sorted; while two of
         them tie (probability ≤ n²/2^33 per round), 32 more bits of every key are revealed and the keys are
         sorted by their whole prefixes. The result is the sort order of the reals themselves (distinct with
         probability one), which is uniform by exchangeability; the data-split proofs need only that it is
         independent of the data."""
         keys = [self._key_digits(n)]
-        order: np.ndarray = np.argsort(keys[0], kind="stable")
+        order: np.ndarray = np.argsort(keys[0])  # any sort: ties are resolved below, not by the sort
         while n > 1 and _has_ties([k[order] for k in keys]):
             keys.append(self._key_digits(n))
             order = np.lexsort(keys[::-1])

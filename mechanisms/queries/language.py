@@ -157,6 +157,12 @@ def check_query(query: AnyQuery, ctx: PublicContext) -> None:
         raise ParamsError("query.column", "the declared bounds are too wide: the sensitivity overflows")
 
 
+def check_where(where: tuple[Condition, ...], ctx: PublicContext) -> None:
+    """Raise ``ParamsError`` (field ``where.<i>…``) unless every condition of a top-level where can run."""
+    for index, condition in enumerate(where):
+        _check_condition(condition, ctx, f"where.{index}")
+
+
 # ----- sensitivity -------------------------------------------------------------------------------------
 def _numeric(query: SumQuery | MeanQuery, ctx: PublicContext) -> FloatColumn | IntColumn:
     column = _column(ctx, query.column, "query.column")

@@ -76,7 +76,7 @@ from scipy import integrate, optimize
 
 from mechanisms.accounting import RdpCurve, pad_up, sum_up
 from mechanisms.base import ParamsChecked, ParamsError, ProgressFn, PublicContext, Release, Table, no_progress
-from mechanisms.learners.features import FeatureSpec, check_features, design_matrix, dimension
+from mechanisms.learners.features import FeatureSpec, check_features, column_names, design_matrix, dimension
 from mechanisms.learners.features import Task as LearningTask
 from mechanisms.noise import Grid, Noise, dyadic_scale_up, laplace_grid
 from mechanisms.queries.language import charged_fraction, unit_shift
@@ -104,6 +104,8 @@ ROW_BLOCK = 4096
 MAX_DIMENSION = 300
 MAX_LEVELS = 10_000
 MAX_EPSILON = 100.0
+MAX_WORST_CASE = 1e4
+"""Largest ``epsilon_max`` (a cap on ε_A + ε_T; the grid's own top ε_T stays ≤ MAX_EPSILON)."""
 MIN_EPSILON = 1e-9
 LEARNING_TASK: dict[Task, LearningTask] = {"ridge": "regression", "logistic": "classification"}
 CHUNK = 32
@@ -770,9 +772,11 @@ class AccuracyFirstParams(FeatureSpec):
     epsilon_max: StrictFloat | None = Field(
         default=None,
         ge=MIN_EPSILON,
-        le=MAX_EPSILON,
+        le=MAX_WORST_CASE,
         allow_inf_nan=False,
-        description="largest level ε_T of the grid (default 4× the theory-inverted ε, as the authors' code)",
+        description="cap on the worst case ε_A + ε_T: the grid's largest level is ε_T = epsilon_max − ε_A "
+        "(refused, with the feasible range, when the test's ε_A alone reaches it); default: ε_T = 4× the "
+        "theory-inverted ε, as the authors' code (the worst case is then ε_A + ε_T)",
     )
     epsilon_min: StrictFloat | None = Field(
         default=None,
@@ -831,6 +835,24 @@ class AccuracyFirstErm(ParamsChecked):
         n, lam, alpha = ctx.n_rows, p.regularization, p.target_excess_risk
         problem = Problem(self.task, n, dim, lam, alpha, p.failure_probability, p.calibration)
         eps_max = p.epsilon_max
+        if eps_max is not None:  # a cap on the whole worst case ε_A + ε_T: the grid ends at ε_T = cap − ε_A
+            test_epsilon = problem.test(p.levels).epsilon_a
+            eps_max = (eps_max - test_epsilon) * (1.0 - 1e-12)
+            if not eps_max >= MIN_EPSILON:
+                reason = (
+                    "caps the worst case ε_A + ε_T, and the accuracy test alone costs ε_A = "
+                    f"{test_epsilon:.6g} (pure) at target_excess_risk {alpha:g}, failure_probability "
+                    f"{p.failure_probability:g}, {p.levels} levels and n = {n}: feasible range epsilon_max > "
+                    f"{test_epsilon:.6g} (or raise target_excess_risk or failure_probability, or use fewer "
+                    "levels, to lower ε_A)"
+                )
+                raise ParamsError("epsilon_max", reason)
+            if eps_max > MAX_EPSILON:
+                reason = (
+                    f"leaves a top level ε_T = epsilon_max − ε_A = {eps_max:.6g} above {MAX_EPSILON:g}; "
+                    f"feasible range: epsilon_max ≤ {test_epsilon + MAX_EPSILON:.6g}"
+                )
+                raise ParamsError("epsilon_max", reason)
         if eps_max is None:
             eps_max = 4.0 * theory_epsilon(self.task, n, dim, lam, alpha)
             if eps_max > MAX_EPSILON:
@@ -842,7 +864,7 @@ class AccuracyFirstErm(ParamsChecked):
         if eps_min is None:
             eps_min = max(min(1.0 / n, eps_max / 1000.0), smallest_level_epsilon(self.task, dim))
         if p.levels > 1 and eps_min >= eps_max:
-            raise ParamsError("epsilon_min", f"must be < epsilon_max ({eps_max:.6g})")
+            raise ParamsError("epsilon_min", f"must be < the top level ε_T ({eps_max:.6g})")
         try:
             grid = geometric_grid(eps_min, eps_max, p.levels)
         except ValueError as error:
@@ -856,6 +878,17 @@ class AccuracyFirstErm(ParamsChecked):
 
     def check(self, p: AccuracyFirstParams, ctx: PublicContext) -> None:
         self.problem(p, ctx)
+
+    def cost_floor(self, p: AccuracyFirstParams, ctx: PublicContext) -> float:
+        """The smallest epsilon_max ``check`` can accept: a little above the test's ε_A (public), so that a
+        refusal's affordable search starts inside the feasible range."""
+        dim = dimension(p, ctx)
+        n = ctx.n_rows if ctx.n_rows is not None else 2
+        problem = Problem(
+            self.task, n, dim, p.regularization, p.target_excess_risk, p.failure_probability, p.calibration
+        )
+        test_epsilon = problem.test(p.levels).epsilon_a
+        return float(test_epsilon + max(1e-6, 1e-9 * test_epsilon))
 
     def worst_case(self, p: AccuracyFirstParams, ctx: PublicContext) -> RdpCurve:
         problem, grid = self.problem(p, ctx)
@@ -881,8 +914,9 @@ class AccuracyFirstErm(ParamsChecked):
         assert realized <= worst
         progress(1.0)
         output = {
+            "columns": column_names(p, ctx),
             "coefficients": [float(v) for v in result.theta],
-            "level": result.level,
+            "level": result.level - 1,  # 0-based, as every accuracy-first release (0: the most private ε_1)
             "levels": len(grid),
             "target_reached": result.reached,
             "epsilon_level": result.epsilon_level,

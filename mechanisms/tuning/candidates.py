@@ -172,7 +172,8 @@ def score_units_batch(thetas: np.ndarray, x: np.ndarray, y: np.ndarray, task: Ta
     margins = x @ thetas.T
     if task == "classification":
         correct = np.where(margins >= 0.0, 1.0, -1.0) == y[:, np.newaxis]
-        return np.count_nonzero(correct, axis=0).astype(np.int64)
+        counts: np.ndarray = np.count_nonzero(correct, axis=0).astype(np.int64)
+        return counts
     residual = np.clip(margins, -1.0, 1.0) - y[:, np.newaxis]
     totals = [math.fsum(column) for column in (residual * residual).T.tolist()]
     units: np.ndarray = grid.to_units(np.array(totals))

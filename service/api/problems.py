@@ -14,6 +14,8 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as SqlAlchemyTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from mechanisms.catalog import INTERACTIVE, MECHANISMS
+from service.api.openapi import add_mechanism_unions, json_safe_schema
 from service.api.schemas import Problem
 from service.errors import PROBLEM_JSON, ServiceError, ServiceUnavailable
 from service.logs import failure_fields
@@ -66,7 +68,9 @@ def json_failure(exc: BaseException | None) -> str | None:
 
 
 def install_openapi(app: FastAPI) -> None:
-    """The generated document, with the Problem schema that ERROR_RESPONSES refers to."""
+    """The generated document, with the Problem schema that ERROR_RESPONSES refers to, the request and
+    session bodies as discriminated unions over the mechanism catalog as it is when the document is first
+    built (service.api.openapi), and no integer literal a JSON parser cannot hold."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -75,7 +79,8 @@ def install_openapi(app: FastAPI) -> None:
             schemas = document.setdefault("components", {}).setdefault("schemas", {})
             schemas.update(problem.pop("$defs", {}))
             schemas["Problem"] = problem
-            app.openapi_schema = document
+            add_mechanism_unions(document, MECHANISMS, INTERACTIVE)
+            app.openapi_schema = json_safe_schema(document)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

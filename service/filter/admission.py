@@ -9,6 +9,7 @@ a transition happens; this module is the only code that changes ``spent`` and ``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,15 +45,19 @@ def lock_filters(session: Session, dataset_id: str, analyst: str) -> list[Privac
 def admits(flt: FilterLike, charge: UnitsVector, delta: int = 0) -> bool:
     """Dataset filters need a budget; an analyst filter without a sub-budget only tracks spending (its
     δ-ledger too: without a sub-budget there is no sub-share to exhaust)."""
-    state = read(flt)
+    return admits_state(flt.scope, read(flt), charge, delta)
+
+
+def admits_state(scope: str, state: FilterState, charge: UnitsVector, delta: int = 0) -> bool:
+    """:func:`admits` on a state already read (the batch path keeps its filters' states in memory)."""
     if not state.has_budget:
-        if flt.scope == DATASET_SCOPE:
+        if scope == DATASET_SCOPE:
             raise NoBudget("this dataset has no privacy budget yet; an admin must PUT one first")
         return True
     return state.admits(charge, delta)
 
 
-def check_admission(filters: list[PrivacyFilter], charge: UnitsVector, delta: int = 0) -> None:
+def check_admission(filters: Sequence[FilterLike], charge: UnitsVector, delta: int = 0) -> None:
     """Raise :class:`Refused` unless every filter admits ``charge`` and δ units ``delta`` (writes nothing)."""
     blocked = next((f for f in filters if not admits(f, charge, delta)), None)
     if blocked is not None:
@@ -78,7 +83,7 @@ def reserve(
     entry (after :func:`check_admission`, under the locks of :func:`lock_filters`)."""
     for flt in filters:
         _store(flt, read(flt).reserve(charge, delta))
-    payload = {**details, "worst_case": charge.to_json(), **_delta_field(delta)}
+    payload = {**details, "worst_case": charge.to_json(), **delta_field(delta)}
     ledger.append(session, filters[0], LedgerEvent.RESERVE, actor, payload, request_id=request_id)
 
 
@@ -100,10 +105,10 @@ def settle_reservation(
         if flt.scope in scopes:
             _store(flt, read(flt).settle(reservation, realized, delta))
     event = LedgerEvent.ABORT if realized is None else LedgerEvent.COMMIT
-    payload = {"scopes": scopes, "worst_case": reservation.to_json(), **_delta_field(delta), **details}
+    payload = {"scopes": scopes, "worst_case": reservation.to_json(), **delta_field(delta), **details}
     ledger.append(session, filters[0], event, actor, payload, request_id=request_id)
 
 
-def _delta_field(delta: int) -> dict[str, int]:
+def delta_field(delta: int) -> dict[str, int]:
     """The ledger names δ only for approximate requests, so every earlier entry replays unchanged."""
     return {"delta": delta} if delta else {}

@@ -56,12 +56,35 @@ def append(
     request_id: str | None = None,
 ) -> LedgerEntry:
     """Append one entry to the dataset's chain; the caller holds the lock on ``dataset_filter``."""
-    now = datetime.now(UTC)
-    seq = dataset_filter.last_seq + 1
-    prev = dataset_filter.last_hash or GENESIS
+    values = entry_values(
+        dataset_filter.dataset_id, dataset_filter.last_seq, dataset_filter.last_hash, event, actor, payload,
+        request_id,
+    )
+    entry = LedgerEntry(**values)
+    LedgerRepository(session).add(entry)
+    dataset_filter.last_seq = entry.seq
+    dataset_filter.last_hash = entry.hash
+    return entry
+
+
+def entry_values(
+    dataset_id: str,
+    last_seq: int,
+    last_hash: str,
+    event: LedgerEvent,
+    actor: str,
+    payload: dict[str, Any],
+    request_id: str | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """The columns of the entry that follows (``last_seq``, ``last_hash``) on a dataset's chain: the one
+    place the hashed body is built (the ORM path :func:`append` and the batch path both use it)."""
+    now = now or datetime.now(UTC)
+    seq = last_seq + 1
+    prev = last_hash or GENESIS
     body = canonical_json(
         {
-            "dataset_id": dataset_filter.dataset_id,
+            "dataset_id": dataset_id,
             "seq": seq,
             "event": str(event),
             "actor": actor,
@@ -70,21 +93,17 @@ def append(
             **payload,
         }
     )
-    entry = LedgerEntry(
-        dataset_id=dataset_filter.dataset_id,
-        seq=seq,
-        event=str(event),
-        request_id=request_id,
-        actor=actor,
-        created_at=now,
-        body=body,
-        prev_hash=prev,
-        hash=chain_hash(prev, body),
-    )
-    LedgerRepository(session).add(entry)
-    dataset_filter.last_seq = seq
-    dataset_filter.last_hash = entry.hash
-    return entry
+    return {
+        "dataset_id": dataset_id,
+        "seq": seq,
+        "event": str(event),
+        "request_id": request_id,
+        "actor": actor,
+        "created_at": now,
+        "body": body,
+        "prev_hash": prev,
+        "hash": chain_hash(prev, body),
+    }
 
 
 # ----- verification ---------------------------------------------------------------------------------

@@ -10,9 +10,10 @@ reserved and capacity per order, and the largest affordable value of the mechani
 from __future__ import annotations
 
 import hashlib
+import math
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -27,10 +28,11 @@ from mechanisms.base import (
     ParamsError,
     PublicContext,
     best_affordable_cost,
+    cost_knob,
 )
 from mechanisms.catalog import MECHANISMS
 from mechanisms.ptr.protocol import ApproximateMechanism, is_approximate
-from service.auth import Principal
+from service.auth import Principal, Role
 from service.datasets import check_admissible, public_context, visible_dataset
 from service.errors import (
     BudgetExhausted,
@@ -43,11 +45,18 @@ from service.errors import (
 from service.filter import admission as filter_admission
 from service.filter import budget
 from service.filter.admission import Refused, check_admission, lock_filters, reserve
+from service.filter.batch import FilterBatch, FilterRow
 from service.filter.ledger import canonical_json
 from service.filter.state import snapshot
 from service.runs.leases import worker_id
 from service.store.models import DATASET_SCOPE, AnalysisRequest, Dataset, PrivacyFilter, RequestState
-from service.store.repositories import FilterRepository, LimitRepository, RequestRepository
+from service.store.repositories import (
+    DatasetRepository,
+    FilterRepository,
+    LimitRepository,
+    RequestRepository,
+    pipelined,
+)
 
 
 @dataclass(frozen=True)
@@ -129,12 +138,12 @@ def refusal(v: Validated, refused: Refused) -> BudgetExhausted:
     searchable = isinstance(v.mechanism, Mechanism) and not v.delta  # the search prices curves only
     details["affordable"] = affordable(v, refused) if searchable else None
     found = details["affordable"]
-    hint = "" if found is None else f"; largest affordable {found['parameter']}: {found['value']:g}"
+    hint = "" if found is None else f"; {_affordable_text(found)}"
     if not budget.ever_admissible(refused.blocked, v.charge, v.delta):
         reason = (
             "an approximate-DP mechanism needs a δ share (PUT the budget with delta_share) larger than its δ"
             if v.delta and budget.ever_admissible(refused.blocked, v.charge)
-            else "e.g. a pure budget admits only mechanisms with a pure-DP bound"
+            else _never_reason(refused, v)
         )
         return NotAdmissible(
             f"the {details['filter']} filter can never admit this request, even unspent ({reason}){hint}",
@@ -142,15 +151,76 @@ def refusal(v: Validated, refused: Refused) -> BudgetExhausted:
         )
     return BudgetExhausted(f"the {details['filter']} filter cannot afford this request{hint}", **details)
 
+def _never_reason(refused: Refused, v: Validated) -> str:
+    """Why an unspent filter still refuses: a pure budget meeting a curve without a pure bound, or a worst
+    case above the whole capacity at every order (the closest order named)."""
+    capacity = refused.blocked.capacity or []
+    rdp_slots = any(c is not None for c in capacity[:-1])
+    if not rdp_slots and not math.isfinite(v.worst_case.pure):
+        return (
+            "the budget is pure (δ = 0), which admits only mechanisms with a pure-DP bound, and this one has "
+            "none; give the budget a δ > 0 to use Rényi accounting"
+        )
+    return "its worst case exceeds the whole budget at every order; see shortfall and binding_alpha"
+
+
+def _affordable_text(found: dict[str, Any]) -> str:
+    text = f"largest affordable {found['parameter']}: {found['value']:g}"
+    for other in found.get("alternatives", []):
+        text += f"; or {other['parameter']}: {other['value']:g}"
+    return text
+
+
 def affordable(v: Validated, refused: Refused) -> dict[str, Any] | None:
-    """The most expensive value of the mechanism's cost parameter every filter still admits."""
+    """The nearest admissible setting every filter still admits: the most expensive value of the mechanism's
+    cost knob (``mechanisms.base.cost_knob``: for a learner given a target, the largest target_epsilon), and,
+    for a mechanism with a ``steps`` count whose charge grows with it, the most steps that fit (fewest cut)
+    as an alternative. Each value, resubmitted alone, is admitted while the budget is unchanged."""
     assert isinstance(v.mechanism, Mechanism)
 
     def admissible(curve: RdpCurve) -> bool:
         return all(filter_admission.admits(f, UnitsVector.charge(curve)) for f in refused.filters)
 
-    value = best_affordable_cost(v.mechanism, v.params, v.context, admissible)
-    return None if value is None else {"parameter": v.mechanism.cost_parameter, "value": value}
+    name, _ = cost_knob(v.mechanism, v.params)
+    value = best_affordable_cost(v.mechanism, v.params, v.context, admissible, iterations=32)
+    steps = _affordable_steps(v, admissible) if name != "target_epsilon" else None
+    if value is None and steps is None:
+        return None
+    found: dict[str, Any] = (
+        {"parameter": name, "value": value} if value is not None else {"parameter": "steps", "value": steps}
+    )
+    if value is not None and steps is not None:
+        found["alternatives"] = [{"parameter": "steps", "value": steps}]
+    return found
+
+
+def _affordable_steps(v: Validated, admissible: Callable[[RdpCurve], bool]) -> int | None:
+    """The largest steps < the requested count whose worst case ``admissible`` accepts (bisection; the
+    charge of the gradient learners grows with the steps), or None (no such field, or even 1 step fails)."""
+    assert isinstance(v.mechanism, Mechanism)
+    asked = getattr(v.params, "steps", None)
+    if not isinstance(asked, int) or isinstance(asked, bool) or asked <= 1:
+        return None
+    mechanism = v.mechanism
+
+    def ok(steps: int) -> bool:
+        try:
+            candidate = type(v.params).model_validate({**v.params.model_dump(), "steps": steps})
+            mechanism.check(candidate, v.context)
+            return admissible(mechanism.worst_case(candidate, v.context))
+        except (ValueError, ArithmeticError):
+            return False
+
+    if not ok(1):
+        return None
+    lo, hi = 1, asked  # ok(lo), and asked itself was refused
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 def admission_check(session: Session, principal: Principal, v: Validated) -> dict[str, Any]:
     """Dry run: would the request be admitted now? Takes no lock and writes nothing."""
@@ -189,32 +259,157 @@ def admit_locked(
     if v.limits is not None:
         check_limits(session, principal.name, v)
     check_admission(filters, v.charge, v.delta)
+    values = new_request(principal, v, fp, key, lease)
+    request = AnalysisRequest(**values)
+    RequestRepository(session).add(request)
+    details = {"scopes": request.scopes, "mechanism": request.mechanism, "params": request.params}
+    reserve(session, filters, v.charge, principal.name, details, request.id, v.delta)
+    return request, True
+
+
+def new_request(
+    principal: Principal, v: Validated, fp: str, key: str | None, lease: float
+) -> dict[str, Any]:
+    """The columns of an admitted request's row (state ``running``, its worst case reserved)."""
     now = datetime.now(UTC)
     # A queued request has no lease: its lease starts when a worker claims it. An inline run is claimed
     # by this thread at admission; a session's "lease" is its expiry.
     queued = v.kind == "request" and not v.inline
-    request = AnalysisRequest(
-        id="rq_" + uuid.uuid4().hex[:20],
-        kind=v.kind,
-        dataset_id=v.dataset.id,
-        analyst=principal.name,
-        mechanism=v.mechanism.name,
-        params=v.params.model_dump(mode="json"),
-        fingerprint=fp,
-        idempotency_key=key,
-        state=RequestState.RUNNING,
-        scopes=[DATASET_SCOPE, principal.name],
-        worst_case=curve_record(v.worst_case, v.delta),
-        created_at=now,
-        updated_at=now,
-        lease_expires_at=None if queued else now + timedelta(seconds=lease),
-        lease_owner=worker_id() if v.inline else None,
-        started_at=now if v.inline else None,
-        queue=v.queue if queued else None,
-    )
-    RequestRepository(session).add(request)
+    return {
+        "id": "rq_" + uuid.uuid4().hex[:20],
+        "kind": v.kind,
+        "dataset_id": v.dataset.id,
+        "analyst": principal.name,
+        "mechanism": v.mechanism.name,
+        "params": v.params.model_dump(mode="json"),
+        "fingerprint": fp,
+        "idempotency_key": key,
+        "state": RequestState.RUNNING.value,
+        "scopes": [DATASET_SCOPE, principal.name],
+        "worst_case": curve_record(v.worst_case, v.delta),
+        "realized": None,
+        "release": None,
+        "error": None,
+        "created_at": now,
+        "updated_at": now,
+        "lease_expires_at": None if queued else now + timedelta(seconds=lease),
+        "lease_owner": worker_id() if v.inline else None,
+        "started_at": now if v.inline else None,
+        "progress": None,
+        "cancelled_by": None,
+        "queue": v.queue if queued else None,
+    }
+
+
+# ----- the batch path (the group-commit writer): plain rows and set-based statements ------------------
+
+
+@dataclass
+class RequestBatch:
+    """What the admissions and settlements of one writer batch share: the locked filters
+    (:class:`FilterBatch`), what admission reads under the locks (read once for the whole batch), and the
+    request rows to write. Requests are plain (transient) ``AnalysisRequest`` objects, never added to the
+    ORM session: :meth:`write` stores them with one executemany INSERT and one executemany UPDATE."""
+
+    session: Session
+    filters: FilterBatch
+    keyed: dict[tuple[str, str], AnalysisRequest] = field(default_factory=dict)
+    fresh: dict[str, AnalysisRequest] = field(default_factory=dict)
+    archived: set[str] = field(default_factory=set)
+    granted: set[tuple[str, str]] = field(default_factory=set)
+    inserts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    updates: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def locked(
+        cls,
+        session: Session,
+        scopes: dict[str, Sequence[str]],
+        keys: Sequence[tuple[str, str]],
+        settles: Sequence[str],
+        analysts: Sequence[tuple[str, str]],
+    ) -> RequestBatch:
+        """Lock the filters of ``scopes``, then read (under the locks) the requests stored under ``keys``
+        (analyst, Idempotency-Key), the running requests to settle, which datasets are archived and which
+        (dataset, analyst) ``analysts`` hold a grant: a few statements for the whole batch."""
+        filters = FilterBatch(session)
+        filters.lock(scopes)
+        requests = RequestRepository(session)
+        batch = cls(session, filters)
+        for row in requests.by_keys(keys):
+            batch.keyed[(row["analyst"], row["idempotency_key"])] = AnalysisRequest(**row)
+        batch.fresh = {row["id"]: AnalysisRequest(**row) for row in requests.rows(settles)}
+        batch.archived, batch.granted = DatasetRepository(session).admissible_many(
+            sorted(scopes), sorted({a for _, a in analysts})
+        )
+        return batch
+
+    def check_admissible(self, principal: Principal, dataset_id: str) -> None:
+        """``datasets.check_admissible`` from what was read under the locks; when it finds a problem, the
+        original re-reads and raises its exact error (and drops the stale grant from the process cache)."""
+        unknown = principal.role is Role.analyst and (dataset_id, principal.name) not in self.granted
+        if dataset_id in self.archived or unknown:
+            check_admissible(self.session, principal, dataset_id)
+
+    def add(self, values: dict[str, Any]) -> AnalysisRequest:
+        request = AnalysisRequest(**values)
+        self.inserts[request.id] = values
+        if request.idempotency_key is not None:
+            self.keyed[(request.analyst, request.idempotency_key)] = request
+        return request
+
+    def settled(self, request: AnalysisRequest) -> None:
+        """Record the settled columns of ``request`` (a new row of this batch is inserted settled)."""
+        columns = {
+            "state": request.state,
+            "realized": request.realized,
+            "release": request.release,
+            "error": request.error,
+            "updated_at": request.updated_at,
+            "lease_expires_at": request.lease_expires_at,
+        }
+        if request.id in self.inserts:
+            self.inserts[request.id].update(columns)
+        else:
+            self.updates[request.id] = {"_id": request.id, **columns}
+
+    def write(self) -> None:
+        """The batch's writes: request rows (INSERT, UPDATE), filter totals and ledger entries."""
+        requests = RequestRepository(self.session)
+        with pipelined(self.session):  # one round trip on PostgreSQL
+            requests.insert_many(list(self.inserts.values()))
+            requests.update_many(list(self.updates.values()))
+            self.filters.flush()
+        self.inserts, self.updates = {}, {}
+
+
+def admit_batched(
+    batch: RequestBatch,
+    filters: list[FilterRow],
+    principal: Principal,
+    v: Validated,
+    key: str | None,
+    lease: float,
+) -> tuple[AnalysisRequest, bool]:
+    """:func:`admit_locked` on a writer batch: the same steps in the same order (replay by
+    Idempotency-Key, admissible, limits, the filter rule, the row, the reservation)."""
+    fp = fingerprint(v.dataset.id, v.mechanism.name, v.params)
+    if key is not None:
+        existing = batch.keyed.get((principal.name, key))
+        if existing is not None:
+            if existing.fingerprint != fp:
+                raise IdempotencyKeyReused(
+                    "this Idempotency-Key was used for a different request", idempotency_key=key
+                )
+            return existing, False
+    batch.check_admissible(principal, v.dataset.id)
+    if v.limits is not None and not (v.kind == "request" and v.inline):
+        batch.write()  # the counts below must see the rows admitted earlier in this batch
+        check_limits(batch.session, principal.name, v)
+    batch.filters.check(filters, v.charge, v.delta)
+    request = batch.add(new_request(principal, v, fp, key, lease))
     details = {"scopes": request.scopes, "mechanism": request.mechanism, "params": request.params}
-    reserve(session, filters, v.charge, principal.name, details, request.id, v.delta)
+    batch.filters.reserve(filters, v.charge, principal.name, details, request.id, v.delta, request.created_at)
     return request, True
 
 

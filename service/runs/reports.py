@@ -19,9 +19,11 @@ import numpy as np
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
+from mechanisms.base import PublicContext
 from mechanisms.data.schema import CategoricalColumn, IntColumn
 from mechanisms.learners.features import design_matrix
 from mechanisms.learners.objective_perturbation import ObjPertLogisticParams
+from mechanisms.per_instance import adaops
 from mechanisms.per_instance.reports import evaluate_report
 from service.auth import Principal
 from service.datasets import dataset_by_id, public_context
@@ -29,7 +31,7 @@ from service.errors import Conflict, InvalidInput, NotFound
 from service.runs.requests import get_visible
 from service.store.models import RequestState
 
-REPORTING_MECHANISMS = frozenset({"objpert.logistic"})
+REPORTING_MECHANISMS = frozenset({"objpert.logistic", "adaops.ridge"})
 
 
 def _encode(value: Any, column: Any, field: str) -> float | int:
@@ -60,17 +62,32 @@ def privacy_report(
         raise Conflict(f"mechanism {request.mechanism!r} publishes no per-instance privacy report")
     if request.state != RequestState.COMMITTED or request.release is None:
         raise Conflict("the request has no committed release")
+    dataset = dataset_by_id(session, request.dataset_id)
+    if dataset is None:
+        raise NotFound(f"no request {request_id!r}")
+    ctx = public_context(dataset)
+    if request.mechanism == "adaops.ridge":
+        return _adaops_report(request.id, request.params, request.release, ctx, record)
     try:
         params = ObjPertLogisticParams.model_validate(request.params)
     except ValidationError:  # stored params were validated at submission; defensive
         raise Conflict("the stored request parameters are not readable") from None
     if params.report == "none":
         raise Conflict("this release was made with report = none: it has no reporting function")
-    dataset = dataset_by_id(session, request.dataset_id)
-    if dataset is None:
-        raise NotFound(f"no request {request_id!r}")
-    ctx = public_context(dataset)
-    needed = [*params.features, params.label]
+    table = _record_table(ctx, [*params.features, params.label], record)
+    x, y = design_matrix(params, ctx, table, "classification", row_norm=params.row_norm)
+    result = evaluate_report(params, request.release, x, y, ctx.orders)[0]
+    return {
+        "request_id": request.id,
+        "mechanism": request.mechanism,
+        "report_kind": params.report,
+        "charged": 0.0,
+        **result,
+    }
+
+
+def _record_table(ctx: PublicContext, needed: list[str], record: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The caller's record as a one-row table, validated and clipped like the training data."""
     unknown = sorted(set(record) - set(needed))
     if unknown:
         raise InvalidInput(f"record.{unknown[0]}", "not a feature or the label of this request")
@@ -81,11 +98,33 @@ def privacy_report(
         column = ctx.schema.column(name)
         assert column is not None
         table[name] = np.asarray([_encode(record[name], column, f"record.{name}")])
-    x, y = design_matrix(params, ctx, table, "classification", row_norm=params.row_norm)
-    result = evaluate_report(params, request.release, x, y, ctx.orders)[0]
+    return table
+
+
+def _adaops_report(
+    request_id: str,
+    stored: dict[str, Any],
+    release: dict[str, Any],
+    ctx: PublicContext,
+    record: dict[str, Any],
+) -> dict[str, Any]:
+    """``adaops.ridge``: the reporting function of ``mechanisms.per_instance.adaops.evaluate_report`` (public
+    or data-dependent family, as chosen at submission; both cost 0 here: the data-dependent statistics were
+    charged with the release)."""
+    try:
+        params = adaops.AdaOpsRidgeParams.model_validate(stored)
+    except ValidationError:  # stored params were validated at submission; defensive
+        raise Conflict("the stored request parameters are not readable") from None
+    if not release.get("released"):
+        raise Conflict("the release is ⊥ (no model): there is nothing to report on")
+    spec = params.features
+    table = _record_table(ctx, [*spec.features, spec.label], record)
+    x, y = design_matrix(spec, ctx, table, "regression", row_norm=1.0)
+    pl = adaops.ADAOPS_RIDGE.plan_for(params, ctx)
+    result = adaops.evaluate_report(pl, release, x, y, params.report_rho)[0]
     return {
-        "request_id": request.id,
-        "mechanism": request.mechanism,
+        "request_id": request_id,
+        "mechanism": "adaops.ridge",
         "report_kind": params.report,
         "charged": 0.0,
         **result,

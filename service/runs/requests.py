@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 import structlog
 from sqlalchemy.orm import Session, sessionmaker
 
+from mechanisms.accounting import RdpCurve
 from mechanisms.base import Mechanism, has_public_progress, is_long_running
 from mechanisms.catalog import MECHANISMS
 from service import metrics
@@ -70,13 +71,22 @@ def submit(
     with runtime.sessions() as session:
         validated = validate(session, principal, dataset_id, mechanism, params)
     inline = mechanism in runtime.settings.inline_mechanisms and not is_long_running(validated.mechanism)
+    v = replace(validated, inline=inline, limits=runtime.limits(), queue=runtime.settings.queue_name)
     try:
-        request, created = runtime.writer.admit(
-            principal,
-            replace(validated, inline=inline, limits=runtime.limits(), queue=runtime.settings.queue_name),
-            key,
-            runtime.settings.lease_seconds,
-        )
+        if inline:
+            # One transaction: admit + reserve, run here (microseconds), commit the realized charge and
+            # store the release (docs/privacy.md §9); a replay returns the stored request.
+            assert isinstance(v.mechanism, Mechanism)
+            mech = v.mechanism
+
+            def run() -> tuple[RdpCurve | None, dict[str, Any] | None, str | None]:
+                return execute(v.dataset, mech, v.params, v.context, runtime.tables, v.worst_case)
+
+            request, created = runtime.writer.admit_and_run(
+                principal, v, key, runtime.settings.lease_seconds, run
+            )
+        else:
+            request, created = runtime.writer.admit(principal, v, key, runtime.settings.lease_seconds)
     except (BudgetExhausted, NoBudget) as exc:
         metrics.REQUESTS.labels(mechanism, "refused").inc()
         metrics.refused(exc, "request")
@@ -90,15 +100,8 @@ def submit(
         analyst=principal.name,
     )
     if created and inline:
-        # The reservation is durable and this process holds the lease; run here, then settle.
-        v = validated
-        assert isinstance(v.mechanism, Mechanism)
-        realized, output, error = execute(
-            v.dataset, v.mechanism, v.params, v.context, runtime.tables, v.worst_case
-        )
-        settled = runtime.writer.settle(RequestRef.of(request), realized, output, error)
-        if settled is not None:
-            return settled
+        if request.state != RequestState.RUNNING:
+            return request
     elif created:
         try:
             runtime.executor.submit(request.id)  # a wake-up: the request is queued in the database already

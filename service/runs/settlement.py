@@ -8,6 +8,7 @@ before its debit is durable.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +22,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from mechanisms.accounting import RdpCurve, UnitsVector
 from service import metrics
 from service.filter.admission import lock_filters, settle_reservation
-from service.runs.admission import curve_record
+from service.filter.batch import FilterRow
+from service.runs.admission import RequestBatch, curve_record
 from service.store.models import AnalysisRequest, PrivacyFilter, RequestState
 from service.store.repositories import RequestRepository
 
@@ -56,6 +58,21 @@ def settle_locked(
     error: str | None,
 ) -> None:
     """Replace the reservation by the realized charge (or the worst case on error); store the release."""
+    record, charge, release, error = settlement_of(request, realized, release, error)
+    outcome = {"realized": charge.to_json(), "outcome": "released" if error is None else "failed"}
+    end_reservation(session, filters, request, charge, outcome)
+    request.state = RequestState.COMMITTED if error is None else RequestState.FAILED_CHARGED
+    request.realized, request.release, request.error = record, release, error
+
+
+def settlement_of(
+    request: AnalysisRequest,
+    realized: RdpCurve | None,
+    release: dict[str, Any] | None,
+    error: str | None,
+) -> tuple[dict[str, Any], UnitsVector, dict[str, Any] | None, str | None]:
+    """(stored charge record, charge, release, error) of a settlement: the realized charge, or the worst
+    case on error or when the realized charge is not below the reservation (then nothing is released)."""
     reservation = UnitsVector.from_json(request.worst_case["units"])
     delta = reserved_delta(request)  # an approximate request's δ is always spent once it ran
     record = request.worst_case if realized is None else curve_record(realized, delta)
@@ -63,10 +80,42 @@ def settle_locked(
     if not charge <= reservation:  # a mechanism bug: never commit more than was admitted
         log.error("realized charge above the reservation; committing the worst case", request_id=request.id)
         record, charge, release, error = request.worst_case, reservation, None, "internal accounting error"
-    outcome = {"realized": charge.to_json(), "outcome": "released" if error is None else "failed"}
-    end_reservation(session, filters, request, charge, outcome)
+    return record, charge, release, error
+
+
+def settle_batched(
+    batch: RequestBatch,
+    filters: list[FilterRow],
+    request: AnalysisRequest,
+    realized: RdpCurve | None,
+    release: dict[str, Any] | None,
+    error: str | None,
+) -> None:
+    """:func:`settle_locked` on a writer batch (the request's row is written with the batch)."""
+    record, charge, release, error = settlement_of(request, realized, release, error)
+    label = "released" if error is None else "failed"
+    outcome = {"realized": charge.to_json(), "outcome": label}
+    reservation = UnitsVector.from_json(request.worst_case["units"])
+    now = datetime.now(UTC)
+    batch.filters.settle(
+        filters, request.scopes, reservation, charge, request.analyst, outcome, request.id,
+        reserved_delta(request), now,
+    )
+    metrics.ended(batch.session, request.dataset_id, request.kind, label, charge)
+    request.updated_at, request.lease_expires_at = now, None
     request.state = RequestState.COMMITTED if error is None else RequestState.FAILED_CHARGED
     request.realized, request.release, request.error = record, release, error
+    batch.settled(request)
+
+
+def storable(release: dict[str, Any] | None) -> bool:
+    """Can the release be stored whatever its values (strict JSON: no NaN or infinity)? Checked before a
+    one-transaction settlement writes it, so that transaction cannot fail because of the released values."""
+    try:
+        json.dumps(release, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def end_reservation(

@@ -3,16 +3,23 @@
 Every admission and settlement of a request must run under the row locks of its filters. Done one by
 one, each request holds the dataset's lock for about a dozen database round trips, and concurrent
 requests on a dataset queue behind it. The writer drains whatever is queued (up to ``max_batch``), locks
-each dataset's filters once (datasets in id order, filters in id order: the global lock order), applies
-the jobs **in arrival order** with exactly the single-request code (``admission.admit_locked``,
-``settlement.settle_locked``), and commits once. Outcomes are identical to running the jobs one by one in that
+every filter of the batch in one statement (datasets in id order, filters in id order: the global lock
+order), applies the jobs **in arrival order** on plain rows (``admission.admit_batched``,
+``settlement.settle_batched``: the steps of the single-request code, the filter rule of
+``service.filter.state``), writes everything with a few set-based statements (``RequestBatch.write``,
+``FilterBatch.flush``) and commits once. Outcomes are identical to running the jobs one by one in that
 order: each admission sees every reservation and commit before it. A reservation is durable before its
 caller may read the data, as before. A refusal or error of one job writes nothing and does not affect
-the others; if the batch transaction itself fails, every job is retried alone.
+the others; if the batch transaction itself fails, every job is retried alone (the ORM path).
+
+A cheap inline request can be one job (:meth:`WriteBatcher.admit_and_run`): admit + reserve, run the
+mechanism, commit its realized charge with the release, all in the batch's transaction: one commit instead
+of two, and the release still leaves only after its charge is durable (docs/privacy.md §9).
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections import defaultdict
@@ -23,55 +30,102 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
+from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import RdpCurve
 from service import metrics
-from service.auth import Principal
+from service.auth import Principal, Role
 from service.errors import NotFound, ServiceError, ServiceUnavailable
 from service.filter.admission import Refused
+from service.filter.batch import FilterRow
 from service.logs import failure_fields
 from service.runs import admission, settlement
-from service.store.models import DATASET_SCOPE, AnalysisRequest, PrivacyFilter, RequestState
-from service.store.repositories import FilterRepository, RequestRepository
+from service.runs.admission import RequestBatch
+from service.store.models import DATASET_SCOPE, AnalysisRequest, RequestState
 
 log = structlog.get_logger("expost.writer")
 
-Locked = dict[tuple[str, str], PrivacyFilter]
+Apply = Callable[[RequestBatch, list[FilterRow]], Any]
+RunFn = Callable[[], tuple[RdpCurve | None, dict[str, Any] | None, str | None]]
 
 
 @dataclass
 class Job:
     dataset_id: str
     analyst: str
-    apply: Callable[[Session, list[PrivacyFilter], dict[str, AnalysisRequest]], Any]
+    apply: Apply
     alone: Callable[[], Any]
     settles: str | None = None  # the request id, for settlements
+    key: str | None = None  # the Idempotency-Key, for admissions
+    grant: bool = False  # an analyst's admission: the batch reads whether the grant still holds
     future: Future[Any] = field(default_factory=Future)
 
 
 class WriteBatcher:
     def __init__(self, sessions: sessionmaker[Session], max_batch: int = 64, timeout: float = 60.0) -> None:
         self.sessions, self.max_batch, self.timeout = sessions, max_batch, timeout
+        self._connection: Connection | None = None  # the writer's own, kept between batches (no pool ping)
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self.batches = 0
         self._thread = threading.Thread(target=self._loop, name="expost-writer", daemon=True)
         self._thread.start()
 
-    # ----- the two operations (block until committed) ----------------------------------------------
+    # ----- the operations (block until committed) --------------------------------------------------
     def admit(
         self, principal: Principal, v: admission.Validated, key: str | None, lease: float
     ) -> tuple[AnalysisRequest, bool]:
-        def apply(session: Session, filters: list[PrivacyFilter], _: dict[str, AnalysisRequest]) -> Any:
-            return admission.admit_locked(session, filters, principal, v, key, lease)
+        def apply(batch: RequestBatch, filters: list[FilterRow]) -> Any:
+            return admission.admit_batched(batch, filters, principal, v, key, lease)
 
         def alone() -> Any:
             return admission.admit_or_replay(
                 self.sessions, principal, v, key, lambda s: admission.admit(s, principal, v, key, lease)
             )
 
+        return self._admission(Job(v.dataset.id, principal.name, apply, alone), principal, v, key)
+
+    def admit_and_run(
+        self, principal: Principal, v: admission.Validated, key: str | None, lease: float, run: RunFn
+    ) -> tuple[AnalysisRequest, bool]:
+        """One transaction for a cheap inline request: admit + reserve, ``run`` (reads the data, draws the
+        noise: microseconds), commit the realized charge and store the release. Returns the settled
+        request (or the stored one on a replay). Only for mechanisms that run in microseconds: the run
+        holds the writer (and the batch's filter locks) while it runs.
+
+        If the batch transaction fails, nothing of it is durable and its output is dropped unseen (its
+        release is checked storable first, so that failure does not depend on the output); the request is
+        then retried alone on the two-phase path (admit, run afresh, settle)."""
+
+        def apply(batch: RequestBatch, filters: list[FilterRow]) -> Any:
+            request, created = admission.admit_batched(batch, filters, principal, v, key, lease)
+            if created:
+                realized, output, error = run()
+                if error is None and not settlement.storable(output):
+                    realized, output, error = None, None, "the mechanism failed; its worst case was charged"
+                settlement.settle_batched(batch, filters, request, realized, output, error)
+            return request, created
+
+        def alone() -> Any:
+            request, created = admission.admit_or_replay(
+                self.sessions, principal, v, key, lambda s: admission.admit(s, principal, v, key, lease)
+            )
+            if not created:
+                return request, False
+            realized, output, error = run()
+            ref = settlement.RequestRef.of(request)
+            with self.sessions() as session:
+                settled = settlement.settle(session, ref, realized, output, error)
+            return (request if settled is None else settled), True
+
+        return self._admission(Job(v.dataset.id, principal.name, apply, alone), principal, v, key)
+
+    def _admission(
+        self, job: Job, principal: Principal, v: admission.Validated, key: str | None
+    ) -> tuple[AnalysisRequest, bool]:
+        job.key, job.grant = key, principal.role is Role.analyst
         try:
-            result: tuple[AnalysisRequest, bool] = self._run(Job(v.dataset.id, principal.name, apply, alone))
+            result: tuple[AnalysisRequest, bool] = self._run(job)
         except Refused as refused:
             raise admission.refusal(v, refused) from None
         return result
@@ -83,11 +137,11 @@ class WriteBatcher:
         release: dict[str, Any] | None,
         error: str | None,
     ) -> AnalysisRequest | None:
-        def apply(session: Session, filters: list[PrivacyFilter], fresh: dict[str, AnalysisRequest]) -> Any:
-            request = fresh.get(ref.id)
+        def apply(batch: RequestBatch, filters: list[FilterRow]) -> Any:
+            request = batch.fresh.get(ref.id)
             if request is None or request.state != RequestState.RUNNING:
                 return None  # already settled (e.g. reaped): never charge twice
-            settlement.settle_locked(session, filters, request, realized, release, error)
+            settlement.settle_batched(batch, filters, request, realized, release, error)
             return request
 
         def alone() -> Any:
@@ -132,6 +186,7 @@ class WriteBatcher:
         while True:
             first = self._queue.get()
             if first is None:
+                self._drop_connection()
                 return
             batch = [first]
             while len(batch) < self.max_batch:
@@ -148,12 +203,29 @@ class WriteBatcher:
             if live:
                 self._process(live)
 
+    def _session(self) -> Session:
+        """A session on the writer's own connection: checked out once, not pinged before every batch;
+        dropped after a failed batch (a database restart), so the next batch reconnects."""
+        if self._connection is None:
+            bind = self.sessions.kw["bind"]
+            assert isinstance(bind, Engine)
+            self._connection = bind.connect()
+        return Session(bind=self._connection, expire_on_commit=False)
+
+    def _drop_connection(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                connection.invalidate()
+                connection.close()
+
     def _process(self, batch: list[Job]) -> None:
         metrics.WRITER_BATCH.observe(len(batch))
         self.batches += 1
         try:
             outcomes = self._apply(batch)
         except Exception as exc:
+            self._drop_connection()
             log.error(
                 "batch transaction failed; retrying its jobs one by one",
                 size=len(batch),
@@ -170,37 +242,35 @@ class WriteBatcher:
 
     def _apply(self, batch: list[Job]) -> list[tuple[Any, BaseException | None]]:
         outcomes: list[tuple[Any, BaseException | None]] = []
-        with self.sessions() as session, session.begin():
-            locked = _lock_all(session, batch)
-            fresh = _fresh_requests(session, [job.settles for job in batch if job.settles])
+        with self._session() as session, session.begin():
+            rows = _lock_all(session, batch)
             for job in batch:
-                head, own = (
-                    locked.get((job.dataset_id, DATASET_SCOPE)),
-                    locked.get((job.dataset_id, job.analyst)),
-                )
+                filters = rows.filters.filters(job.dataset_id, job.analyst)
                 try:
-                    if head is None or own is None:
+                    if filters is None:
                         raise NotFound(f"no dataset {job.dataset_id!r}")
-                    outcomes.append((job.apply(session, [head, own], fresh), None))
+                    outcomes.append((job.apply(rows, filters), None))
                 except (ServiceError, Refused) as exc:  # raised before the job wrote anything
                     outcomes.append((None, exc))
+            rows.write()
         return outcomes
 
 
+Locked = RequestBatch
+
+
 def _lock_all(session: Session, batch: list[Job]) -> Locked:
+    """Lock every filter of the batch and read what its jobs need under the locks (a few statements)."""
     scopes: dict[str, set[str]] = defaultdict(set)
     for job in batch:
         scopes[job.dataset_id] |= {DATASET_SCOPE, job.analyst}
-    locked: Locked = {}
-    filters = FilterRepository(session)
-    for dataset_id in sorted(scopes):
-        for flt in filters.lock_scopes(dataset_id, sorted(scopes[dataset_id])):
-            locked[(dataset_id, flt.scope)] = flt
-    return locked
-
-
-def _fresh_requests(session: Session, ids: list[str]) -> dict[str, AnalysisRequest]:
-    return {row.id: row for row in RequestRepository(session).fresh_many(ids)} if ids else {}
+    return RequestBatch.locked(
+        session,
+        {dataset_id: sorted(names) for dataset_id, names in scopes.items()},
+        sorted({(job.analyst, job.key) for job in batch if job.key is not None}),
+        sorted({job.settles for job in batch if job.settles is not None}),
+        sorted({(job.dataset_id, job.analyst) for job in batch if job.grant}),
+    )
 
 
 def _settle_future(future: Future[Any], alone: Callable[[], Any]) -> None:

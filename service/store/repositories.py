@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import Select, func, select, update
-from sqlalchemy.engine import CursorResult
+from sqlalchemy import Select, Table, bindparam, func, insert, select, tuple_, update
+from sqlalchemy.engine import CursorResult, RowMapping
 from sqlalchemy.orm import Session
 
 from service.store.models import (
@@ -28,10 +29,28 @@ from service.store.models import (
 SelectT = TypeVar("SelectT", bound=Select[Any])
 
 
+def _table(model: Any) -> Table:
+    """A model's table, for plain (Core) statements on the hot path: no ORM objects, no unit of work."""
+    return cast(Table, model.__table__)
+
+
 def _storable(key: str) -> bool:
     """No stored id contains NUL, and PostgreSQL cannot even compare text with one (an error, not a
     mismatch): a lookup by such an id finds nothing, on every backend."""
     return "\x00" not in key
+
+
+@contextmanager
+def pipelined(session: Session) -> Iterator[None]:
+    """Send the statements executed inside in one round trip where the driver can (psycopg's pipeline
+    mode on PostgreSQL: one sync at the end); elsewhere (SQLite, in process) a no-op."""
+    raw = session.connection().connection.dbapi_connection
+    pipeline = getattr(raw, "pipeline", None)
+    if pipeline is None:
+        yield
+        return
+    with pipeline():
+        yield
 
 
 class KeyRepository:
@@ -102,6 +121,28 @@ class DatasetRepository:
         """When the dataset was archived (None: open, or no such dataset), read from the database now."""
         return self.session.scalar(select(Dataset.archived_at).where(Dataset.id == dataset_id))
 
+    def admissible_many(
+        self, dataset_ids: Sequence[str], analysts: Sequence[str]
+    ) -> tuple[set[str], set[tuple[str, str]]]:
+        """(archived datasets of ``dataset_ids``, their (dataset id, analyst) grants of ``analysts``),
+        read now in one statement."""
+        grants = Grant.__table__
+        joined = Dataset.__table__.outerjoin(
+            grants, (Grant.dataset_id == Dataset.id) & Grant.analyst.in_(list(analysts))
+        )
+        rows = self.session.execute(
+            select(Dataset.id, Dataset.archived_at, Grant.analyst)
+            .select_from(joined)
+            .where(Dataset.id.in_(list(dataset_ids)))
+        ).tuples()
+        archived, granted = set(), set()
+        for dataset_id, archived_at, analyst in rows:
+            if archived_at is not None:
+                archived.add(dataset_id)
+            if analyst is not None:
+                granted.add((dataset_id, analyst))
+        return archived, granted
+
 
 class FilterRepository:
     def __init__(self, session: Session) -> None:
@@ -131,6 +172,30 @@ class FilterRepository:
             .execution_options(populate_existing=True)
         ).all()
 
+    def lock_many(self, scopes: dict[str, Sequence[str]]) -> Sequence[RowMapping]:
+        """The filter rows of several datasets' scopes as plain rows (no ORM objects), in one
+        ``SELECT … FOR UPDATE`` ordered by (dataset id, id): the global lock order of every locking path
+        (datasets in id order, a dataset's filters in id order). SQLite holds BEGIN IMMEDIATE instead."""
+        t = _table(PrivacyFilter)
+        pairs = [(d, s) for d in sorted(scopes) for s in scopes[d]]
+        query = (
+            select(
+                t.c.id, t.c.dataset_id, t.c.scope, t.c.capacity, t.c.spent, t.c.reserved,
+                t.c.delta_capacity, t.c.delta_spent, t.c.delta_reserved, t.c.last_seq, t.c.last_hash,
+            )
+            .where(tuple_(t.c.dataset_id, t.c.scope).in_(pairs))
+            .order_by(t.c.dataset_id, t.c.id)
+            .with_for_update()
+        )
+        return self.session.execute(query).mappings().all()
+
+    def write_totals(self, rows: Sequence[dict[str, Any]]) -> None:
+        """One executemany UPDATE of the totals and chain heads of locked filter rows (key ``_id``)."""
+        if not rows:
+            return
+        t = _table(PrivacyFilter)  # SET: the other keys of the rows (the same in every row)
+        self.session.execute(update(t).where(t.c.id == bindparam("_id")), list(rows))
+
     def add(self, privacy_filter: PrivacyFilter) -> None:
         self.session.add(privacy_filter)
 
@@ -149,6 +214,11 @@ class LedgerRepository:
 
     def add(self, entry: LedgerEntry) -> None:
         self.session.add(entry)
+
+    def insert_many(self, entries: Sequence[dict[str, Any]]) -> None:
+        """Append entries (column dicts, chain already computed) in one executemany INSERT."""
+        if entries:
+            self.session.execute(insert(_table(LedgerEntry)), list(entries))
 
     def page(
         self, dataset_id: str, after_seq: int, limit: int, analyst: str | None = None
@@ -207,6 +277,35 @@ class RequestRepository:
             .where(AnalysisRequest.id.in_(request_ids))
             .execution_options(populate_existing=True)
         ).all()
+
+    def rows(self, request_ids: Sequence[str]) -> Sequence[RowMapping]:
+        """Plain rows (all columns) of ``request_ids``, read now (the batch path: no ORM identity map)."""
+        if not request_ids:
+            return []
+        t = _table(AnalysisRequest)
+        return self.session.execute(select(t).where(t.c.id.in_(request_ids))).mappings().all()
+
+    def by_keys(self, pairs: Sequence[tuple[str, str]]) -> Sequence[RowMapping]:
+        """Plain rows of the requests stored under any (analyst, Idempotency-Key) of ``pairs``."""
+        if not pairs:
+            return []
+        t = _table(AnalysisRequest)
+        return self.session.execute(
+            select(t).where(tuple_(t.c.analyst, t.c.idempotency_key).in_(list(pairs)))
+        ).mappings().all()
+
+    def insert_many(self, rows: Sequence[dict[str, Any]]) -> None:
+        """New request rows (every column given) in one executemany INSERT."""
+        if rows:
+            self.session.execute(insert(_table(AnalysisRequest)), list(rows))
+
+    def update_many(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Settlements of requests (key ``_id``): state, charge, release, error and lease in one executemany
+        UPDATE."""
+        if not rows:
+            return
+        t = _table(AnalysisRequest)  # SET: the other keys of the rows (the same in every row)
+        self.session.execute(update(t).where(t.c.id == bindparam("_id")), list(rows))
 
     def by_idempotency_key(self, analyst: str, key: str) -> AnalysisRequest | None:
         return self.session.scalar(

@@ -162,7 +162,7 @@ class TestRefusals:
         assert first["dataset_id"] == ds
         assert first["analyst"] == world.analyst_name
         assert first["mechanism"] == "laplace"
-        assert first["params"] == too_much
+        assert first["params"] is None  # viewers never see request parameters (the ledger's rule too)
         assert first["problem_type"] == "/problems/budget-exhausted"
         assert first["filter"] == refused["filter"] == "dataset"
         assert first["binding_alpha"] == refused["binding_alpha"]
@@ -170,13 +170,15 @@ class TestRefusals:
         assert first["requested_pure"] == pytest.approx(0.9)
         assert first["detail"] == refused["detail"]
         assert second["mechanism"] == "above_threshold"
-        assert second["params"] == session_params
+        assert second["params"] is None
         assert second["detail"] == refused_session["detail"]
         assert second["requested_pure"] == pytest.approx(0.85)
 
-        # Analysts see their own; others nothing; admins everything. Paged by id.
-        assert refusals(world.analyst, ds)["items"] == items
-        assert refusals(world.admin, ds)["items"] == items
+        # Analysts see their own, with parameters; others nothing; admins everything. Paged by id.
+        full = refusals(world.admin, ds)["items"]
+        assert [r["params"] for r in full] == [too_much, session_params]
+        assert [{**r, "params": None} for r in full] == items
+        assert refusals(world.analyst, ds)["items"] == full
         other_name, other = world.new_key(Role.analyst)
         assert world.admin.post(f"/v1/datasets/{ds}/grants", json={"analyst": other_name}).status_code == 201
         assert refusals(other, ds)["items"] == []

@@ -42,6 +42,9 @@ def test_every_curl_example_in_the_api_docs_works(live_server: LiveServer) -> No
     assert re.search(r"\n(queued|running)\n(aborted|failed_charged)\n", out)  # its phase, then the cancel
     assert '"max_running_requests":4' in out  # the analyst's limits
     assert '"status":"ok"' in out
+    assert "\nsubmitRequest\n" in out  # the OpenAPI document's operationId
+    assert "\n#/components/schemas/LaplaceRequestIn\n" in out  # the body's variant for laplace
+    assert "{'age': 0, 'income': 0, 'region': 0}" in out  # clipped per column, schema sent as a file
     assert '"status":"ready"' in out
 
 

@@ -83,6 +83,8 @@ OPERATIONS: dict[str, str] = {
     "GET /v1/datasets/{dataset_id}/ledger": ANALYST,
     "POST /v1/datasets/{dataset_id}/requests:estimate": ANALYST,
     "POST /v1/datasets/{dataset_id}/requests": ANALYST,
+    "POST /v1/datasets/{dataset_id}/sql": ANALYST,
+    "POST /v1/datasets/{dataset_id}/sql:translate": ANALYST,
     "GET /v1/requests/{request_id}": ANALYST,
     "POST /v1/requests/{request_id}/cancel": ANALYST,  # the world's request is committed: a 409
     "GET /v1/analysts/{analyst}/limits": ANALYST,

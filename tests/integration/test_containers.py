@@ -110,12 +110,12 @@ def test_the_compose_file_has_postgres_api_worker_and_a_data_volume() -> None:
     assert url.startswith("postgresql+psycopg://"), url
     assert "@postgres:5432/" in url, "the API reaches the postgres service"
     assert worker_env["EXPOST_DATABASE_URL"] == url, "api and worker use the same database"
-    assert "api" in worker["depends_on"] or "postgres" in worker["depends_on"]
+    assert worker["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     assert worker["command"] in (["expost", "worker", "--queue"], "expost worker --queue")
     assert worker_env["EXPOST_EXECUTOR"] == "queue", "mechanisms run on the queue workers"
     assert worker_env["EXPOST_BROKER_URL"].startswith("redis://redis:"), "the workers reach the redis service"
     assert "redis" in services
-    assert api.get("command") is None, "the API runs the image's CMD (migrate, then serve)"
+    assert api["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     assert worker.get("healthcheck", {}).get("disable") is True, "the worker serves no /readyz"
 
     declared = set(config.get("volumes") or {})
@@ -128,6 +128,28 @@ def test_the_compose_file_has_postgres_api_worker_and_a_data_volume() -> None:
     assert worker_env["EXPOST_DATA_DIR"] == data_dir
     assert any(target == "/var/lib/postgresql/data" for target in named_volumes(postgres).values())
     assert api["ports"], "the API is published"
+
+
+def test_compose_migrates_once_in_a_one_shot_job_and_the_api_only_serves() -> None:
+    """The schema is upgraded by one `migrate` job before any API replica or worker starts; the API runs the
+    image's CMD without `expost migrate` (scaled replicas never race two migrations)."""
+    services = compose()["services"]
+    migrate, api = services["migrate"], services["api"]
+    assert migrate["command"] in (["expost", "migrate"], "expost migrate")
+    assert migrate["restart"] == "no", "a one-shot job: it runs once and is not restarted"
+    assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert migrate["image"] == api["image"]
+    assert environment(migrate)["EXPOST_DATABASE_URL"] == environment(api)["EXPOST_DATABASE_URL"]
+    argv = api["command"]
+    assert argv[:2] == ["sh", "-c"], argv
+    steps = [shlex.split(part.replace("$$", "$")) for part in argv[2].split("&&")]
+    assert not any("migrate" in words for words in steps), steps
+    assert steps[-1][:2] == ["exec", "expost"], "the server replaces the shell (it gets the signals)"
+    serve = [w for w in steps[-1] if w != "exec"]
+    image_serve = [words for words in expost_commands() if words[1] == "serve"]
+    assert serve == image_serve[0], "the API serves exactly as the image's CMD does"
+    text = COMPOSE.read_text()
+    assert "expost keys create --role admin" in text, "the compose file shows how to make the first admin key"
 
 
 # ----- Dockerfile -----------------------------------------------------------------------------------------

@@ -1310,7 +1310,12 @@ def test_batch_affordable_cost() -> None:
     explicit = batch.params_model.model_validate(
         {**GEOMETRIC_OK, "queries": [{"query": count(), "epsilon": 0.3}]}
     )
-    assert best_affordable_cost(batch, explicit, ADD_REMOVE, lambda curve: curve.pure <= 1.0) is None
+    # the cheap end (max_query_epsilon below the explicit 0.3) fails check: the search starts at the edge of
+    # what check accepts (issue 19), and whatever it offers must fit
+    offered = best_affordable_cost(batch, explicit, ADD_REMOVE, lambda curve: curve.pure <= 1.0)
+    assert offered is not None
+    assert offered >= 0.3
+    assert batch.worst_case(with_cost(explicit, "max_query_epsilon", offered), ADD_REMOVE).pure <= 1.0
     laplace_batch = LaplaceAboveThresholdBatch()
     lp = laplace_batch.params_model.model_validate({**LAPLACE_OK, "queries": [{"query": count()}]})
     best = best_affordable_cost(laplace_batch, lp, ADD_REMOVE, lambda curve: curve.pure <= 0.25)

@@ -305,6 +305,7 @@ def test_run_releases_an_accurate_model_and_charges_eps_a_plus_eps_t(task: str, 
     release = mech.run(params, ctx, table, Noise.seeded(6), progress=seen.append)
     out = release.output
     assert set(out) == {
+        "columns",
         "coefficients",
         "level",
         "levels",
@@ -325,8 +326,8 @@ def test_run_releases_an_accurate_model_and_charges_eps_a_plus_eps_t(task: str, 
     assert out["noise"]["distribution"] == "discrete_laplace_noise_reduction"
     assert out["target_reached"] is True
     problem, grid = mech.problem(params, ctx)
-    assert 1 <= out["level"] <= 200
-    assert out["epsilon_level"] == grid[out["level"] - 1]
+    assert 0 <= out["level"] < 200  # 0-based
+    assert out["epsilon_level"] == grid[out["level"]]
     assert out["epsilon_test"] == problem.test(200).epsilon_a
     assert release.realized.is_pure
     assert release.realized.pure >= out["epsilon_test"] + out["epsilon_level"]
@@ -354,11 +355,17 @@ def test_walk_reports_target_not_reached_when_the_grid_is_too_private() -> None:
     n, p = 2000, 3
     ctx = PublicContext(_schema(p, "logistic"), n, DEFAULT_ORDERS)
     table = _table(rng, n, p, "logistic")
-    params = _params("logistic", p, epsilon_min=1e-6, epsilon_max=1e-5, levels=20, target_excess_risk=0.001)
     mech = MECHANISM["logistic"]
+    base = _params("logistic", p, levels=20, target_excess_risk=0.001)
+    problem = af.Problem("logistic", n, p + 1, 0.05, 0.001, base.failure_probability, base.calibration)
+    test_epsilon = problem.test(20).epsilon_a
+    # epsilon_max caps ε_A + ε_T: a grid ending at ε_T ≈ 1e-5
+    params = _params(
+        "logistic", p, epsilon_min=1e-6, epsilon_max=test_epsilon + 1e-5, levels=20, target_excess_risk=0.001
+    )
     release = mech.run(params, ctx, table, Noise.seeded(8))
     assert release.output["target_reached"] is False
-    assert release.output["level"] == 20
+    assert release.output["level"] == 19  # 0-based: the last of 20 levels
     assert release.realized == mech.worst_case(params, ctx)  # ⊥ costs ε_A + ε_T (Lemma 2.8)
 
 
@@ -402,11 +409,11 @@ def test_registered_and_long_running() -> None:
             "epsilon_max",
             "replace_one",
         ),
-        (
+        (  # epsilon_max caps ε_A + ε_T, so a cap below the test's ε_A is refused on it
             "logistic",
             {"epsilon_min": 0.5, "epsilon_max": 0.5 + 1e-13, "levels": 10_000},
             ("f0",),
-            "levels",
+            "epsilon_max",
             "replace_one",
         ),
         ("ridge", {"epsilon_min": 90.0}, ("f0",), "epsilon_min", "replace_one"),  # > the default ε_T
@@ -425,6 +432,18 @@ def test_bad_params_name_the_field(
     assert caught.value.field == field
     with pytest.raises(ParamsError):
         mech.worst_case(params, ctx)
+
+
+def test_a_grid_that_is_not_strictly_increasing_is_refused_on_levels() -> None:
+    ctx = PublicContext(_schema(2, "logistic"), 1000, DEFAULT_ORDERS)
+    mech = MECHANISM["logistic"]
+    base = _params("logistic", 2, levels=10_000)
+    test_epsilon = mech.problem(base, ctx)[0].test(10_000).epsilon_a
+    top = 0.5 * (1 + 1e-13) / (1 - 1e-12)
+    params = _params("logistic", 2, epsilon_min=0.5, epsilon_max=test_epsilon + top, levels=10_000)
+    with pytest.raises(ParamsError) as caught:
+        mech.check(params, ctx)
+    assert caught.value.field in ("levels", "epsilon_min")
 
 
 def test_add_remove_dataset_is_refused_before_anything_is_reserved() -> None:
@@ -454,7 +473,7 @@ def test_wrong_label_kind_is_refused() -> None:
         {"failure_probability": 0.9},
         {"levels": 0},
         {"levels": 10_001},
-        {"epsilon_max": 1000.0},
+        {"epsilon_max": 1e5},
         {"epsilon_min": 2.0, "epsilon_max": 1.0},
         {"calibration": "fast"},
         {"seed": 3},
@@ -468,21 +487,33 @@ def test_model_refuses_bad_numbers(bad: dict[str, Any]) -> None:
 def test_worst_case_is_monotone_in_the_cost_parameter() -> None:
     ctx = PublicContext(_schema(2, "ridge"), 1000, DEFAULT_ORDERS)
     mech = MECHANISM["ridge"]
-    low = mech.worst_case(_params("ridge", 2, epsilon_max=1.0), ctx)
-    high = mech.worst_case(_params("ridge", 2, epsilon_max=2.0), ctx)
+    test_epsilon = mech.problem(_params("ridge", 2), ctx)[0].test(200).epsilon_a
+    low = mech.worst_case(_params("ridge", 2, epsilon_max=test_epsilon + 1.0), ctx)
+    high = mech.worst_case(_params("ridge", 2, epsilon_max=test_epsilon + 2.0), ctx)
     assert low <= high
     assert high.pure - low.pure == pytest.approx(1.0)
+    assert high.pure <= test_epsilon + 2.0  # epsilon_max caps the worst case it names (issue 19)
+
+
+def test_epsilon_max_below_the_test_cost_is_refused_with_the_feasible_range() -> None:
+    ctx = PublicContext(_schema(2, "ridge"), 1000, DEFAULT_ORDERS)
+    mech = MECHANISM["ridge"]
+    test_epsilon = mech.problem(_params("ridge", 2), ctx)[0].test(200).epsilon_a
+    with pytest.raises(ParamsError) as caught:
+        mech.check(_params("ridge", 2, epsilon_max=test_epsilon * 0.99), ctx)
+    assert caught.value.field == "epsilon_max"
+    assert "feasible range epsilon_max >" in caught.value.reason
 
 
 def test_refusal_can_name_the_largest_affordable_epsilon_max() -> None:
     ctx = PublicContext(_schema(2, "logistic"), 1000, DEFAULT_ORDERS)
     mech = MECHANISM["logistic"]
-    params = _params("logistic", 2, epsilon_max=50.0)
+    params = _params("logistic", 2)
     test_epsilon = mech.problem(params, ctx)[0].test(200).epsilon_a
     budget = test_epsilon + 3.0
     best = best_affordable_cost(mech, params, ctx, lambda curve: curve.pure <= budget)
     assert best is not None
-    assert best == pytest.approx(3.0, rel=1e-5)
+    assert best == pytest.approx(budget, rel=1e-5)  # epsilon_max caps ε_A + ε_T
     assert mech.worst_case(with_cost(params, "epsilon_max", best), ctx).pure <= budget
     nothing = best_affordable_cost(mech, params, ctx, lambda curve: curve.pure <= test_epsilon / 2)
     assert nothing is None  # the test alone is unaffordable
@@ -582,7 +613,9 @@ def test_statistic_grid_is_coarsened_for_tiny_epsilon_and_refused_beyond() -> No
     assert 2.0 * af.radius("logistic", 1e3) <= 2.0**44 * big.grid.granularity
     # Δ_g ≥ d, so ε_1 must be ≳ d·2^−41: p = 100 (d = 10 100) at ε_1 = 1e−9 is refused, on the field
     ctx = PublicContext(_schema(100, "ridge"), 1000, DEFAULT_ORDERS)
-    params = _params("ridge", 100, epsilon_min=1e-9, epsilon_max=1.0)
+    params = _params("ridge", 100, epsilon_min=1e-9)
+    test_epsilon = MECHANISM["ridge"].cost_floor(params, ctx)  # just above ε_A
+    params = _params("ridge", 100, epsilon_min=1e-9, epsilon_max=test_epsilon + 1.0)
     with pytest.raises(ParamsError) as caught:
         MECHANISM["ridge"].check(params, ctx)
     assert caught.value.field == "epsilon_min"
@@ -898,8 +931,8 @@ def test_iat_uses_the_charged_epsilon_and_query_sensitivity(
     assert epsilon_a == release.output["epsilon_test"]  # ... and to the ε_A that is charged
     level = release.output["level"]
     assert release.realized.is_pure
-    assert release.realized.pure >= epsilon_a + grid[level - 1]
-    assert release.realized.pure == pytest.approx(epsilon_a + grid[level - 1], rel=1e-12)
+    assert release.realized.pure >= epsilon_a + grid[level]
+    assert release.realized.pure == pytest.approx(epsilon_a + grid[level], rel=1e-12)
     assert worst.pure == pytest.approx(epsilon_a + grid[-1], rel=1e-12)
     assert release.realized <= worst
     if calibration != "reference_code":

@@ -14,6 +14,7 @@ from mechanisms.base import has_public_progress
 from mechanisms.catalog import MECHANISMS
 from service import datasets
 from service.api.deps import AnyRole, SessionDep
+from service.api.schemas import ActivityOut, RefusalPage
 from service.auth import Principal, Role
 from service.filter.budget import budget_view
 from service.filter.refusals import refusal_out
@@ -45,6 +46,8 @@ def _at(curve: dict[str, Any], alpha: float | str | None) -> float | str | None:
 
 @router.get(
     "/{dataset_id}/activity",
+    operation_id="getActivity",
+    response_model=ActivityOut,
     summary="In flight: running requests and open sessions with their reserved worst case",
 )
 def get_activity(
@@ -91,18 +94,21 @@ def get_activity(
 
 @router.get(
     "/{dataset_id}/refusals",
-    summary="Refused requests and sessions in order (analysts: their own)",
+    operation_id="listRefusals",
+    response_model=RefusalPage,
+    summary="Refused requests and sessions in order (analysts: their own; viewers: without parameters)",
 )
 def get_refusals(
     dataset_id: str,
     session: SessionDep,
     who: AnyRole,
-    after: Annotated[
-        int, Query(ge=0, le=MAX_REFUSAL_ID, description="return refusals with id > after")
-    ] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_REFUSAL_ID, description="return refusals with id > after")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     datasets.visible_dataset(session, who, dataset_id)
     rows = RefusalRepository(session).page(dataset_id, after, limit, _own(who))
     next_after = rows[-1].id if len(rows) == limit else None
-    return {"items": [refusal_out(row) for row in rows], "next_after": next_after}
+    items = [refusal_out(row) for row in rows]
+    if who.role is Role.viewer:  # viewers see what was refused and why, never the parameters
+        items = [{**item, "params": None} for item in items]
+    return {"items": items, "next_after": next_after}

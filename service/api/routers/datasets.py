@@ -9,7 +9,16 @@ from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile
 from service import datasets
 from service.api.deps import Admin, AnyRole, RuntimeDep, SessionDep
 from service.api.problems import json_failure
-from service.api.schemas import BudgetIn, DatasetArchivedOut, DatasetOut, GrantIn, GrantRevokedOut
+from service.api.schemas import (
+    BudgetIn,
+    BudgetOut,
+    DatasetArchivedOut,
+    DatasetOut,
+    GrantIn,
+    GrantOut,
+    GrantRevokedOut,
+    LedgerPage,
+)
 from service.auth import Principal, Role, validate_name
 from service.errors import Forbidden, InvalidInput, NotFound, PayloadTooLarge
 from service.filter import budget
@@ -31,16 +40,41 @@ def _out(dataset: Dataset, principal: Principal) -> DatasetOut:
         orders=dataset.orders,
         clipped=dataset.clipped if principal.is_admin else None,
         created_at=dataset.created_at,
+        archived_at=dataset.archived_at,
     )
 
 
-@router.post("", status_code=201, summary="Upload a CSV dataset with its public schema")
+def _schema_text(schema: str | UploadFile, limit: int) -> str:
+    """The schema part as text: a form field (``curl -F 'schema=<schema.json'``) or an uploaded file
+    (``curl -F schema=@schema.json``), UTF-8 either way."""
+    if isinstance(schema, str):
+        return schema
+    raw = schema.file.read(limit + 1)
+    if len(raw) > limit:
+        raise PayloadTooLarge("schema", f"larger than the limit of {limit} bytes")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput("schema", json_failure(exc) or "not valid UTF-8") from None
+
+
+@router.post(
+    "",
+    status_code=201,
+    operation_id="createDataset",
+    summary="Upload a CSV dataset with its public schema (admins see how many values each column clipped)",
+)
 def create_dataset(
     runtime: RuntimeDep,
     admin: Admin,
     file: Annotated[UploadFile, File(description="the CSV, with a header row")],
-    schema_text: Annotated[
-        str, Form(alias="schema", description="JSON: columns with public bounds, and the neighbour relation")
+    schema_part: Annotated[
+        str | UploadFile,
+        Form(
+            alias="schema",
+            description="JSON: columns with public bounds, and the neighbour relation; a text field or an "
+            "uploaded file (`-F schema=@schema.json`)",
+        ),
     ],
     name: Annotated[str | None, Form()] = None,
 ) -> DatasetOut:
@@ -48,38 +82,50 @@ def create_dataset(
     data = file.file.read(limit + 1)
     if len(data) > limit:
         raise PayloadTooLarge("file", f"larger than the limit of {limit} bytes")
+    schema_text = _schema_text(schema_part, limit)
     try:
         schema_raw = json.loads(schema_text)
     except (ValueError, RecursionError) as exc:  # syntax, nesting depth, an integer of 4300+ digits
         raise InvalidInput("schema", json_failure(exc) or "not valid JSON") from None
     with runtime.sessions() as session, session.begin():
         dataset = datasets.create_dataset(
-            session, runtime.settings.data_dir, name or file.filename or "dataset", data, schema_raw,
+            session,
+            runtime.settings.data_dir,
+            name or file.filename or "dataset",
+            data,
+            schema_raw,
             admin.name,
         )
     return _out(dataset, admin)
 
 
-@router.get("", summary="Datasets visible to the caller (analysts: only granted ones)")
+@router.get(
+    "", operation_id="listDatasets", summary="Datasets visible to the caller (analysts: only granted ones)"
+)
 def list_datasets(session: SessionDep, who: AnyRole) -> list[DatasetOut]:
     analyst = who.name if who.role is Role.analyst else None
     return [_out(d, who) for d in DatasetRepository(session).visible(analyst)]
 
 
-@router.get("/{dataset_id}", summary="One dataset's public metadata")
+@router.get("/{dataset_id}", operation_id="getDataset", summary="One dataset's public metadata")
 def get_dataset(dataset_id: str, session: SessionDep, who: AnyRole) -> DatasetOut:
     return _out(datasets.visible_dataset(session, who, dataset_id), who)
 
 
-@router.post("/{dataset_id}/grants", status_code=201, summary="Grant an analyst key access")
-def grant(dataset_id: str, body: GrantIn, runtime: RuntimeDep, admin: Admin) -> dict[str, Any]:
+@router.post(
+    "/{dataset_id}/grants",
+    status_code=201,
+    operation_id="grantAnalyst",
+    summary="Grant an analyst key access",
+)
+def grant(dataset_id: str, body: GrantIn, runtime: RuntimeDep, admin: Admin) -> GrantOut:
     with runtime.sessions() as session, session.begin():
         dataset = datasets.visible_dataset(session, admin, dataset_id)
         created = datasets.grant(session, dataset, body.analyst, admin.name)
-    return {"dataset_id": dataset_id, "analyst": body.analyst, "created": created}
+    return GrantOut(dataset_id=dataset_id, analyst=body.analyst, created=created)
 
 
-@router.get("/{dataset_id}/grants", summary="Analysts granted on this dataset")
+@router.get("/{dataset_id}/grants", operation_id="listGrants", summary="Analysts granted on this dataset")
 def list_grants(dataset_id: str, session: SessionDep, admin: Admin) -> list[str]:
     datasets.visible_dataset(session, admin, dataset_id)
     return list(DatasetRepository(session).grants(dataset_id))
@@ -87,6 +133,7 @@ def list_grants(dataset_id: str, session: SessionDep, admin: Admin) -> list[str]
 
 @router.delete(
     "/{dataset_id}/grants/{analyst}",
+    operation_id="revokeGrant",
     summary="Revoke an analyst's grant (their sub-filter, history and the ledger stay)",
 )
 def revoke_grant(dataset_id: str, analyst: str, runtime: RuntimeDep, admin: Admin) -> GrantRevokedOut:
@@ -98,6 +145,7 @@ def revoke_grant(dataset_id: str, analyst: str, runtime: RuntimeDep, admin: Admi
 
 @router.post(
     "/{dataset_id}/archive",
+    operation_id="archiveDataset",
     summary="Archive a dataset: no new requests or sessions (running ones finish; nothing is deleted)",
 )
 def archive_dataset(dataset_id: str, runtime: RuntimeDep, admin: Admin) -> DatasetArchivedOut:
@@ -116,18 +164,34 @@ def _set_budget(
     with runtime.sessions() as session, session.begin():
         dataset = datasets.visible_dataset(session, admin, dataset_id)
         flt = budget.set_budget(
-            session, dataset, scope, body.epsilon, body.delta, admin.name, body.delta_share,
+            session,
+            dataset,
+            scope,
+            body.epsilon,
+            body.delta,
+            admin.name,
+            body.delta_share,
             confirm_below_spent=body.confirm_below_spent,
         )
         return budget_view(flt, dataset.orders)
 
 
-@router.put("/{dataset_id}/budget", summary="Set the dataset's (ε, δ) budget (δ = 0: pure filter)")
+@router.put(
+    "/{dataset_id}/budget",
+    operation_id="setBudget",
+    response_model=BudgetOut,
+    summary="Set the dataset's (ε, δ) budget (δ = 0: pure filter)",
+)
 def put_budget(dataset_id: str, body: BudgetIn, runtime: RuntimeDep, admin: Admin) -> dict[str, Any]:
     return _set_budget(runtime, admin, dataset_id, DATASET_SCOPE, body)
 
 
-@router.put("/{dataset_id}/analysts/{analyst}/budget", summary="Set an analyst's sub-budget")
+@router.put(
+    "/{dataset_id}/analysts/{analyst}/budget",
+    operation_id="setAnalystBudget",
+    response_model=BudgetOut,
+    summary="Set an analyst's sub-budget",
+)
 def put_analyst_budget(
     dataset_id: str, analyst: str, body: BudgetIn, runtime: RuntimeDep, admin: Admin
 ) -> dict[str, Any]:
@@ -149,14 +213,26 @@ def _budget_response(
     return body
 
 
-@router.get("/{dataset_id}/budget", summary="Spent, reserved and remaining budget per order (ETag)")
+@router.get(
+    "/{dataset_id}/budget",
+    operation_id="getBudget",
+    response_model=BudgetOut,
+    responses={304: {"description": "unchanged since the ETag sent in If-None-Match"}},
+    summary="Spent, reserved and remaining budget per order (ETag)",
+)
 def get_budget(
     dataset_id: str, request: Request, response: Response, session: SessionDep, who: AnyRole
 ) -> Any:
     return _budget_response(session, who, dataset_id, DATASET_SCOPE, request, response)
 
 
-@router.get("/{dataset_id}/analysts/{analyst}/budget", summary="An analyst's sub-filter (ETag)")
+@router.get(
+    "/{dataset_id}/analysts/{analyst}/budget",
+    operation_id="getAnalystBudget",
+    response_model=BudgetOut,
+    responses={304: {"description": "unchanged since the ETag sent in If-None-Match"}},
+    summary="An analyst's sub-filter (ETag)",
+)
 def get_analyst_budget(
     dataset_id: str, analyst: str, request: Request, response: Response, session: SessionDep, who: AnyRole
 ) -> Any:
@@ -174,7 +250,12 @@ def _ledger_item(entry: LedgerEntry, who: Principal) -> dict[str, Any]:
     return {**body, "hash": entry.hash, "prev_hash": entry.prev_hash}
 
 
-@router.get("/{dataset_id}/ledger", summary="Ledger entries in order (analysts: their own requests)")
+@router.get(
+    "/{dataset_id}/ledger",
+    operation_id="getLedger",
+    response_model=LedgerPage,
+    summary="Ledger entries in order (analysts: their own requests; viewers: without parameters)",
+)
 def get_ledger(
     dataset_id: str,
     session: SessionDep,

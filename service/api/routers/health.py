@@ -4,21 +4,24 @@ from fastapi import APIRouter
 from sqlalchemy import text
 
 from service.api.deps import RuntimeDep
+from service.api.schemas import StatusOut
 from service.errors import NotReady
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", summary="Liveness: the process answers (no database access)")
-def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+@router.get(
+    "/healthz", operation_id="getLiveness", summary="Liveness: the process answers (no database access)"
+)
+def healthz() -> StatusOut:
+    return StatusOut(status="ok")
 
 
-@router.get("/readyz", summary="Readiness: the database answers")
-def readyz(runtime: RuntimeDep) -> dict[str, str]:
+@router.get("/readyz", operation_id="getReadiness", summary="Readiness: the database answers")
+def readyz(runtime: RuntimeDep) -> StatusOut:
     try:
         with runtime.sessions() as session:
             session.execute(text("SELECT 1"))
     except Exception as exc:
         raise NotReady("the database is not reachable") from exc
-    return {"status": "ready"}
+    return StatusOut(status="ready")

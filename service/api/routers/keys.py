@@ -12,7 +12,9 @@ from service.store.repositories import KeyRepository
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
 
 
-@router.post("", status_code=201, summary="Create an API key (the key is shown once)")
+@router.post(
+    "", status_code=201, operation_id="createKey", summary="Create an API key (the key is shown once)"
+)
 def create(body: KeyIn, runtime: RuntimeDep, _admin: Admin) -> KeyOut:
     try:
         with runtime.sessions() as session, session.begin():
@@ -22,13 +24,15 @@ def create(body: KeyIn, runtime: RuntimeDep, _admin: Admin) -> KeyOut:
     return KeyOut(name=body.name, role=body.role, prefix=key[:10], key=key)
 
 
-@router.get("", summary="List API keys (never the keys themselves)")
+@router.get("", operation_id="listKeys", summary="List API keys (never the keys themselves)")
 def list_keys(runtime: RuntimeDep, _admin: Admin) -> list[KeyOut]:
     with runtime.sessions() as session:
         return [KeyOut(name=k.name, role=k.role, prefix=k.prefix) for k in KeyRepository(session).all()]
 
 
-@router.delete("/{name}", summary="Revoke an API key (refused from now on; its history stays)")
+@router.delete(
+    "/{name}", operation_id="revokeKey", summary="Revoke an API key (refused from now on; its history stays)"
+)
 def revoke(name: str, request: Request, runtime: RuntimeDep, _admin: Admin) -> KeyRevokedOut:
     validate_name(name)
     with runtime.sessions() as session, session.begin():

@@ -9,13 +9,18 @@ from service.runs import limits
 router = APIRouter(prefix="/v1/analysts", tags=["limits"])
 
 
-@router.get("/{analyst}/limits", summary="An analyst's execution limits and what is in use now")
+@router.get(
+    "/{analyst}/limits",
+    operation_id="getLimits",
+    summary="An analyst's execution limits and what is in use now",
+)
 def get_limits(analyst: str, runtime: RuntimeDep, session: SessionDep, who: AdminOrAnalyst) -> LimitsOut:
     return LimitsOut(**limits.view(session, who, analyst, runtime.limits()))
 
 
 @router.put(
     "/{analyst}/limits",
+    operation_id="setLimits",
     summary="Set an analyst's limits on requests queued or running at once and on open sessions (admin)",
 )
 def put_limits(analyst: str, body: LimitsIn, runtime: RuntimeDep, admin: Admin) -> LimitsOut:

@@ -10,6 +10,6 @@ from service.api.schemas import MeOut
 router = APIRouter(tags=["keys"])
 
 
-@router.get("/v1/me", summary="The caller's key name and role")
+@router.get("/v1/me", operation_id="getMe", summary="The caller's key name and role")
 def me(who: AnyRole) -> MeOut:
     return MeOut(name=who.name, role=who.role)

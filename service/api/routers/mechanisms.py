@@ -1,18 +1,22 @@
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 
 from mechanisms.catalog import INTERACTIVE, MECHANISMS
 from mechanisms.ptr.protocol import is_approximate
 from service.api.deps import AnyRole
+from service.api.openapi import json_safe_schema
+from service.api.schemas import MechanismOut
 
 router = APIRouter(prefix="/v1/mechanisms", tags=["mechanisms"])
 
 
-@router.get("", summary="The mechanism catalog with the JSON schema of each one's params")
-def catalog(_who: AnyRole) -> list[dict[str, Any]]:
+@router.get(
+    "",
+    operation_id="listMechanisms",
+    summary="The mechanism catalog with the JSON schema of each one's params",
+)
+def catalog(_who: AnyRole) -> list[MechanismOut]:
     requests = [
         {
             "name": name,
@@ -20,7 +24,7 @@ def catalog(_who: AnyRole) -> list[dict[str, Any]]:
             "summary": mechanism.summary,
             "cost_parameter": mechanism.cost_parameter,
             "approximate": is_approximate(mechanism),
-            "params_schema": mechanism.params_model.model_json_schema(),
+            "params_schema": json_safe_schema(mechanism.params_model.model_json_schema()),
         }
         for name, mechanism in MECHANISMS.items()
     ]
@@ -29,9 +33,9 @@ def catalog(_who: AnyRole) -> list[dict[str, Any]]:
             "name": name,
             "kind": "session",
             "summary": mechanism.summary,
-            "params_schema": mechanism.params_model.model_json_schema(),
-            "query_schema": mechanism.query_model.model_json_schema(),
+            "params_schema": json_safe_schema(mechanism.params_model.model_json_schema()),
+            "query_schema": json_safe_schema(mechanism.query_model.model_json_schema()),
         }
         for name, mechanism in INTERACTIVE.items()
     ]
-    return requests + sessions
+    return [MechanismOut.model_validate(entry) for entry in requests + sessions]

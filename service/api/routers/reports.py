@@ -23,6 +23,12 @@ class PrivacyReportIn(StrictModel):
 @router.post(
     "/v1/requests/{request_id}/privacy-report",
     summary="Evaluate a release's per-instance privacy report on your own record (no data access, no charge)",
+    description=(
+        "Serves the reporting functions of `objpert.logistic` and `adaops.ridge` (public and data-dependent "
+        "families). Callable by whoever may read the release: the admin and the requesting analyst. Viewers "
+        "get 403 and other analysts 404, as for reading the release, because the report reveals the model "
+        "(docs/privacy.md §13.3)."
+    ),
 )
 def privacy_report(
     request_id: str, body: PrivacyReportIn, session: SessionDep, who: AdminOrAnalyst

@@ -8,8 +8,9 @@ from fastapi import APIRouter, Header, Query, Response
 from pydantic import AfterValidator
 
 from service.api.deps import AdminOrAnalyst, Analyst, AnyRole, RuntimeDep, SessionDep
-from service.api.schemas import RequestIn, RequestOut, RequestPage, problem_doc
+from service.api.schemas import EstimateOut, RequestIn, RequestOut, RequestPage, problem_doc
 from service.auth import NAME_PATTERN
+from service.datasets import check_admissible
 from service.errors import BudgetExhausted, MechanismFailed
 from service.filter.refusals import record_refusal
 from service.runs import requests as lifecycle
@@ -81,14 +82,21 @@ def _retry_after(request: AnalysisRequest) -> str:
 
 @router.post(
     "/v1/datasets/{dataset_id}/requests:estimate",
+    operation_id="estimateRequest",
+    response_model=EstimateOut,
     summary="Dry run: the worst-case charge and whether it would be admitted now (no charge)",
+    responses={
+        409: problem_doc("the dataset is archived: it admits nothing, so there is nothing to estimate")
+    },
 )
 def estimate(dataset_id: str, body: RequestIn, session: SessionDep, who: AdminOrAnalyst) -> dict[str, Any]:
+    check_admissible(session, who, dataset_id)  # archived (409) or no longer granted (404), as submit
     return lifecycle.dry_run(session, who, dataset_id, body.mechanism, body.params)
 
 
 @router.post(
     "/v1/datasets/{dataset_id}/requests",
+    operation_id="submitRequest",
     summary="Run a mechanism: 200 with the release and its realized charge, or 202 while running",
     responses={
         202: {"description": "queued or still running; poll the Location after Retry-After seconds"},
@@ -138,7 +146,9 @@ AnalystFilter = Annotated[
 HistoryAfter = Annotated[
     str | None,
     Query(
-        min_length=1, max_length=40, pattern=r"^[A-Za-z0-9_-]+$",
+        min_length=1,
+        max_length=40,
+        pattern=r"^[A-Za-z0-9_-]+$",
         description="the previous page's `next_after` (the id of its last item): continue after it",
     ),
 ]
@@ -147,6 +157,7 @@ HistoryLimit = Annotated[int, Query(ge=1, le=1000, description="at most this man
 
 @router.get(
     "/v1/requests",
+    operation_id="listRequests",
     summary="Your requests, newest first (admins: everyone's); filter by dataset, state or analyst",
 )
 def list_requests(
@@ -165,7 +176,11 @@ def list_requests(
     return RequestPage(items=items, next_after=page.next_after)
 
 
-@router.get("/v1/requests/{request_id}", summary="A request, its state and (when committed) its release")
+@router.get(
+    "/v1/requests/{request_id}",
+    operation_id="getRequest",
+    summary="A request, its state and (when committed) its release",
+)
 def get_request(request_id: str, session: SessionDep, who: AnyRole, response: Response) -> RequestOut:
     request = lifecycle.get_visible(session, who, request_id)
     position = RequestRepository(session).queue_position(request) if request.queued else None
@@ -176,6 +191,7 @@ def get_request(request_id: str, session: SessionDep, who: AnyRole, response: Re
 
 @router.post(
     "/v1/requests/{request_id}/cancel",
+    operation_id="cancelRequest",
     summary="Cancel: a queued request is aborted without charge; a running one is charged its worst case",
     responses={409: problem_doc("the request has already finished")},
 )

@@ -65,6 +65,7 @@ def _out(runtime: RuntimeDep, row: AnalysisSession) -> SessionOut:
 @router.post(
     "/v1/datasets/{dataset_id}/sessions",
     status_code=201,
+    operation_id="openSession",
     summary="Open an interactive session: reserves its worst case and draws its secret state",
 )
 def open_session(
@@ -92,6 +93,7 @@ def open_session(
 
 @router.get(
     "/v1/sessions",
+    operation_id="listSessions",
     summary="Your sessions, newest first (admins: everyone's); filter by dataset, state or analyst",
 )
 def list_sessions(
@@ -109,7 +111,9 @@ def list_sessions(
     return SessionPage(items=[_out_with(session, row) for row, _ in page.items], next_after=page.next_after)
 
 
-@router.get("/v1/sessions/{session_id}", summary="A session's state and public transcript")
+@router.get(
+    "/v1/sessions/{session_id}", operation_id="getSession", summary="A session's state and public transcript"
+)
 def get_session(session_id: str, session: SessionDep, who: AnyRole) -> SessionOut:
     if who.role.value == "viewer":
         raise Forbidden("viewers cannot read session answers")
@@ -118,6 +122,7 @@ def get_session(session_id: str, session: SessionDep, who: AnyRole) -> SessionOu
 
 @router.post(
     "/v1/sessions/{session_id}/queries",
+    operation_id="askSessionQuery",
     summary="Ask one query; the session closes itself when it halts or reaches max_queries",
 )
 def ask(
@@ -133,6 +138,7 @@ def ask(
 
 @router.post(
     "/v1/sessions/{session_id}/next",
+    operation_id="nextSessionRelease",
     summary="Noise-reduction sessions: release the next, less noisy level (a query with an empty body)",
 )
 def next_release(
@@ -142,6 +148,10 @@ def next_release(
     return AnswerOut(answer=answer, session=_out(runtime, row))
 
 
-@router.post("/v1/sessions/{session_id}/close", summary="Close now and commit the charge of the outcome")
+@router.post(
+    "/v1/sessions/{session_id}/close",
+    operation_id="closeSession",
+    summary="Close now and commit the charge of the outcome",
+)
 def close(session_id: str, runtime: RuntimeDep, analyst: AnalystRole) -> SessionOut:
     return _out(runtime, domain.close(runtime, analyst, session_id))

@@ -460,6 +460,46 @@ class _Endpoints:
         )
 
     @_endpoint
+    def sql(
+        self,
+        dataset_id: str,
+        statement: str,
+        *,
+        epsilon: float | None = None,
+        noise: str = "laplace",
+        noise_multiplier: float | None = None,
+        candidates: int | None = None,
+        idempotency_key: str | None = None,
+        timeout: float = 300.0,
+        poll_interval: float = 0.25,
+    ) -> _Op[AnalysisRequest]:
+        """Answer one ``SELECT agg(col) … FROM dataset WHERE … GROUP BY …`` (``POST …/sql``): the server maps
+        it onto ``quantile`` / ``measures.*`` and charges it like any request; a clause it cannot bound is an
+        ``InvalidInput`` naming it (``sql.where``, …). Waits for the release like ``submit``."""
+        body: dict[str, Any] = {"sql": statement, "noise": noise}
+        for name, value in (
+            ("epsilon", epsilon),
+            ("noise_multiplier", noise_multiplier),
+            ("candidates", candidates),
+        ):
+            if value is not None:
+                body[name] = value
+        call = replace(_keyed_post(f"/v1/datasets/{dataset_id}/sql", body, idempotency_key), ok=(200, 202))
+        started = time.monotonic()
+        response = yield from self._exchange(call)
+        request = AnalysisRequest.from_json(response.json())
+        if response.status_code == 200 or request.state != "running":
+            return _settled(request)
+        return (
+            yield from _Endpoints.wait_request(
+                self,
+                request.id,
+                timeout=max(0.0, timeout - (time.monotonic() - started)),
+                poll_interval=poll_interval,
+            )
+        )
+
+    @_endpoint
     def wait_request(
         self,
         request_id: str,

@@ -82,8 +82,9 @@ class Dataset(ApiModel):
     n_rows: int | None = None
     content_sha256: str | None = None  # admins only
     orders: list[float]
-    clipped: dict[str, int] | None = None
+    clipped: dict[str, int] | None = None  # admins only: values clipped to the bounds, per column
     created_at: datetime
+    archived_at: datetime | None = None  # set once archived (no new requests or sessions)
 
 
 class Grant(ApiModel):

@@ -1,0 +1,524 @@
+"""Several measures in one request, optionally grouped by categorical columns (contingency tables).
+
+Measures: ``count``, ``sum(col)``, ``mean(col)``, ``variance(col)``, ``std(col)``. They are post-processing of
+a few **blocks**, each the per-cell sum of one per-row value y over the selected rows (docs/privacy.md
+"Analytics", docs/mechanisms/analytics.md):
+
+* ``count``: y = 1 (bounds [1, 1]), an integer.
+* ``sum(col)``: y = x (bounds [min, max]), an integer for int columns.
+* ``csum(col)``: y = fl(x − c), c the float midpoint of [min, max], |y| ≤ H = float_up(max(|min − c|,
+  |max − c|)) (rounding is monotone, so the bound holds for the computed value): mean and variance.
+* ``csumsq(col)``: y = fl(fl(x − c)²) ∈ [0, float_up(H²)]: variance.
+
+mean = c + csum/N, variance = csumsq/N − (csum/N)², std = √variance (clamped to their ranges), with N the
+public row count when the row count is public and there is neither ``where`` nor ``group_by`` (replace-one),
+else the noisy count of the cell (at least 1). Cells are the product of the group-by columns' **declared**
+values (public domain): every cell is released, empty or not, and no key comes from the data.
+
+Sensitivity of a block with per-row bounds [lo, hi], M = max(|lo|, |hi|), R = hi − lo, over G cells: the
+moving coordinates of one neighbour step are one of the cases
+  add-remove: one cell by ≤ M;
+  replace-one: one cell by ≤ R (same cell), one cell by ≤ M (the row leaves/enters the selection: only with
+  ``where``), two cells by ≤ M each (the row moves between cells: only with G > 1).
+ℓ1 and ℓ2 of a block are the maxima over its cases. On the grid (``language.unit_shift``) each moving
+coordinate becomes an integer m ≤ ⌊shift/γ + 1/64⌋ + 1 (exactly shift on γ = 1 for integer blocks).
+
+Laplace (``measures.laplace``): ε split equally over the B noisy blocks, block b gets discrete Laplace of
+scale t_b = dyadic_scale_up(L1_b/ε_b) grid units (L1_b the grid ℓ1), so it is (L1_b/t_b ≤ ε_b)-DP; the blocks
+compose to ε. Gaussian (``measures.gaussian``): block b gets discrete Gaussian with σ_b = z·L2_b grid units
+(s² rounded up), RDP α·L2_b²/(2σ_b²) = α/(2z²) per block, summed. A block that cannot move (the count of a
+replace-one table without where or group-by: the public n) is released exactly and charged nothing.
+Ex-post = worst case for every outcome.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any, ClassVar, Literal, Self
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, model_validator
+
+from mechanisms.accounting import RdpCurve
+from mechanisms.base import ParamsChecked, ParamsError, PublicContext, Release, Table
+from mechanisms.data.schema import CategoricalColumn, FloatColumn, IntColumn
+from mechanisms.noise import Grid, Noise, dyadic_scale_up, float_up, laplace_grid
+from mechanisms.queries.language import (
+    MAX_SCALE_BITS,
+    MIN_GRID_EXPONENT,
+    RANGE_BITS,
+    CountQuery,
+    Where,
+    charged_fraction,
+    check_where,
+    l2,
+    selection,
+    unit_shift,
+)
+
+MAX_MEASURES = 16
+MAX_GROUP_COLUMNS = 4
+MAX_CELLS = 10_000
+VARIANCE_BITS = 12
+
+BlockKind = Literal["count", "sum", "csum", "csumsq"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Measure(_Frozen):
+    """One aggregate: ``count`` (no column) or ``sum``/``mean``/``variance``/``std`` of a numeric column."""
+
+    kind: Literal["count", "sum", "mean", "variance", "std"]
+    column: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _column_matches_kind(self) -> Self:
+        if (self.kind == "count") != (self.column is None):
+            raise ValueError("count takes no column; sum, mean, variance and std need one")
+        return self
+
+    @property
+    def label(self) -> str:
+        return "count" if self.column is None else f"{self.kind}({self.column})"
+
+
+class _MeasuresBase(_Frozen):
+    measures: tuple[Measure, ...] = Field(min_length=1, max_length=MAX_MEASURES)
+    group_by: tuple[str, ...] = Field(default=(), max_length=MAX_GROUP_COLUMNS)
+    where: Where = ()
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Self:
+        labels = [m.label for m in self.measures]
+        if len(set(labels)) != len(labels):
+            raise ValueError("measures must be distinct")
+        if len(set(self.group_by)) != len(self.group_by):
+            raise ValueError("group_by columns must be distinct")
+        return self
+
+
+class MeasuresLaplaceParams(_MeasuresBase):
+    epsilon: StrictFloat = Field(
+        gt=0, le=100, allow_inf_nan=False, description="pure-DP ε of the whole request (split over blocks)"
+    )
+
+
+class MeasuresGaussianParams(_MeasuresBase):
+    noise_multiplier: StrictFloat = Field(
+        gt=0, le=1e6, allow_inf_nan=False, description="σ/ℓ2-sensitivity per block: α/(2z²) per block"
+    )
+
+
+AnyMeasuresParams = MeasuresLaplaceParams | MeasuresGaussianParams
+
+
+# ----- blocks and their sensitivity (public information only) ----------------------------------------------
+@dataclass(frozen=True)
+class Block:
+    """A per-cell sum of y over the selected rows, with public per-row bounds [lo, hi] on y."""
+
+    kind: BlockKind
+    column: str | None
+    lo: Fraction
+    hi: Fraction
+    integer: bool
+    center: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return self.kind if self.column is None else f"{self.kind}({self.column})"
+
+
+def _numeric(ctx: PublicContext, name: str, field: str) -> FloatColumn | IntColumn:
+    column = ctx.schema.column(name)
+    if column is None:
+        raise ParamsError(field, f"unknown column {name!r}")
+    if isinstance(column, CategoricalColumn):
+        raise ParamsError(field, f"needs a float or int column, {name!r} is categorical")
+    return column
+
+
+def _center(column: FloatColumn | IntColumn) -> tuple[float, Fraction]:
+    """The float midpoint c of [min, max] and H ≥ |fl(x − c)| for every x in [min, max]."""
+    c = float((Fraction(column.min) + Fraction(column.max)) / 2)
+    h = max(abs(Fraction(column.min) - Fraction(c)), abs(Fraction(column.max) - Fraction(c)))
+    return c, Fraction(float_up(h))
+
+
+def public_size(p: _MeasuresBase, ctx: PublicContext) -> int | None:
+    """The public N of mean/variance: n under replace-one without where and group-by, else None."""
+    if ctx.schema.neighboring == "replace_one" and not p.where and not p.group_by and ctx.n_rows:
+        return ctx.n_rows
+    return None
+
+
+def blocks(p: _MeasuresBase, ctx: PublicContext) -> tuple[Block, ...]:
+    """The distinct blocks the measures need, in a fixed order (count first when needed)."""
+    needed: dict[str, Block] = {}
+    denominator = public_size(p, ctx) is None
+
+    def add(block: Block) -> None:
+        needed.setdefault(block.label, block)
+
+    for index, measure in enumerate(p.measures):
+        if measure.column is None:
+            add(Block("count", None, Fraction(1), Fraction(1), True))
+            continue
+        column = _numeric(ctx, measure.column, f"measures.{index}.column")
+        integer = isinstance(column, IntColumn)
+        if measure.kind == "sum":
+            add(Block("sum", column.name, Fraction(column.min), Fraction(column.max), integer))
+            continue
+        if denominator:
+            add(Block("count", None, Fraction(1), Fraction(1), True))
+        c, h = _center(column)
+        add(Block("csum", column.name, -h, h, False, c))
+        if measure.kind in ("variance", "std"):
+            add(Block("csumsq", column.name, Fraction(0), Fraction(float_up(h * h)), False, c))
+    return tuple(sorted(needed.values(), key=lambda b: ("count", "sum", "csum", "csumsq").index(b.kind)))
+
+
+def cells(p: _MeasuresBase, ctx: PublicContext) -> list[CategoricalColumn]:
+    columns = []
+    for index, name in enumerate(p.group_by):
+        column = ctx.schema.column(name)
+        if column is None:
+            raise ParamsError(f"group_by.{index}", f"unknown column {name!r}")
+        if not isinstance(column, CategoricalColumn):
+            raise ParamsError(f"group_by.{index}", f"group by needs a categorical column, {name!r} is not")
+        columns.append(column)
+    if math.prod(len(c.values) for c in columns) > MAX_CELLS:
+        raise ParamsError("group_by", f"more than {MAX_CELLS} cells (the product of the declared domains)")
+    return columns
+
+
+def block_cases(
+    block: Block, ctx: PublicContext, has_where: bool, n_cells: int
+) -> tuple[tuple[float, ...], ...]:
+    """The moving coordinates of one neighbour step (module docstring), as value shifts."""
+    m = float_up(max(abs(block.lo), abs(block.hi)))
+    r = float_up(block.hi - block.lo)
+    if ctx.schema.neighboring == "add_remove":
+        return ((m,),)
+    cases: list[tuple[float, ...]] = [(r,)]
+    if has_where:
+        cases.append((m,))
+    if n_cells > 1:
+        cases.append((m, m))
+    return tuple(cases)
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    block: Block
+    grid: Grid
+    exact: bool
+    unit_cases: tuple[tuple[int, ...], ...]
+
+    @property
+    def l1_units(self) -> int:
+        return max(sum(case) for case in self.unit_cases)
+
+    @property
+    def l2_units(self) -> float:
+        return max(l2(float(m) for m in case) for case in self.unit_cases)
+
+    @property
+    def moves(self) -> bool:
+        return self.l1_units > 0
+
+
+def _grid_at_least(size: float) -> Grid:
+    mantissa, exponent = math.frexp(size)
+    return Grid(exponent - 1 if mantissa == 0.5 else exponent)
+
+
+def plan_block(block: Block, ctx: PublicContext, has_where: bool, n_cells: int, coarsest: float) -> BlockPlan:
+    """The public grid of a block (``language.plan_grid``'s rule, over the block's cases)."""
+    cases = block_cases(block, ctx, has_where, n_cells)
+    l1_value = max(float_up(sum((Fraction(s) for s in case), Fraction(0))) for case in cases)
+    dim = max(len(case) for case in cases)
+    integer_shifts = all(float(s).is_integer() for case in cases for s in case)
+    if l1_value == 0.0:
+        grid = Grid(0)
+    else:
+        grid = laplace_grid(l1_value, dim, integer_valued=block.integer and integer_shifts)
+    floors = [coarsest]
+    if ctx.n_rows is not None:
+        bound = float_up(ctx.n_rows * max(abs(block.lo), abs(block.hi)))
+        if bound > 0.0:
+            floors.append(math.ldexp(bound, -RANGE_BITS))
+    for floor in floors:
+        if floor > grid.granularity and math.isfinite(floor):
+            grid = _grid_at_least(floor)
+    if grid.exponent < MIN_GRID_EXPONENT:
+        raise ParamsError("measures", "the sensitivity is too small for an exact release grid (γ < 2^-1000)")
+    exact = block.integer and grid.exponent <= 0
+    units = tuple(tuple(unit_shift(s, grid, exact) for s in case) for case in cases)
+    return BlockPlan(block, grid, exact, units)
+
+
+def _check(p: _MeasuresBase, ctx: PublicContext) -> tuple[tuple[Block, ...], list[CategoricalColumn]]:
+    check_where(p.where, ctx)
+    return blocks(p, ctx), cells(p, ctx)
+
+
+@lru_cache(maxsize=1024)
+def laplace_plans(
+    p: MeasuresLaplaceParams, ctx: PublicContext
+) -> tuple[tuple[BlockPlan, Fraction | None], ...]:
+    """Per block: its plan and discrete Laplace scale t_b (None: the block cannot move, released exactly)."""
+    block_list, columns = _check(p, ctx)
+    n_cells = math.prod(len(c.values) for c in columns)
+    probe = [plan_block(b, ctx, bool(p.where), n_cells, 0.0) for b in block_list]
+    noisy = sum(1 for plan in probe if plan.moves)
+    eps_each = charged_fraction(p.epsilon) / max(noisy, 1)
+    too_small = ParamsError("epsilon", "too small: the Laplace noise would not fit the release grid")
+    if eps_each < Fraction(1, 1 << (MAX_SCALE_BITS - 1)):
+        raise too_small
+    result: list[tuple[BlockPlan, Fraction | None]] = []
+    for block, first in zip(block_list, probe, strict=True):
+        if not first.moves:
+            result.append((first, None))
+            continue
+        l1_value = max(sum(case) for case in block_cases(block, ctx, bool(p.where), n_cells))
+        try:
+            coarsest = math.ldexp(float(Fraction(l1_value) / eps_each), 2 - MAX_SCALE_BITS)
+        except OverflowError:
+            raise too_small from None
+        plan = plan_block(block, ctx, bool(p.where), n_cells, coarsest)
+        scale = dyadic_scale_up(Fraction(plan.l1_units) / eps_each)
+        if scale > 1 << MAX_SCALE_BITS:
+            raise too_small
+        result.append((plan, scale))
+    return tuple(result)
+
+
+def laplace_measures_curve(p: MeasuresLaplaceParams, ctx: PublicContext) -> RdpCurve:
+    """``pure_product`` of the blocks' L1_b/t_b (each ≤ ε_b, Σ ≤ ε), capped at ε."""
+    epsilons = [float_up(Fraction(plan.l1_units) / t) for plan, t in laplace_plans(p, ctx) if t is not None]
+    curve = RdpCurve.pure_product(epsilons or [0.0], ctx.orders)
+    return RdpCurve(curve.orders, tuple(min(v, p.epsilon) for v in curve.values), p.epsilon)
+
+
+@lru_cache(maxsize=1024)
+def gaussian_plans(
+    p: MeasuresGaussianParams, ctx: PublicContext
+) -> tuple[tuple[BlockPlan, float, Fraction] | tuple[BlockPlan, None, None], ...]:
+    """Per block: plan, σ in grid units (z·L2_b) and s² (rounded up); (plan, None, None) for a fixed block."""
+    block_list, columns = _check(p, ctx)
+    n_cells = math.prod(len(c.values) for c in columns)
+    result: list[tuple[BlockPlan, float, Fraction] | tuple[BlockPlan, None, None]] = []
+    for block in block_list:
+        cases = block_cases(block, ctx, bool(p.where), n_cells)
+        l2_value = max(l2(case) for case in cases)
+        if l2_value == 0.0:
+            result.append((plan_block(block, ctx, bool(p.where), n_cells, 0.0), None, None))
+            continue
+        coarsest = math.ldexp(p.noise_multiplier * l2_value * 2.0, -MAX_SCALE_BITS)
+        plan = plan_block(block, ctx, bool(p.where), n_cells, coarsest)
+        sigma_units = math.nextafter(p.noise_multiplier * plan.l2_units, math.inf)
+        if not sigma_units <= float(1 << (MAX_SCALE_BITS + 1)):
+            raise ParamsError("noise_multiplier", "too large: the noise would not fit the release grid")
+        variance = dyadic_scale_up(Fraction(sigma_units) ** 2, bits=VARIANCE_BITS)
+        result.append((plan, sigma_units, variance))
+    return tuple(result)
+
+
+def gaussian_measures_curve(p: MeasuresGaussianParams, ctx: PublicContext) -> RdpCurve:
+    """Σ_b RdpCurve.gaussian(L2_b, σ_b) over the noisy blocks (composition)."""
+    total = RdpCurve.zero(ctx.orders)
+    for plan, sigma, _ in gaussian_plans(p, ctx):
+        if sigma is not None:
+            total = total + RdpCurve.gaussian(plan.l2_units, sigma, ctx.orders)
+    return total
+
+
+# ----- evaluation ------------------------------------------------------------------------------------------
+def cell_index(columns: list[CategoricalColumn], table: Mapping[str, np.ndarray], n_rows: int) -> np.ndarray:
+    """The cell of every row: mixed-radix code over the group-by columns' declared values."""
+    index = np.zeros(n_rows, dtype=np.int64)
+    for column in columns:
+        index = index * len(column.values) + np.asarray(table[column.name], dtype=np.int64)
+    return index
+
+
+def row_values(block: Block, table: Mapping[str, np.ndarray], n_rows: int) -> np.ndarray:
+    """y per row (int64 for integer blocks, float64 otherwise), within [lo, hi] by construction."""
+    if block.kind == "count":
+        return np.ones(n_rows, dtype=np.int64)
+    data = np.asarray(table[str(block.column)])
+    if block.kind == "sum":
+        return data.astype(np.int64) if block.integer else data.astype(np.float64)
+    centered = data.astype(np.float64) - block.center
+    return centered if block.kind == "csum" else centered * centered
+
+
+def _exact_int_sum(values: np.ndarray) -> int:
+    """The exact sum of an int64 array (int64 when it cannot overflow, else Python integers)."""
+    if values.size == 0:
+        return 0
+    if int(np.max(np.abs(values))) * values.size < 1 << 62:
+        return int(np.sum(values, dtype=np.int64))
+    return sum(int(v) for v in values.tolist())
+
+
+def block_units(plan: BlockPlan, values: np.ndarray, cell: np.ndarray, n_cells: int) -> np.ndarray:
+    """round(clamp(Σ_{rows in cell} y / γ, ±2^44)) per cell (round half to even on the exact rational).
+
+    Integer blocks are summed exactly (Python integers per cell when int64 could overflow); real blocks with
+    ``math.fsum`` per cell (one correctly rounded sum: ``language.FLOAT_SLACK``)."""
+    order = np.argsort(cell, kind="stable")
+    bounds = np.searchsorted(cell[order], np.arange(n_cells + 1))
+    sorted_values = values[order]
+    limit = Fraction(1 << RANGE_BITS)
+    gamma = Fraction(plan.grid.granularity)
+    out = np.zeros(n_cells, dtype=np.int64)
+    for g in range(n_cells):  # one loop over the public cells, never over rows
+        chunk = sorted_values[bounds[g] : bounds[g + 1]]
+        if plan.block.integer:
+            total = Fraction(_exact_int_sum(chunk))
+        else:
+            total = Fraction(math.fsum(chunk.tolist()))
+        out[g] = round(min(max(total / gamma, -limit), limit))
+    return out
+
+
+def evaluate_blocks(
+    p: _MeasuresBase, ctx: PublicContext, table: Mapping[str, np.ndarray], plans: list[BlockPlan]
+) -> tuple[list[np.ndarray], list[CategoricalColumn]]:
+    """The exact (noise-free) grid units of every block, per cell."""
+    columns = cells(p, ctx)
+    n_cells = math.prod(len(c.values) for c in columns)
+    mask = selection(CountQuery(kind="count", where=p.where), ctx, table)
+    n_rows = int(mask.size)
+    cell = cell_index(columns, table, n_rows)[mask]
+    units = [block_units(plan, row_values(plan.block, table, n_rows)[mask], cell, n_cells) for plan in plans]
+    return units, columns
+
+
+def _derive(
+    p: _MeasuresBase, ctx: PublicContext, released: dict[str, np.ndarray], n_cells: int
+) -> dict[str, np.ndarray]:
+    """The measures from the released blocks (post-processing)."""
+    size = public_size(p, ctx)
+    out: dict[str, np.ndarray] = {}
+    for measure in p.measures:
+        if measure.column is None:
+            out[measure.label] = released["count"]
+            continue
+        if measure.kind == "sum":
+            out[measure.label] = released[f"sum({measure.column})"]
+            continue
+        column = _numeric(ctx, measure.column, "measures")
+        c, h = _center(column)
+        n = np.full(n_cells, float(size)) if size is not None else np.maximum(released["count"], 1.0)
+        centered_mean = np.clip(released[f"csum({measure.column})"] / n, -float(h), float(h))
+        if measure.kind == "mean":
+            out[measure.label] = np.clip(c + centered_mean, float(column.min), float(column.max))
+            continue
+        second = released[f"csumsq({measure.column})"] / n
+        variance = np.clip(second - centered_mean**2, 0.0, float(h) ** 2)
+        out[measure.label] = variance if measure.kind == "variance" else np.sqrt(variance)
+    return out
+
+
+def _output(
+    p: _MeasuresBase,
+    ctx: PublicContext,
+    plans: list[BlockPlan],
+    noisy_units: list[np.ndarray],
+    columns: list[CategoricalColumn],
+    specs: list[dict[str, Any]],
+) -> dict[str, Any]:
+    n_cells = math.prod(len(c.values) for c in columns)
+    released = {
+        plan.block.label: plan.grid.from_units(units).astype(np.float64)
+        for plan, units in zip(plans, noisy_units, strict=True)
+    }
+    measures = _derive(p, ctx, released, n_cells)
+    blocks_out = [
+        {"block": plan.block.label, **spec, **plan.grid.describe()}
+        for plan, spec in zip(plans, specs, strict=True)
+    ]
+    if not columns:
+        return {"values": {k: float(v[0]) for k, v in measures.items()}, "blocks": blocks_out}
+    keys = itertools.product(*(c.values for c in columns))
+    groups = [
+        {"key": dict(zip(p.group_by, key, strict=True)), **{k: float(v[g]) for k, v in measures.items()}}
+        for g, key in enumerate(keys)
+    ]
+    return {"groups": groups, "blocks": blocks_out}
+
+
+class MeasuresLaplace(ParamsChecked):
+    """Several measures (count, sum, mean, variance, std), optionally grouped; discrete Laplace, pure ε."""
+
+    name: ClassVar[str] = "measures.laplace"
+    summary: ClassVar[str] = "Several measures (count/sum/mean/variance/std), grouped or not, Laplace (ε)."
+    params_model: ClassVar[type[BaseModel]] = MeasuresLaplaceParams
+    cost_parameter: ClassVar[str] = "epsilon"
+    cost_increases_with_parameter: ClassVar[bool] = True
+
+    def check(self, p: MeasuresLaplaceParams, ctx: PublicContext) -> None:
+        laplace_plans(p, ctx)
+
+    def worst_case(self, p: MeasuresLaplaceParams, ctx: PublicContext) -> RdpCurve:
+        return laplace_measures_curve(p, ctx)
+
+    def run(self, p: MeasuresLaplaceParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
+        planned = laplace_plans(p, ctx)
+        worst = laplace_measures_curve(p, ctx)
+        plans = [plan for plan, _ in planned]
+        units, columns = evaluate_blocks(p, ctx, table, plans)
+        noisy: list[np.ndarray] = []
+        specs: list[dict[str, Any]] = []
+        for (plan, scale), exact in zip(planned, units, strict=True):
+            if scale is None:
+                noisy.append(exact)
+                specs.append({"distribution": "none (public: cannot change between neighbours)"})
+                continue
+            noisy.append(exact.astype(object) + noise.discrete_laplace(scale, exact.size))
+            gamma = Fraction(plan.grid.granularity)
+            specs.append({"distribution": "discrete_laplace", "scale": float(scale * gamma)})
+        return Release(output=_output(p, ctx, plans, noisy, columns, specs), realized=worst)
+
+
+class MeasuresGaussian(ParamsChecked):
+    """Several measures, optionally grouped; discrete Gaussian, α·B/(2z²) for B noisy blocks."""
+
+    name: ClassVar[str] = "measures.gaussian"
+    summary: ClassVar[str] = "Several measures (count/sum/mean/variance/std), grouped or not, Gaussian (RDP)."
+    params_model: ClassVar[type[BaseModel]] = MeasuresGaussianParams
+    cost_parameter: ClassVar[str] = "noise_multiplier"
+    cost_increases_with_parameter: ClassVar[bool] = False
+
+    def check(self, p: MeasuresGaussianParams, ctx: PublicContext) -> None:
+        gaussian_plans(p, ctx)
+
+    def worst_case(self, p: MeasuresGaussianParams, ctx: PublicContext) -> RdpCurve:
+        return gaussian_measures_curve(p, ctx)
+
+    def run(self, p: MeasuresGaussianParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
+        planned = gaussian_plans(p, ctx)
+        worst = gaussian_measures_curve(p, ctx)
+        plans = [entry[0] for entry in planned]
+        units, columns = evaluate_blocks(p, ctx, table, plans)
+        noisy: list[np.ndarray] = []
+        specs: list[dict[str, Any]] = []
+        for (plan, sigma, variance), exact in zip(planned, units, strict=True):
+            if sigma is None or variance is None:
+                noisy.append(exact)
+                specs.append({"distribution": "none (public: cannot change between neighbours)"})
+                continue
+            noisy.append(exact.astype(object) + noise.discrete_gaussian(variance, exact.size))
+            specs.append({"distribution": "discrete_gaussian", "sigma": sigma * plan.grid.granularity})
+        return Release(output=_output(p, ctx, plans, noisy, columns, specs), realized=worst)

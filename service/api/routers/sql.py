@@ -1,0 +1,316 @@
+"""The SQL front: ``POST /v1/datasets/{id}/sql`` maps one ``SELECT`` onto the query model and submits it.
+
+Accepted (parsed with sqlglot; docs/mechanisms/analytics.md)::
+
+    SELECT agg, … FROM <dataset id | dataset> [WHERE cond AND …] [GROUP BY col, …]
+
+* aggregates: ``COUNT(*)``, ``SUM(col)``, ``AVG(col)``, ``VARIANCE(col)``/``VAR_SAMP``/``VAR_POP``,
+  ``STDDEV(col)``/``STDDEV_SAMP``/``STDDEV_POP`` → ``measures.laplace`` (or ``measures.gaussian`` with
+  ``"noise": "gaussian"``); ``MEDIAN(col)``, ``QUANTILE(col, q)``, ``PERCENTILE_CONT(q) WITHIN GROUP
+  (ORDER BY col)`` → ``quantile`` (one column, no GROUP BY). A bare column in the SELECT list must be a
+  GROUP BY column (it names the cells' keys). Aliases are ignored.
+* conditions: ``col op literal`` (=, <>, !=, <, <=, >, >=), ``col IN (literal, …)``, ``col BETWEEN a AND b``,
+  joined by AND.
+
+Anything else (joins, OR, NOT, HAVING, ORDER BY, LIMIT, DISTINCT, subqueries, expressions over columns,
+other functions) cannot be bounded from the public schema and is refused with a 422 problem naming the
+clause (``sql.select``, ``sql.where``, …). The translated request goes through the same path as
+``POST /v1/datasets/{id}/requests`` (validation, admission by the filter, run, settlement): the charge is
+the mechanism's, nothing is charged for a refused statement.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import sqlglot
+from fastapi import APIRouter, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from sqlglot import exp
+from sqlglot.errors import ParseError
+
+from service.api.deps import AdminOrAnalyst, Analyst, RuntimeDep, SessionDep
+from service.api.routers import requests as requests_router
+from service.api.routers.requests import IdempotencyKey, Prefer
+from service.api.schemas import RequestIn, RequestOut, problem_doc
+from service.errors import InvalidInput
+from service.runs import requests as lifecycle
+
+router = APIRouter(tags=["sql"])
+
+MAX_SQL_CHARS = 10_000
+MAX_LITERAL_CHARS = 400
+
+
+class SqlIn(BaseModel):
+    """A SQL statement and the noise to answer it with."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sql: StrictStr = Field(
+        min_length=1, max_length=MAX_SQL_CHARS, examples=["SELECT COUNT(*), AVG(age) FROM demo"]
+    )
+    noise: Literal["laplace", "gaussian"] = Field("laplace", description="quantiles always use ε (pure)")
+    epsilon: StrictFloat | StrictInt | None = Field(
+        None, description="pure-DP ε of the whole statement (laplace, quantiles)"
+    )
+    noise_multiplier: StrictFloat | StrictInt | None = Field(
+        None, description="gaussian: σ/ℓ2-sensitivity per block"
+    )
+    candidates: StrictInt | None = Field(None, description="quantiles: size of the public candidate grid")
+
+
+class SqlTranslation(BaseModel):
+    mechanism: str
+    params: dict[str, Any]
+
+
+_MEASURES: dict[type[exp.Expression], str] = {
+    exp.Sum: "sum",
+    exp.Avg: "mean",
+    exp.Variance: "variance",
+    exp.VariancePop: "variance",
+    exp.Stddev: "std",
+    exp.StddevSamp: "std",
+    exp.StddevPop: "std",
+}
+_COMPARISONS: dict[type[exp.Expression], str] = {
+    exp.EQ: "eq",
+    exp.NEQ: "ne",
+    exp.LT: "lt",
+    exp.LTE: "le",
+    exp.GT: "gt",
+    exp.GTE: "ge",
+}
+_CLAUSES = {
+    "joins": "join",
+    "having": "having",
+    "order": "order_by",
+    "limit": "limit",
+    "offset": "offset",
+    "distinct": "select",
+    "with_": "with",
+    "with": "with",
+    "qualify": "qualify",
+    "windows": "window",
+    "laterals": "from",
+    "pivots": "from",
+    "kind": "select",
+}
+_INTEGER = re.compile(r"^[0-9]+$")
+
+
+def _refuse(clause: str, reason: str) -> InvalidInput:
+    return InvalidInput(f"sql.{clause}", reason)
+
+
+def _column(node: exp.Expression | None, clause: str) -> str:
+    if not isinstance(node, exp.Column) or node.table:
+        shown = node.sql() if isinstance(node, exp.Expression) else "nothing"
+        raise _refuse(clause, f"expected a plain column name, got {shown[:60]!r}")
+    return str(node.name)
+
+
+def _literal(node: exp.Expression | None, clause: str) -> int | float | str:
+    negative = False
+    if isinstance(node, exp.Neg):
+        negative, node = True, node.this
+    if isinstance(node, exp.Paren):
+        return _literal(node.this, clause)
+    if not isinstance(node, exp.Literal):
+        shown = node.sql() if isinstance(node, exp.Expression) else "nothing"
+        raise _refuse(clause, f"expected a literal, got {shown[:60]!r}")
+    text = str(node.this)
+    if len(text) > MAX_LITERAL_CHARS:
+        raise _refuse(clause, f"a literal longer than {MAX_LITERAL_CHARS} characters")
+    if node.is_string:
+        if negative:
+            raise _refuse(clause, "a string cannot be negated")
+        return text
+    value: int | float = int(text) if _INTEGER.match(text) else float(text)
+    if isinstance(value, float) and not (value == value and abs(value) != float("inf")):
+        raise _refuse(clause, f"{text[:30]!r} is not a finite number")
+    return -value if negative else value
+
+
+def _conditions(node: exp.Expression) -> list[dict[str, Any]]:
+    if isinstance(node, exp.Paren):
+        return _conditions(node.this)
+    if isinstance(node, exp.And):
+        return _conditions(node.this) + _conditions(node.expression)
+    if isinstance(node, exp.Between):
+        column = _column(node.this, "where")
+        low, high = _literal(node.args.get("low"), "where"), _literal(node.args.get("high"), "where")
+        return [{"column": column, "op": "ge", "value": low}, {"column": column, "op": "le", "value": high}]
+    if isinstance(node, exp.In):
+        if node.args.get("query") is not None:
+            raise _refuse("where", "IN takes a list of literals, not a subquery")
+        values = [_literal(v, "where") for v in node.expressions]
+        return [{"column": _column(node.this, "where"), "op": "in", "value": values}]
+    op = _COMPARISONS.get(type(node))
+    if op is None:
+        kind = "OR" if isinstance(node, exp.Or) else "NOT" if isinstance(node, exp.Not) else node.key.upper()
+        raise _refuse("where", f"{kind} cannot be bounded: use col op literal, IN, BETWEEN joined by AND")
+    return [{"column": _column(node.this, "where"), "op": op, "value": _literal(node.expression, "where")}]
+
+
+def _quantile(node: exp.Expression) -> tuple[str, float] | None:
+    """(column, level) of a quantile aggregate, or None when ``node`` is not one."""
+    if isinstance(node, exp.Median):
+        return _column(node.this, "select"), 0.5
+    if isinstance(node, exp.Quantile):
+        return _column(node.this, "select"), float(_literal(node.args.get("quantile"), "select"))
+    if isinstance(node, exp.WithinGroup) and isinstance(node.this, exp.PercentileCont):
+        order = node.expression
+        if not isinstance(order, exp.Order) or len(order.expressions) != 1:
+            raise _refuse("select", "PERCENTILE_CONT needs WITHIN GROUP (ORDER BY one column)")
+        ordered = order.expressions[0]
+        if ordered.args.get("desc"):
+            raise _refuse("select", "PERCENTILE_CONT: ORDER BY … DESC is not supported")
+        return _column(ordered.this, "select"), float(_literal(node.this.this, "select"))
+    return None
+
+
+def _measure(node: exp.Expression) -> dict[str, Any] | None:
+    if isinstance(node, exp.Count):
+        if not isinstance(node.this, exp.Star) or node.args.get("distinct"):
+            raise _refuse("select", "only COUNT(*) is supported")
+        return {"kind": "count"}
+    kind = _MEASURES.get(type(node))
+    if kind is None:
+        return None
+    if node.args.get("distinct") or isinstance(node.this, exp.Distinct):
+        raise _refuse("select", "DISTINCT aggregates cannot be bounded")
+    return {"kind": kind, "column": _column(node.this, "select")}
+
+
+def translate(sql: str, dataset_id: str, body: SqlIn) -> SqlTranslation:
+    """The mechanism and params of one statement, or ``InvalidInput`` naming the clause it cannot bound."""
+    try:
+        statements = sqlglot.parse(sql)
+    except ParseError as exc:
+        raise _refuse("syntax", f"not valid SQL: {str(exc).splitlines()[0][:200]}") from None
+    if len(statements) != 1 or statements[0] is None:
+        raise _refuse("syntax", "exactly one statement is allowed")
+    tree = statements[0]
+    if not isinstance(tree, exp.Select):
+        raise _refuse("select", f"only SELECT is supported, not {tree.key.upper()}")
+    for arg, clause in _CLAUSES.items():
+        if tree.args.get(arg):
+            raise _refuse(
+                clause, f"{clause.replace('_', ' ').upper()} cannot be bounded from the public schema"
+            )
+    source = tree.args.get("from_") or tree.args.get("from")
+    if source is None or not isinstance(source.this, exp.Table) or source.this.args.get("db"):
+        raise _refuse("from", "FROM must name the dataset (its id, or `dataset`)")
+    if source.this.name not in (dataset_id, "dataset"):
+        raise _refuse("from", f"FROM must name this dataset ({dataset_id!r} or `dataset`)")
+    where_node = tree.args.get("where")
+    where = _conditions(where_node.this) if where_node is not None else []
+    group_node = tree.args.get("group")
+    group_by = [_column(g, "group_by") for g in group_node.expressions] if group_node is not None else []
+    measures: list[dict[str, Any]] = []
+    quantiles: list[tuple[str, float]] = []
+    for item in tree.expressions:
+        node = item.this if isinstance(item, exp.Alias) else item
+        if isinstance(node, exp.Column):
+            if _column(node, "select") not in group_by:
+                raise _refuse("select", f"column {node.name!r} outside an aggregate must be in GROUP BY")
+            continue
+        quantile = _quantile(node)
+        if quantile is not None:
+            quantiles.append(quantile)
+            continue
+        measure = _measure(node)
+        if measure is None:
+            raise _refuse("select", f"{node.sql()[:60]!r} is not a supported aggregate")
+        if measure not in measures:
+            measures.append(measure)
+    if quantiles and measures:
+        raise _refuse("select", "quantiles and other aggregates need two statements")
+    if quantiles:
+        return _quantile_params(quantiles, where, group_by, body)
+    if not measures:
+        raise _refuse("select", "no aggregate to release")
+    return _measures_params(measures, where, group_by, body)
+
+
+def _quantile_params(
+    quantiles: list[tuple[str, float]], where: list[dict[str, Any]], group_by: list[str], body: SqlIn
+) -> SqlTranslation:
+    if group_by:
+        raise _refuse("group_by", "quantiles per group are not supported")
+    columns = {c for c, _ in quantiles}
+    if len(columns) != 1:
+        raise _refuse("select", "all quantiles of one statement must be of the same column")
+    if body.noise != "laplace":
+        raise InvalidInput("noise", "quantiles use the exponential mechanism (pure ε): give epsilon")
+    if body.epsilon is None:
+        raise InvalidInput("epsilon", "required")
+    levels = list(dict.fromkeys(q for _, q in quantiles))
+    params: dict[str, Any] = {"column": columns.pop(), "quantiles": levels, "epsilon": float(body.epsilon)}
+    params["where"] = where
+    if body.candidates is not None:
+        params["candidates"] = body.candidates
+    return SqlTranslation(mechanism="quantile", params=params)
+
+
+def _measures_params(
+    measures: list[dict[str, Any]], where: list[dict[str, Any]], group_by: list[str], body: SqlIn
+) -> SqlTranslation:
+    params: dict[str, Any] = {"measures": measures, "group_by": group_by, "where": where}
+    if body.candidates is not None:
+        raise InvalidInput("candidates", "only for quantiles")
+    if body.noise == "gaussian":
+        if body.noise_multiplier is None:
+            raise InvalidInput("noise_multiplier", "required with noise gaussian")
+        return SqlTranslation(
+            mechanism="measures.gaussian", params={**params, "noise_multiplier": float(body.noise_multiplier)}
+        )
+    if body.epsilon is None:
+        raise InvalidInput("epsilon", "required")
+    return SqlTranslation(mechanism="measures.laplace", params={**params, "epsilon": float(body.epsilon)})
+
+
+@router.post(
+    "/v1/datasets/{dataset_id}/sql:translate",
+    operation_id="translateSql",
+    summary="The mechanism and params a SQL statement maps to (no charge, nothing is read)",
+)
+def translate_sql(dataset_id: str, body: SqlIn, session: SessionDep, who: AdminOrAnalyst) -> SqlTranslation:
+    translation = translate(body.sql, dataset_id, body)
+    lifecycle.dry_run(session, who, dataset_id, translation.mechanism, translation.params)  # validates
+    return translation
+
+
+@router.post(
+    "/v1/datasets/{dataset_id}/sql",
+    operation_id="submitSql",
+    summary="Answer one SQL SELECT with a DP release (same path and charge as /requests)",
+    responses={
+        202: {"description": "queued or still running; poll the Location after Retry-After seconds"},
+        409: problem_doc("refused"),
+        422: problem_doc("a clause that cannot be bounded (the field names it, e.g. sql.where)"),
+    },
+)
+def submit_sql(
+    dataset_id: str,
+    body: SqlIn,
+    runtime: RuntimeDep,
+    analyst: Analyst,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+    prefer: Prefer = None,
+) -> RequestOut:
+    translation = translate(body.sql, dataset_id, body)
+    request = RequestIn(mechanism=translation.mechanism, params=translation.params)
+    return requests_router.submit(
+        dataset_id=dataset_id,
+        body=request,
+        runtime=runtime,
+        analyst=analyst,
+        response=response,
+        idempotency_key=idempotency_key,
+        prefer=prefer,
+    )

@@ -1,0 +1,161 @@
+"""The writer's one-transaction path for cheap inline requests (admit + reserve, run, commit + release in
+one database transaction), on real databases: the same filter decisions, ledger and charges as the
+two-phase path, and never a release without its durable charge."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from mechanisms.accounting import UNITS_PER_EPSILON
+from mechanisms.base import Mechanism
+from service.auth import Principal, Role, create_key
+from service.datasets import TableCache, create_dataset, grant
+from service.errors import BudgetExhausted
+from service.filter import budget
+from service.filter.ledger import verify
+from service.runs import admission, writer
+from service.runs.worker import execute
+from service.store.models import DATASET_SCOPE, LedgerEntry
+from service.store.repositories import FilterRepository
+from tests.integration.helpers import CSV, SCHEMA
+
+COUNT = {"query": {"kind": "count"}, "epsilon": 0.1}
+
+
+@pytest.fixture
+def batcher(sessions: sessionmaker[Session]) -> Iterator[writer.WriteBatcher]:
+    batch_writer = writer.WriteBatcher(sessions)
+    yield batch_writer
+    batch_writer.stop()
+
+
+def analysts(sessions: sessionmaker[Session], data_dir: Path, count: int) -> tuple[str, list[Principal]]:
+    with sessions() as session, session.begin():
+        dataset = create_dataset(session, data_dir, "d", CSV, SCHEMA, "admin")
+        principals = []
+        for i in range(count):
+            name = f"t-{dataset.id}-{i}"
+            create_key(session, name, Role.analyst)
+            grant(session, dataset, name, "admin")
+            principals.append(Principal(name, Role.analyst))
+        budget.set_budget(session, dataset, DATASET_SCOPE, 1.0, 0.0, "admin")
+    return dataset.id, principals
+
+
+def inline(sessions: sessionmaker[Session], principal: Principal, dataset_id: str) -> admission.Validated:
+    with sessions() as session:
+        v = admission.validate(session, principal, dataset_id, "laplace", COUNT)
+    return admission.Validated(**{**v.__dict__, "inline": True})
+
+
+def real_run(v: admission.Validated, tables: TableCache) -> writer.RunFn:
+    assert isinstance(v.mechanism, Mechanism)
+    mechanism = v.mechanism
+    return lambda: execute(v.dataset, mechanism, v.params, v.context, tables, v.worst_case)
+
+
+def pure_totals(sessions: sessionmaker[Session], dataset_id: str) -> tuple[int, int]:
+    with sessions() as session:
+        flt = FilterRepository(session).get(dataset_id)
+        assert flt is not None
+        return flt.spent["finite"][-1], flt.reserved["finite"][-1]
+
+
+def entries(sessions: sessionmaker[Session], request_id: str) -> list[str]:
+    with sessions() as session:
+        rows = (
+            session.query(LedgerEntry).filter(LedgerEntry.request_id == request_id).order_by(LedgerEntry.seq)
+        )
+        return [row.event for row in rows]
+
+
+class TestOneTransaction:
+    def test_concurrent_requests_commit_exactly_what_fits_with_their_releases(
+        self, sessions: sessionmaker[Session], batcher: writer.WriteBatcher, tmp_path: Path
+    ) -> None:
+        dataset_id, principals = analysts(sessions, tmp_path, 30)
+        tables = TableCache(tmp_path)
+        validated = [inline(sessions, p, dataset_id) for p in principals]
+        barrier = threading.Barrier(len(principals))
+
+        def submit(i: int) -> Any:
+            barrier.wait()
+            try:
+                return batcher.admit_and_run(
+                    principals[i], validated[i], None, 300.0, real_run(validated[i], tables)
+                )
+            except BudgetExhausted as exc:
+                return exc
+
+        with ThreadPoolExecutor(len(principals)) as pool:
+            outcomes = list(pool.map(submit, range(len(principals))))
+        done = [request for request, created in (o for o in outcomes if not isinstance(o, BudgetExhausted))]
+        assert len(done) == 10  # ten charges of 0.1 fill the pure budget of 1.0 exactly
+        assert all(r.state == "committed" and r.release is not None for r in done)
+        assert batcher.batches < 30  # jobs really shared transactions
+        assert pure_totals(sessions, dataset_id) == (UNITS_PER_EPSILON, 0)
+        for request in done:  # the same two ledger entries as the two-phase path
+            assert entries(sessions, request.id) == ["reserve", "commit"]
+        with sessions() as session:
+            assert verify(session).problems == []
+
+    def test_a_release_that_cannot_be_stored_is_charged_its_worst_case_and_not_released(
+        self, sessions: sessionmaker[Session], batcher: writer.WriteBatcher, tmp_path: Path
+    ) -> None:
+        dataset_id, (principal,) = analysts(sessions, tmp_path, 1)
+        v = inline(sessions, principal, dataset_id)
+        request, created = batcher.admit_and_run(
+            principal, v, None, 300.0, lambda: (v.worst_case, {"value": math.nan}, None)
+        )
+        assert created
+        assert request.state == "failed_charged"
+        assert request.release is None
+        assert pure_totals(sessions, dataset_id) == (UNITS_PER_EPSILON // 10, 0)
+        with sessions() as session:
+            assert verify(session).problems == []
+
+    def test_a_failed_batch_drops_its_output_unseen_and_retries_on_the_two_phase_path(
+        self,
+        sessions: sessionmaker[Session],
+        batcher: writer.WriteBatcher,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        dataset_id, (principal,) = analysts(sessions, tmp_path, 1)
+        v = inline(sessions, principal, dataset_id)
+        tables = TableCache(tmp_path)
+        runs: list[Any] = []
+        run = real_run(v, tables)
+
+        def counted() -> Any:
+            runs.append(run())
+            return runs[-1]
+
+        original = writer.RequestBatch.write
+
+        def failing_write(self: writer.RequestBatch) -> None:
+            original(self)
+            raise RuntimeError("the database went away before the commit")
+
+        monkeypatch.setattr(writer.RequestBatch, "write", failing_write)
+        request, created = batcher.admit_and_run(principal, v, "key-1", 300.0, counted)
+        assert created
+        assert request.state == "committed"
+        assert len(runs) == 2  # the first draw was rolled back with its transaction and never returned
+        assert request.release == runs[1][1]
+        assert entries(sessions, request.id) == ["reserve", "commit"]  # nothing of the failed batch stayed
+        assert pure_totals(sessions, dataset_id) == (UNITS_PER_EPSILON // 10, 0)
+        replay, created_again = batcher.admit_and_run(principal, v, "key-1", 300.0, counted)
+        assert not created_again  # replayed, not re-run
+        assert replay.id == request.id
+        assert len(runs) == 2
+        with sessions() as session:
+            assert verify(session).problems == []
