@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -104,9 +105,8 @@ def laplace_nr_rates(grid_sensitivity: float, epsilons: Sequence[float]) -> list
     Non-decreasing in t (adjacent levels may coincide after flooring: their stay probability is then 1).
     ValueError when a level's scale D/n_t would exceed 2^40 grid units (ε too small for the sensitivity).
     """
-    sensitivity = Fraction(_check_sensitivity(grid_sensitivity, "grid l1"))
-    eps = _increasing_epsilons(epsilons)
-    rates = [math.floor(_charged(float(e)) * RATE_DENOMINATOR / sensitivity) for e in eps]
+    sensitivity = _check_sensitivity(grid_sensitivity, "grid l1")
+    rates = list(_level_rates(sensitivity, tuple(_increasing_epsilons(epsilons).tolist())))
     if rates[0] < MIN_RATE:
         raise ValueError(
             "the smallest ε is too small for this sensitivity (noise scale beyond 2^41 grid units)"
@@ -114,6 +114,13 @@ def laplace_nr_rates(grid_sensitivity: float, epsilons: Sequence[float]) -> list
     if rates[-1] >= 1 << 55:
         raise ValueError("the largest ε is too large for this sensitivity (ε/Δ_g must be < 128)")
     return rates
+
+
+@lru_cache(maxsize=256)
+def _level_rates(sensitivity: float, epsilons: tuple[float, ...]) -> tuple[int, ...]:
+    """⌊ε_t·D/Δ_g⌋ per level, exactly (public; cached: a grid of 1 000 levels is re-used every run)."""
+    exact = Fraction(sensitivity)
+    return tuple(math.floor(_charged(e) * RATE_DENOMINATOR / exact) for e in epsilons)
 
 
 def laplace_nr_scales(grid_sensitivity: float, epsilons: Sequence[float]) -> np.ndarray:
