@@ -8,15 +8,16 @@ Quantiles (median of age, 90th percentile of income), error = |released − true
 distance of q·n to the released value's rank interval [#{x < v}, #{x ≤ v}], in rows, ``--trials``
 releases per setting:
 
-* ``expost quantile``: this repository's mechanism (exact exponential mechanism over 1024 public candidates).
+* ``expost quantile``: this repository's mechanism (exact report-noisy-max with one-sided geometric noise
+  over 1024 public candidates: the exponential mechanism's ε and accuracy bound, data-independent work).
 * ``interval EM (Smith 2011)``: the exponential mechanism over the intervals between sorted data points,
   weight length × exp(−ε·|i − q·n|/2), a uniform point inside the chosen interval: the construction of
   Tumult Analytics' and diffprivlib's quantile (re-implemented here in floating point for the comparison; it
   is not a release path of this service).
 * ``candidate EM + Gumbel``: the same candidates and score as ours, selected by report-noisy-max with
   floating-point Gumbel noise (the shape of OpenDP's ``make_quantile_score_candidates`` +
-  ``make_report_noisy_max_gumbel``): the same law up to floating point, so its accuracy is the reference
-  our exact sampler must match.
+  ``make_report_noisy_max_gumbel``): the exponential mechanism's law up to floating point, the reference
+  our selection must match (report-noisy-max with exponential noise is never worse in expectation).
 
 Reference number (literature): the exponential mechanism's utility theorem (McSherry and Talwar 2007):
 with probability ≥ 1 − β the released candidate's rank error is ≤ best + 2·ln(K/β)/ε (K = 1024, β = 0.05).

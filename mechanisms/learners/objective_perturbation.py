@@ -310,7 +310,10 @@ class ObjPertConfig:
         """
         n_bound = max(n, self.max_rows) if self.max_rows is not None else n
         return StoppingBounds(
-            n_bound=n_bound, row_norm=self.row_norm, lam=self.lam, tau=self.tau,
+            n_bound=n_bound,
+            row_norm=self.row_norm,
+            lam=self.lam,
+            tau=self.tau,
             b_bound=noise_norm_bound(self.sigma, d),
         )
 
@@ -474,7 +477,10 @@ def solve_to_tolerance(
     elif largest > row_norm * (1.0 + ROW_NORM_TOLERANCE):
         raise ValueError("every row must have ℓ2 norm ≤ row_norm (clip rows first)")
     bounds = StoppingBounds(
-        n_bound=max(n, n_bound) if n_bound is not None else n, row_norm=row_norm, lam=lam, tau=tau,
+        n_bound=max(n, n_bound) if n_bound is not None else n,
+        row_norm=row_norm,
+        lam=lam,
+        tau=tau,
         b_bound=b_bound,
     )
     theta = np.zeros(d)
@@ -516,7 +522,10 @@ class ObjPertFit:
 
 
 def fit_objpert(
-    x: np.ndarray, y: np.ndarray, config: ObjPertConfig, noise: Noise,
+    x: np.ndarray,
+    y: np.ndarray,
+    config: ObjPertConfig,
+    noise: Noise,
     progress: ProgressFn = no_progress,
 ) -> ObjPertFit:
     """Alg 7 (C = L) on grids: b = γ_b·Z_b (exact discrete Gaussian, drawn once before the data is read),
@@ -540,8 +549,16 @@ def fit_objpert(
     out_units = output_noise_units(config.tau, config.lam, config.sigma, config.output_sigma)
     output_noise = discrete_gaussian_std(noise, out_units, d)
     theta = solve_to_tolerance(
-        x, y, config.lam, b, config.tau, config.max_iterations, progress,
-        row_norm=config.row_norm, n_bound=bounds.n_bound, b_bound=bounds.b_bound,
+        x,
+        y,
+        config.lam,
+        b,
+        config.tau,
+        config.max_iterations,
+        progress,
+        row_norm=config.row_norm,
+        n_bound=bounds.n_bound,
+        b_bound=bounds.b_bound,
     )
     # θ̃ is clamped to the public box |θ_j| ≤ 2^51·γ_o (a projection: 1-Lipschitz, so the sensitivity given θ^P
     # is unchanged; it only matters for absurd τ/λ), so rounding never fails on any data; the integer release
@@ -578,28 +595,41 @@ class ObjPertLogisticParams(FeatureSpec):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     regularization: StrictFloat = Field(
-        gt=0, le=1e9, allow_inf_nan=False,
+        gt=0,
+        le=1e9,
+        allow_inf_nan=False,
         description="λ of (λ/2)‖θ‖² on the sum-scale objective; must exceed β = row_norm²/4",
     )
     sigma: StrictFloat = Field(
         gt=0, le=1e9, allow_inf_nan=False, description="standard deviation σ of the objective noise b"
     )
     tolerance: StrictFloat = Field(
-        default=1e-6, gt=0, le=1e3, allow_inf_nan=False,
+        default=1e-6,
+        gt=0,
+        le=1e3,
+        allow_inf_nan=False,
         description="τ: the solver stops when the exact full gradient norm is ≤ 0.99τ; must be ≥ the public "
         "minimum (10× the float64 rounding slack at the public bounds, see the mechanism page)",
     )
     max_rows: StrictInt | None = Field(
-        default=None, ge=1, le=10**9,
+        default=None,
+        ge=1,
+        le=10**9,
         description="add_remove datasets only (required there): a public upper bound on the number of rows, "
         "used for the solver's rounding slack",
     )
     output_sigma: StrictFloat | None = Field(
-        default=None, gt=0, le=1e9, allow_inf_nan=False,
+        default=None,
+        gt=0,
+        le=1e9,
+        allow_inf_nan=False,
         description="σ_out of the output noise (default 1000·τ/λ)",
     )
     row_norm: StrictFloat = Field(
-        default=1.0, ge=1e-6, le=1e3, allow_inf_nan=False,
+        default=1.0,
+        ge=1e-6,
+        le=1e3,
+        allow_inf_nan=False,
         description="R: each design-matrix row (intercept included) is clipped to ℓ2 norm ≤ R",
     )
     report: ReportKind = Field(
@@ -608,16 +638,34 @@ class ObjPertLogisticParams(FeatureSpec):
         "Hessian, Gaussian charge)",
     )
     report_rho: StrictFloat = Field(
-        default=1e-6, gt=0, le=0.5, allow_inf_nan=False,
+        default=1e-6,
+        gt=0,
+        le=0.5,
+        allow_inf_nan=False,
         description="ρ: each reported per-instance bound holds with probability ≥ 1 − ρ",
     )
     report_gradient_sigma: StrictFloat | None = Field(
-        default=None, gt=0, le=1e9, allow_inf_nan=False,
+        default=None,
+        gt=0,
+        le=1e9,
+        allow_inf_nan=False,
         description="σ₂ of the noisy gradient (data_dependent report only)",
     )
     report_hessian_sigma: StrictFloat | None = Field(
-        default=None, gt=0, le=1e9, allow_inf_nan=False,
+        default=None,
+        gt=0,
+        le=1e9,
+        allow_inf_nan=False,
         description="σ₃ of the GOE noise on the Hessian (data_dependent report only)",
+    )
+    report_lambda_min_sigma: StrictFloat | None = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        allow_inf_nan=False,
+        description="σ₄: releases λ_min of the Hessian with Gaussian noise of this std and uses the adaptive "
+        "report (Redberg's Alg 8/9), which works for any λ (no λ ≥ 2σ₃τ_GOE requirement); data_dependent "
+        "report only, charged as one more Gaussian release",
     )
 
     @model_validator(mode="after")
@@ -628,8 +676,11 @@ class ObjPertLogisticParams(FeatureSpec):
         given = (self.report_gradient_sigma is not None, self.report_hessian_sigma is not None)
         if dependent and not all(given):
             raise ValueError("report=data_dependent needs report_gradient_sigma and report_hessian_sigma")
-        if not dependent and any(given):
-            raise ValueError("report_gradient_sigma/report_hessian_sigma only apply to data_dependent")
+        if not dependent and (any(given) or self.report_lambda_min_sigma is not None):
+            raise ValueError(
+                "report_gradient_sigma/report_hessian_sigma/report_lambda_min_sigma only apply to "
+                "data_dependent"
+            )
         return self
 
     def config(self, neighboring: Neighboring, n_rows: int | None = None) -> ObjPertConfig:
@@ -670,5 +721,3 @@ def round_up_shown(value: float, digits: int = 3) -> float:
     scale = 10.0 ** (math.floor(math.log10(value)) - digits + 1)
     shown = float(f"{math.ceil(value / scale) * scale:.{digits}g}")
     return shown if shown >= value else math.nextafter(value, math.inf)
-
-

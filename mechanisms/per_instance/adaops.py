@@ -1,25 +1,31 @@
 """AdaOPS for ridge regression (Wang 2019, Alg 1, corrected: note seed_002 §3.5 and errata 1–7), with
 publishable per-instance reports. Proofs: docs/privacy.md §13, docs/mechanisms/per_instance_ridge.md.
 
-1. λ̃ = 2^−10·(m* + Y): m* = ⌈λ_min(XᵀX)/2^−10⌉ − 1 certified by exact elimination (it moves by ≤ 1024 units
-   between neighbours, Weyl with ‖x‖ ≤ 1), Y ~ N_Z(0, t²) with the smallest integer t (from the analytic
-   Gaussian σ up) whose **exact** discrete-Gaussian profile (Canonne–Kamath–Steinke 2020, Thm 7) meets
-   (ε₁, δ₁).
-2. Margin m = 1 + 2^−10·k₃ with P(Y > k₃) ≤ δ₃ (exact tail); h = n̄/(dκ); λ_n = max(λ_floor, h − λ̃ + m).
-   On the good event {Y·2^−10 ≤ m − 1} (probability ≥ 1 − δ₃ under every data set) the smaller data set of
-   any neighbouring pair has λ_min(H) ≥ h, so μ ≤ μ̄ = 1/h and |r| ≤ R = 1 + sqrt(2dκ) (Lemma A.1).
-3. γ from B(μ̄, R; γ, δ_post) = ε_post (B is the certified OPS bound, monotone in μ, |r|, γ); replace-one goes
-   through the data set minus the row (2 steps: (2e, (1 + e^e)δ)).
+1. W = (λ̃, ñ). λ̃ = 2^−10·(m* + Y): m* = ⌈λ_min(XᵀX)/2^−10⌉ − 1 certified by exact elimination (it moves
+   by ≤ 1024 units between neighbours, Weyl with ‖x‖ ≤ 1), Y ~ N_Z(0, t²) with the smallest integer t (from
+   the analytic Gaussian σ up) whose **exact** discrete-Gaussian profile (Canonne–Kamath–Steinke 2020,
+   Thm 7) meets (ε_λ, δ_λ). Under add/remove the row count is private: ñ = n + Y_n, Y_n ~ N_Z(0, t_n²)
+   calibrated the same way to (ε_n, δ_n) at shift 1 (ε_λ + ε_n = ε₁); under replace-one n is public.
+2. Margin m = 1 + 2^−10·k₃ with P(Y > k₃) ≤ δ₃ (exact tail); n_hi = max(ñ + k₄, n_floor) with
+   P(Y_n < −k₄) ≤ δ₄ (n_hi = n under replace-one); h = n_hi/(dκ); λ_n = max(λ_floor, h − λ̃ + m). On the good
+   event {Y·2^−10 ≤ m − 1, Y_n ≥ −k₄} (probability ≥ 1 − δ₃ − δ₄ under every data set) the smaller data set
+   S of any neighbouring pair has λ_min(H) ≥ h and n_S ≤ n_hi, so μ ≤ μ̄ = 1/h and |r| ≤ R = 1 + √(2dκ)
+   (Lemma A.1). No branch reads the private n.
+3. γ from B(μ̄, R; γ, δ_post) = ε_post (B is the certified OPS bound, monotone in μ, |r|, γ): a function of
+   the public plan and W; replace-one goes through the data set minus the row (2 steps: (2e, (1 + e^e)δ)).
+   n_floor (public) keeps ½log(1 + μ̄) + μ̄·log(1/δ) ≤ ε_post/2, so γ always exists: no ⊥.
 4. θ̃ ~ N(θ̂, H⁻¹/γ) drawn exactly as ``mechanisms.ptr.ops_linear`` does (discrete Gaussians coupled to the
    continuous ones, exact rationals, output on a public grid; the discretisation costs (ε_out, δ_out)).
-Guarantee (Theorem GEN-PTR of docs/privacy.md §11.4 with W = λ̃, δ′ = δ₃): (ε₁ + ε₂, δ₁ + δ₂ + δ₃)-DP,
-admitted through the δ-ledger (approximate-DP path). With ``report = "data_dependent"`` a GOE-noised Gram
-matrix is released as well and charged (ε_rep, δ_rep) on top.
+Guarantee (Theorem GEN-PTR of docs/privacy.md §11.4 with W = (λ̃, ñ), δ′ = δ₃ + δ₄):
+(ε₁ + ε₂, δ_λ + δ_n + δ₂ + δ₃ + δ₄)-DP = the declared (ε, δ), admitted through the δ-ledger
+(approximate-DP path). With ``report = "data_dependent"`` a GOE-noised Gram matrix is released as well and
+charged (ε_rep, δ_rep) on top.
 
 Reports (``evaluate_report``) are functions of the release, the public parameters and the caller's own
 record only: post-processing, charged 0. They bound, with probability ≥ 1 − ρ over the mechanism's noise,
-the ex-post per-instance loss of the record (both the λ̃ release and the OPS step) and its (ε, δ₂)-pDP in the
-OPS step, as a member (pair (Z_{-i}, z_i)) and as an outsider (pair (Z, [Z, z])).
+the ex-post per-instance loss of the record (the λ̃ and ñ releases and the OPS step) and its (ε, δ₂)-pDP
+in the OPS step including the output discretisation, as a member (pair (Z_{-i}, z_i)) and as an outsider
+(pair (Z, [Z, z])).
 """
 
 from __future__ import annotations
@@ -54,7 +60,8 @@ from mechanisms.ptr.protocol import ApproximateBase
 MAX_DIMENSION = 32
 LAMBDA_BITS = 10  # λ̃ on the grid 2^−10
 LAMBDA_SHIFT = 1 << LAMBDA_BITS  # λ_min moves by ≤ 1 = 1024 units between neighbours
-REPORT_EVENTS = 4  # λ̃ margin, residual, output noise, λ̃ noise (public report); +1 GOE (data-dependent)
+REPORT_EVENTS = 4  # λ̃ margin, residual, output noise, λ̃ noise (public report); +1 ñ noise, +1 GOE
+COUNT_SHARE = 0.2  # add/remove: share of ε₁ spent on the noisy row count ñ
 _PAD = 1.0 + 1e-12
 Neighbouring = Literal["replace_one", "add_remove"]
 
@@ -77,10 +84,17 @@ class AdaOpsRidgeParams(BaseModel):
         gt=0, le=1e9, allow_inf_nan=False, description="κ: largest acceptable condition number (h = n̄/(dκ))"
     )
     max_rows: StrictInt | None = Field(
-        default=None, ge=1, le=10**9, description="public bound n̄ on the row count (add_remove datasets only)"
+        default=None,
+        ge=1,
+        le=10**9,
+        description="not accepted: the row count is public (replace_one) or released with noise (add_remove)",
     )
     lambda_share: StrictFloat = Field(
-        default=0.5, gt=0, lt=1, allow_inf_nan=False, description="share ε₁/ε of ε spent on releasing λ_min"
+        default=0.5,
+        gt=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="share ε₁/ε of ε spent on releasing λ_min (and, add_remove, the row count)",
     )
     min_lambda: StrictFloat = Field(
         default=1.0, gt=0, le=1e9, allow_inf_nan=False, description="floor of the adaptive ridge λ_n"
@@ -175,23 +189,32 @@ class AdaOpsPlan:
     """Everything public about one call (a function of the parameters and the public context only)."""
 
     dim: int
-    n_bound: int
+    kappa: float
+    rows_public: int | None  # n under replace_one; None under add_remove (n is private)
+    rows_floor: int  # n_floor: the public lower end of n_hi (add_remove); = n under replace_one
     neighbouring: Neighbouring
     eps_lambda: float
+    eps_count: float
     eps_ops: float
     eps_post: float
     eps_out: float
     delta_lambda: float
+    delta_count: float
     delta_ops: float
     delta_post: float
     delta_out: float
     delta_event: float
+    delta_count_event: float
     lambda_std_units: int  # t: std of Y in units of 2^−10
+    count_std: int  # t_n: std of Y_n (0 under replace_one: no count released)
+    count_quantile: int  # k₄ with P(Y_n < −k₄) ≤ δ₄
     margin: float  # m = 1 + 2^−10·k₃
-    threshold: float  # h = n̄/(dκ)
+    gamma_target: float  # the per-add/remove-step target of B (ε_post, or ε_post/2 under replace_one)
+    gamma_delta: float  # δ₀ of that target
+    threshold: float  # h = n_hi/(dκ) at n_hi = rows_floor (the largest μ̄: the worst case)
     mu_bar: float
     r_bar: float
-    gamma: float  # γ_B (per add/remove step target for replace_one)
+    gamma: float  # γ_B at n_hi = rows_floor
     min_lambda: float
     report_epsilon: float
     report_delta: float
@@ -207,11 +230,18 @@ class AdaOpsPlan:
 
     @property
     def epsilon(self) -> float:
-        return self.eps_lambda + self.eps_ops + self.report_epsilon
+        return self.eps_lambda + self.eps_count + self.eps_ops + self.report_epsilon
 
     @property
     def delta(self) -> float:
-        return self.delta_lambda + self.delta_ops + self.delta_event + self.report_delta
+        return (
+            self.delta_lambda
+            + self.delta_count
+            + self.delta_ops
+            + self.delta_event
+            + self.delta_count_event
+            + self.report_delta
+        )
 
     def public(self) -> dict[str, Any]:
         return {
@@ -222,11 +252,21 @@ class AdaOpsPlan:
             "mu_bar": self.mu_bar,
             "residual_bar": self.r_bar,
             "gamma": self.gamma,
-            "epsilon_split": {"lambda": self.eps_lambda, "ops": self.eps_ops, "report": self.report_epsilon},
+            "row_count_noise_std": self.count_std,
+            "row_count_margin": self.count_quantile,
+            "rows_floor": self.rows_floor,
+            "epsilon_split": {
+                "lambda": self.eps_lambda,
+                "row_count": self.eps_count,
+                "ops": self.eps_ops,
+                "report": self.report_epsilon,
+            },
             "delta_split": {
                 "lambda": self.delta_lambda,
+                "row_count": self.delta_count,
                 "ops": self.delta_ops,
                 "good_event": self.delta_event,
+                "row_count_event": self.delta_count_event,
                 "report": self.report_delta,
             },
         }
@@ -248,20 +288,57 @@ def solve_gamma(mu_bar: float, r_bar: float, target: float, delta: float) -> flo
     return gamma
 
 
-def public_row_bound(p: AdaOpsRidgeParams, ctx: PublicContext) -> int:
-    """n̄: the dataset's n under replace_one (public there), the declared ``max_rows`` under add_remove."""
+def public_rows(p: AdaOpsRidgeParams, ctx: PublicContext) -> int | None:
+    """The dataset's n under replace_one (public there); None under add_remove (n is private: the mechanism
+    releases a noisy count instead). ``max_rows`` is refused: a declared bound would have to be checked
+    against the private n, and any branch on that check leaks it."""
+    if p.max_rows is not None:
+        raise ParamsError(
+            "max_rows",
+            "not accepted: the row count is public on replace_one datasets and released with noise on "
+            "add_remove datasets",
+        )
     if ctx.schema.neighboring == "replace_one":
-        if p.max_rows is not None:
-            raise ParamsError(
-                "max_rows", "only for add_remove datasets (the row count is public under replace_one)"
-            )
         assert ctx.n_rows is not None
         return ctx.n_rows
-    if p.max_rows is None:
-        raise ParamsError(
-            "max_rows", "required on add_remove datasets: a public upper bound on the row count"
-        )
-    return p.max_rows
+    return None
+
+
+def ops_calibration(
+    kappa: float, dim: int, rows_upper: int, target: float, delta0: float
+) -> tuple[float, float, float, float | None]:
+    """(h, μ̄, R, γ) for an upper bound ``rows_upper`` on the smaller set's n: h = n_hi/(dκ) rounded down,
+    μ̄ = 1/h and R = 1 + √(2n_hi/h) rounded up, γ from B(μ̄, R; γ, δ₀) = target (None: infeasible)."""
+    h = _down(rows_upper / (dim * kappa))
+    mu_bar = _up(1.0 / h)
+    r_bar = _up(1.0 + math.sqrt(_up(2.0 * rows_upper / h)))
+    return h, mu_bar, r_bar, solve_gamma(mu_bar, r_bar, target, delta0)
+
+
+def rows_floor(kappa: float, dim: int, target: float, delta0: float) -> int:
+    """n_floor: the smallest N with ½log(1 + μ̄) + μ̄·log(1/δ₀) ≤ target/2 at μ̄ = μ̄(N) (so half the
+    target is left for the residual term and γ exists). Public; any n_hi ≥ n_floor is sound (larger only
+    adds ridge)."""
+    ld = math.log(1.0 / delta0)
+
+    def fixed(mu: float) -> float:
+        return 0.5 * math.log1p(mu) + mu * ld
+
+    lo, hi = 0.0, target / 2.0 / ld  # fixed(hi) ≥ target/2
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if fixed(mid) <= target / 2.0 else (lo, mid)
+    n = max(1, math.ceil(dim * kappa / lo)) if lo > 0 else 1
+    while True:
+        _, mu_bar, _, gamma = ops_calibration(kappa, dim, n, target, delta0)
+        if gamma is not None and fixed(mu_bar) <= target / 2.0:
+            return n
+        n = max(n + 1, math.ceil(n * 1.0001))
+
+
+def rows_upper(pl: AdaOpsPlan, rows_noisy: int) -> int:
+    """n_hi = max(ñ + k₄, n_floor) (post-processing of ñ); ≥ n_X except with probability ≤ δ₄."""
+    return max(rows_noisy + pl.count_quantile, pl.rows_floor)
 
 
 def gram_grid(sigma: float, d: int) -> Grid:
@@ -286,12 +363,21 @@ def report_charge(p: AdaOpsRidgeParams, d: int, neighbouring: Neighbouring) -> t
     return _up(rho + 2.0 * math.sqrt(rho * math.log(1.0 / p.report_delta))), float(p.report_delta)
 
 
-def plan(p: AdaOpsRidgeParams, dim: int, n_bound: int, neighbouring: Neighbouring) -> AdaOpsPlan:
-    eps_lambda = p.epsilon * p.lambda_share
-    eps_ops = p.epsilon - eps_lambda
-    delta_lambda = p.delta / 3.0
-    delta_event = p.delta / 3.0
-    delta_ops = p.delta - delta_lambda - delta_event
+def plan(p: AdaOpsRidgeParams, dim: int, rows: int | None, neighbouring: Neighbouring) -> AdaOpsPlan:
+    """The public plan. ``rows``: n under replace_one (public), None under add_remove."""
+    if (rows is None) != (neighbouring == "add_remove"):
+        raise ValueError("rows must be given exactly for replace_one")
+    eps_w = p.epsilon * p.lambda_share
+    eps_ops = p.epsilon - eps_w
+    if neighbouring == "add_remove":
+        eps_count = eps_w * COUNT_SHARE
+        eps_lambda = eps_w - eps_count
+        delta_lambda = delta_count = delta_event = delta_count_event = p.delta / 5.0
+    else:
+        eps_count, eps_lambda = 0.0, eps_w
+        delta_lambda = delta_event = p.delta / 3.0
+        delta_count = delta_count_event = 0.0
+    delta_ops = p.delta - delta_lambda - delta_count - delta_event - delta_count_event
     delta_out = delta_ops / 1024.0
     eps_out = output_step_cost(dim, delta_out)
     eps_post = _down(eps_ops - eps_out)
@@ -301,15 +387,18 @@ def plan(p: AdaOpsRidgeParams, dim: int, n_bound: int, neighbouring: Neighbourin
     t = discrete_gaussian_std_for(LAMBDA_SHIFT, eps_lambda, delta_lambda)
     k3 = discrete_gaussian_quantile(t, delta_event)
     margin = _up(1.0 + k3 * math.ldexp(1.0, -LAMBDA_BITS))
-    h = _down(n_bound / (dim * p.kappa))
-    mu_bar = _up(1.0 / h)
-    r_bar = _up(1.0 + math.sqrt(_up(2.0 * n_bound / h)))
     if neighbouring == "add_remove":
         target, d0 = eps_post, delta_post
+        t_n = discrete_gaussian_std_for(1, eps_count, delta_count)
+        k4 = discrete_gaussian_quantile(t_n, delta_count_event)  # symmetric: P(Y_n < −k₄) ≤ δ₄
+        floor = rows_floor(p.kappa, dim, target, d0)
     else:  # two add/remove steps through the data set minus the row: (2e, (1 + e^e)δ₀)
         target = eps_post / 2.0
         d0 = delta_post / (1.0 + math.exp(target)) / _PAD
-    gamma = solve_gamma(mu_bar, r_bar, target, d0)
+        t_n, k4 = 0, 0
+        assert rows is not None
+        floor = rows
+    h, mu_bar, r_bar, gamma = ops_calibration(p.kappa, dim, floor, target, d0)
     if gamma is None:
         raise ParamsError(
             "kappa", "too large for this ε: need ε_ops > ½log(1+dκ/n̄) + (dκ/n̄)·log(1/δ) (lower κ or raise ε)"
@@ -317,19 +406,28 @@ def plan(p: AdaOpsRidgeParams, dim: int, n_bound: int, neighbouring: Neighbourin
     rep_eps, rep_delta = report_charge(p, dim, neighbouring)
     return AdaOpsPlan(
         dim=dim,
-        n_bound=n_bound,
+        kappa=p.kappa,
+        rows_public=rows,
+        rows_floor=floor,
         neighbouring=neighbouring,
         eps_lambda=eps_lambda,
+        eps_count=eps_count,
         eps_ops=eps_ops,
         eps_post=eps_post,
         eps_out=eps_out,
         delta_lambda=delta_lambda,
+        delta_count=delta_count,
         delta_ops=delta_ops,
         delta_post=delta_post,
         delta_out=delta_out,
         delta_event=delta_event,
+        delta_count_event=delta_count_event,
         lambda_std_units=t,
+        count_std=t_n,
+        count_quantile=k4,
         margin=margin,
+        gamma_target=target,
+        gamma_delta=d0,
         threshold=h,
         mu_bar=mu_bar,
         r_bar=r_bar,
@@ -341,9 +439,27 @@ def plan(p: AdaOpsRidgeParams, dim: int, n_bound: int, neighbouring: Neighbourin
     )
 
 
-def adaptive_lambda(pl: AdaOpsPlan, lambda_noisy: float) -> float:
-    """λ_n = max(λ_floor, h − λ̃ + m) (post-processing of λ̃)."""
-    return max(pl.min_lambda, pl.threshold - lambda_noisy + pl.margin)
+def calibrate(pl: AdaOpsPlan, n_hi: int) -> tuple[float, float, float]:
+    """(h, μ̄, γ) at n_hi (post-processing of W; n_hi ≥ n_floor so γ exists)."""
+    if n_hi < pl.rows_floor:
+        raise ValueError("n_hi below the public floor")
+    h, mu_bar, _, gamma = ops_calibration(pl.kappa, pl.dim, n_hi, pl.gamma_target, pl.gamma_delta)
+    assert gamma is not None  # n_hi ≥ n_floor: the floor's γ exists and B is monotone in μ̄
+    return h, mu_bar, gamma
+
+
+def adaptive_lambda(pl: AdaOpsPlan, lambda_noisy: float, threshold: float | None = None) -> float:
+    """λ_n = max(λ_floor, h − λ̃ + m) (post-processing of W; h = the plan's unless given)."""
+    h = pl.threshold if threshold is None else threshold
+    return max(pl.min_lambda, h - lambda_noisy + pl.margin)
+
+
+def sample_scale(gamma: float) -> Fraction:
+    """s ≥ 1/√γ dyadic (γ_eff = 1/s² ≤ γ: the covariance H⁻¹s² only grows)."""
+    s = dyadic_scale_up(_up(1.0 / math.sqrt(gamma)))
+    while float(1 / (s * s)) > gamma:
+        s = s * Fraction(1025, 1024)
+    return s
 
 
 def _output_std(dim: int) -> int:
@@ -382,7 +498,7 @@ class AdaOpsRidge(ApproximateBase[AdaOpsRidgeParams]):
 
     def plan_for(self, p: AdaOpsRidgeParams, ctx: PublicContext) -> AdaOpsPlan:
         d = dimension(p.features, ctx)
-        return plan(p, d, public_row_bound(p, ctx), ctx.schema.neighboring)
+        return plan(p, d, public_rows(p, ctx), ctx.schema.neighboring)
 
     def check(self, p: AdaOpsRidgeParams, ctx: PublicContext) -> None:
         check_features(p.features, ctx, "regression", "features")
@@ -422,7 +538,8 @@ def _exact_gram(
 def adaops_release(
     pl: AdaOpsPlan, x: np.ndarray, y: np.ndarray, noise: Noise, *, drop_margin: bool = False
 ) -> dict[str, Any]:
-    """Corrected Alg 1. ``drop_margin`` (tests only: the broken variant an audit must catch) uses m = 0."""
+    """Corrected Alg 1 with W = (λ̃, ñ). ``drop_margin`` (tests only: the broken variant an audit must catch)
+    uses m = 0. Never ⊥ and no branch on the private n: n enters only through ñ (add/remove)."""
     n, d = x.shape
     out: dict[str, Any] = {"released": False, "coefficients": None, **pl.public()}
     xi, gram, xty, g = _exact_gram(x, y)
@@ -432,18 +549,22 @@ def adaops_release(
     lam_units = units + int(discrete_gaussian_std(noise, pl.lambda_std_units, 1)[0])
     lambda_noisy = float(lam_units * step)
     out["lambda_min_noisy"] = lambda_noisy
-    if n > pl.n_bound:  # the declared public bound is false: no OPS step (documented condition)
-        return out
+    if pl.count_std > 0:  # add/remove: ñ = n + N_Z(0, t_n²); n_hi from ñ only
+        rows_noisy = n + int(discrete_gaussian_std(noise, pl.count_std, 1)[0])
+        n_hi = rows_upper(pl, rows_noisy)
+        out["rows_noisy"] = rows_noisy
+    else:  # replace-one: n is public
+        n_hi = pl.rows_floor
+    h, mu_bar, gamma = calibrate(pl, n_hi)
+    out.update(rows_upper=n_hi, threshold_h=h, mu_bar=mu_bar, gamma_target=gamma)
     margin = 0.0 if drop_margin else pl.margin
-    lam_n = max(pl.min_lambda, pl.threshold - lambda_noisy + margin)
+    lam_n = max(pl.min_lambda, h - lambda_noisy + margin)
     root = dyadic_scale_up(math.sqrt(lam_n))
     while root * root < Fraction(lam_n):
         root += Fraction(1, root.denominator)
     lam_eff = root * root
     hess = [[gram[i][j] + (lam_eff if i == j else 0) for j in range(d)] for i in range(d)]
-    s = dyadic_scale_up(_up(1.0 / math.sqrt(pl.gamma)))
-    while float(1 / (s * s)) > pl.gamma:
-        s = s * Fraction(1025, 1024)
+    s = sample_scale(gamma)
     coefficients, granularity = _posterior_sample(xi, g, gram, xty, hess, root, s, noise)
     out.update(
         released=True,
@@ -546,7 +667,8 @@ def evaluate_report(
     x = quantise(x, grid) * grid
     y = quantise(y, grid) * grid
     data_dep = "gram" in release
-    events = REPORT_EVENTS + (1 if data_dep else 0)
+    counted = pl.count_std > 0
+    events = REPORT_EVENTS + (1 if data_dep else 0) + (1 if counted else 0)
     beta = rho / events
     gamma = float(release["gamma"])
     lam = float(release["lambda"])
@@ -592,14 +714,19 @@ def evaluate_report(
     k4 = 0.0 if drop_margins else float(discrete_gaussian_quantile(t, beta / 2.0))
     v = np.ceil(sq * LAMBDA_SHIFT)
     lam_loss = (v * v + 2.0 * v * k4) / (2.0 * float(t) * float(t))
-    delta_ops = pl.delta_post
+    # (6, add/remove) the ñ release: shift 1, loss |(1 ± 2Y_n)/(2t_n²)|, |Y_n| ≤ k_β.
+    if counted:
+        k6 = 0.0 if drop_margins else float(discrete_gaussian_quantile(pl.count_std, beta / 2.0))
+        lam_loss = lam_loss + (1.0 + 2.0 * k6) / (2.0 * float(pl.count_std) ** 2)
+    # the output discretisation step: (ε_out, δ_out) by composition (docs/privacy.md §11.4, §13.3)
+    eps_out = 0.0 if drop_margins else pl.eps_out
 
     def side(mu: np.ndarray, r: np.ndarray) -> dict[str, np.ndarray]:
         neg_c = 0.5 * np.log1p(mu) + gamma * r * r / (2.0 * (1.0 + mu))
         ops_loss = np.maximum(0.5 * gamma * s_hat * s_hat, neg_c)
         return {
-            "ex_post": lam_loss + ops_loss,
-            "pdp_epsilon": ops_bound(gamma, mu, r, delta_ops),
+            "ex_post": lam_loss + ops_loss + eps_out,
+            "pdp_epsilon": ops_bound(gamma, mu, r, pl.delta_post) + eps_out,
             "mu_upper": mu,
             "residual_upper": r,
         }
@@ -612,7 +739,7 @@ def evaluate_report(
                 "member": {k: float(v[i]) for k, v in mem.items()},
                 "outsider": {k: float(v[i]) for k, v in outs.items()},
                 "confidence": 1.0 - rho,
-                "pdp_delta": delta_ops,
+                "pdp_delta": pl.delta_ops,  # δ_post + δ_out
                 "lambda_release_loss": float(lam_loss[i]),
             }
         )

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import ParamsChecked, ParamsError, ProgressFn, PublicContext, Release, Table, no_progress
-from mechanisms.learners.features import check_features, design_matrix, dimension
+from mechanisms.learners.features import check_features, column_names, design_matrix, dimension
 from mechanisms.learners.objective_perturbation import (
     ObjPertLogisticParams,
     effective_tolerance,
@@ -29,6 +29,9 @@ from mechanisms.noise import Noise
 from mechanisms.per_instance.reports import (
     data_dependent_requirements,
     data_dependent_statistics,
+    is_adaptive,
+    lower_lambda,
+    range_requirement,
     report_curve,
     report_metadata,
 )
@@ -64,12 +67,17 @@ class ObjPertLogistic(ParamsChecked):
             reason = data_dependent_requirements(p, d)
             if reason is not None:
                 raise ParamsError("report_hessian_sigma", reason)
+            out_of_range = range_requirement(p, d, n_bound)
+            if out_of_range is not None:
+                raise ParamsError(*out_of_range)
 
     def worst_case(self, p: ObjPertLogisticParams, ctx: PublicContext) -> RdpCurve:
         config = p.config(ctx.schema.neighboring)
         curve = objpert_curve(config, ctx.orders)
         if p.report == "data_dependent":
-            curve = curve + report_curve(p, ctx.schema.neighboring, ctx.orders, dimension(p, ctx))
+            curve = curve + report_curve(
+                p, ctx.schema.neighboring, ctx.orders, dimension(p, ctx), public_row_bound(p, ctx)
+            )
         return curve
 
     def run(
@@ -90,6 +98,7 @@ class ObjPertLogistic(ParamsChecked):
         fit = fit_objpert(x, y, config, noise, progress)
         output: dict[str, Any] = {
             "theta": [float(v) for v in fit.released],
+            "columns": column_names(p, ctx),  # public: the design matrix's columns, in theta's order
             "loss": "logistic",
             "regularization": p.regularization,
             "sigma": p.sigma,
@@ -107,9 +116,14 @@ class ObjPertLogistic(ParamsChecked):
             "beta": config.beta,
         }
         if p.report != "none":
-            output["report"] = report_metadata(p, fit.released.shape[0])
+            output["report"] = report_metadata(p, fit.released.shape[0], public_row_bound(p, ctx))
         if p.report == "data_dependent":
-            output["report"].update(data_dependent_statistics(p, x, y, fit, noise))
+            output["report"].update(
+                data_dependent_statistics(p, x, y, fit, noise, n_bound=public_row_bound(p, ctx))
+            )
+            if is_adaptive(p):
+                # Alg 9's λ_lo: post-processing of the released λ̂_min and public constants
+                output["report"]["lambda_lo"] = lower_lambda(p, output["report"])
         progress(1.0)
         # realized = worst case by theorem, not by comparison: the RDP bound of approximate objective
         # perturbation (Redberg, Koskela, Wang 2023, Theorem 4.3.2 of Redberg's thesis) and the report's

@@ -97,6 +97,17 @@ from mechanisms.noise.learners import discrete_gaussian_std
 PUBLIC_EVENTS = 3
 #: ball, b, e along x, GOE norm, w, e along ĝ's shift, GOE along Ĥ's shift
 DATA_DEPENDENT_EVENTS = 7
+#: the adaptive report (Alg 8/9) adds two: the lower confidence bound on λ_min(H) and λ̂_min's own loss
+ADAPTIVE_EVENTS = 9
+#: LAPACK's symmetric eigensolver is backward stable: the computed eigenvalues are exact for H + F with
+#: ‖F‖ ≤ c·d·eps·‖H‖; c = 8 is a generous constant (docs/privacy.md §8.4.6)
+EIGEN_BACKWARD_CONSTANT = 8.0
+_EPS = float(np.finfo(np.float64).eps)
+
+
+def one_sided_z(rho: float) -> float:
+    """√(2 log(1/ρ)) ≥ Φ⁻¹(1 − ρ): P(X > z) ≤ ρ for every 1-subgaussian X (one-sided)."""
+    return max(float(stats.norm.isf(rho)), math.sqrt(2.0 * math.log(1.0 / rho)))
 
 
 def two_sided_z(rho: float) -> float:
@@ -119,17 +130,59 @@ def ball_radius(tau: float, lam: float, sigma_out: float, d: int, rho_ball: floa
     return tau / lam + rounding + sigma_out * math.sqrt(2.0 * d + 4.0 * math.log(1.0 / rho_ball))
 
 
-def _events(kind: str) -> int:
-    return DATA_DEPENDENT_EVENTS if kind == "data_dependent" else PUBLIC_EVENTS
+def is_adaptive(p: ObjPertLogisticParams) -> bool:
+    """The adaptive data-dependent report (Alg 8/9 of Redberg 2023): λ̂_min is released too."""
+    return p.report == "data_dependent" and p.report_lambda_min_sigma is not None
+
+
+def _events(p: ObjPertLogisticParams) -> int:
+    if is_adaptive(p):
+        return ADAPTIVE_EVENTS
+    return DATA_DEPENDENT_EVENTS if p.report == "data_dependent" else PUBLIC_EVENTS
 
 
 def data_dependent_requirements(p: ObjPertLogisticParams, d: int) -> str | None:
-    """Prop A.5.1 needs λ_min(H) ≥ 2σ₃τ_GOE; H ⪰ λI, so λ ≥ 2σ₃τ_GOE is required (public check)."""
+    """Prop A.5.1 needs λ_min(H) ≥ 2σ₃τ_GOE; H ⪰ λI, so λ ≥ 2σ₃τ_GOE is required (public check) — unless
+    the adaptive report is asked for (σ₄ given): its regularized estimator (Prop A.3.2) holds for any λ."""
     assert p.report_hessian_sigma is not None
+    if is_adaptive(p):
+        return None
     tau_goe = goe_norm_bound(d, p.report_rho / DATA_DEPENDENT_EVENTS)
     needed = 2.0 * p.report_hessian_sigma * tau_goe
     if p.regularization < needed:
         return f"needs regularization ≥ 2·σ₃·τ_GOE = {needed:.6g} (lower σ₃ or raise λ)"
+    return None
+
+
+def hessian_entry_bound(p: ObjPertLogisticParams, n_bound: int) -> float:
+    """B ≥ |H_jk| and ≥ λ_min(H) for H = Σ_i f''(x_iᵀout)x_ix_iᵀ + λI on ≤ n̄ rows of norm ≤ R (public):
+    |H_jk| ≤ Σ_i f''‖x_i‖² + λ ≤ n̄β + λ, padded for the float sum (n̄·eps ≤ 2.3·10⁻⁷ for n̄ ≤ 10⁹)."""
+    beta = p.row_norm**2 / 4.0
+    return math.nextafter((p.regularization + n_bound * beta) * (1.0 + 1e-6), math.inf)
+
+
+def range_requirement(p: ObjPertLogisticParams, d: int, n_bound: int) -> tuple[str, str] | None:
+    """(field, reason) if the data-dependent statistics could leave their grids' exact range (|units| < 2^50
+    before the noise) on some dataset with ≤ n̄ rows: a public refusal instead of a data-dependent failure.
+    At run time the statistics are also clamped to ±B (1-Lipschitz, so the sensitivities are unchanged and the
+    run never fails on data, even with more rows than declared)."""
+    if p.report != "data_dependent":
+        return None
+    bound = hessian_entry_bound(p, n_bound)
+    _grid_g, grid_h = statistics_grids(p, d)
+    limit = 2.0**50
+    if bound / grid_h.granularity >= limit:
+        return (
+            "report_hessian_sigma",
+            f"too small for the Hessian's range at these public bounds (λ + n̄·R²/4 = {bound:.6g} must be "
+            f"< 2^50 grid steps of {grid_h.granularity:.3g}); raise σ₃ or lower max_rows",
+        )
+    if is_adaptive(p) and bound / lambda_min_grid(p).granularity >= limit:
+        return (
+            "report_lambda_min_sigma",
+            f"too small for λ_min's range at these public bounds (λ + n̄·R²/4 = {bound:.6g} must be < 2^50 "
+            f"grid steps of {lambda_min_grid(p).granularity:.3g}); raise σ₄ or lower max_rows",
+        )
     return None
 
 
@@ -141,12 +194,54 @@ def report_sensitivities(p: ObjPertLogisticParams, neighboring: Neighboring) -> 
     return lipschitz + 2.0 * p.tolerance, beta / math.sqrt(2.0)
 
 
+def eigen_float_error(p: ObjPertLogisticParams, d: int, n_bound: int) -> float:
+    """A bound on |computed λ_min(H) − exact λ_min(H)| for H = Σ_i f''(x_iᵀout)x_ix_iᵀ + λI on ≤ n̄ rows of
+    norm ≤ R (public): the float sum of n̄ rank-one terms has entrywise error ≤ γ_{n̄+3}Σ_i w_i|x_ij||x_ik|,
+    so a Frobenius (hence spectral) error ≤ (n̄+3)·eps·n̄β(1 + 1e-6); the eigensolver adds
+    c·d·eps·‖H‖ ≤ c·d·eps·(n̄β + λ) (backward stability, Weyl). Doubled for safety."""
+    beta = p.row_norm**2 / 4.0
+    assembly = (n_bound + 3.0) * _EPS * n_bound * beta * (1.0 + 1e-6)
+    solver = EIGEN_BACKWARD_CONSTANT * d * _EPS * (n_bound * beta + p.regularization)
+    return math.nextafter(2.0 * (assembly + solver), math.inf)
+
+
+def lambda_min_sensitivity(p: ObjPertLogisticParams, d: int, n_bound: int) -> float:
+    """ℓ2 (= absolute) sensitivity of the computed λ_min(H(out)) given the released out: the neighbours'
+    Hessians differ by f''(xᵀout)xxᵀ (add/remove) or by A − B with A, B ⪰ 0 of norm ≤ β (replace-one), so
+    by Weyl λ_min moves by ≤ β = R²/4 either way (rows clipped to R up to a relative 10⁻¹², hence the pad);
+    plus the float error of both computations. The clamp to [0, B] at run time is 1-Lipschitz."""
+    beta = p.row_norm**2 / 4.0 * (1.0 + 3e-12)
+    return math.nextafter(beta + 2.0 * eigen_float_error(p, d, n_bound), math.inf)
+
+
+def lambda_min_grid(p: ObjPertLogisticParams) -> Grid:
+    """γ_λ: the largest power of two ≤ σ₄·2^−20 (the release λ̂_min is a multiple of γ_λ)."""
+    assert p.report_lambda_min_sigma is not None
+    return Grid(math.frexp(p.report_lambda_min_sigma * 2.0**-20)[1] - 1)
+
+
+def lambda_min_margin(p: ObjPertLogisticParams, d: int, n_bound: int) -> float:
+    """λ̂_min − λ_min(H) ≤ margin with probability ≥ 1 − ρ/9: t_λγ_λ·z₁ (discrete Gaussian, 1-subgaussian
+    after scaling, one-sided) + γ_λ/2 (rounding) + the float error of the computed λ_min."""
+    grid = lambda_min_grid(p)
+    assert p.report_lambda_min_sigma is not None
+    std = _units(p.report_lambda_min_sigma, grid) * grid.granularity
+    rho_i = p.report_rho / ADAPTIVE_EVENTS
+    margin = std * one_sided_z(rho_i) + grid.granularity / 2.0 + eigen_float_error(p, d, n_bound)
+    return math.nextafter(margin * (1.0 + 1e-12), math.inf)
+
+
 def report_curve(
-    p: ObjPertLogisticParams, neighboring: Neighboring, orders: Sequence[float], d: int | None = None
+    p: ObjPertLogisticParams,
+    neighboring: Neighboring,
+    orders: Sequence[float],
+    d: int | None = None,
+    n_bound: int | None = None,
 ) -> RdpCurve:
     """Discrete Gaussian RDP of the data-dependent report on its grids (CKS 2020):
-    α(Δ_g,units²/(2t_g²) + Δ_H,units²/(2t_H²)), Δ_units = Δ/γ + √(coordinates) (``grid_l2_sensitivity``).
-    ``d`` (public, the design matrix's width) is required for the rounding term (ValueError if None)."""
+    α(Δ_g,units²/(2t_g²) + Δ_H,units²/(2t_H²) [+ Δ_λ,units²/(2t_λ²)]), Δ_units = Δ/γ + √(coordinates)
+    (``grid_l2_sensitivity``). ``d`` (public, the design matrix's width) is required for the rounding term
+    (ValueError if None); ``n_bound`` (the public row bound n̄) for the adaptive report's λ̂_min term."""
     assert p.report_gradient_sigma is not None
     assert p.report_hessian_sigma is not None
     if d is None:
@@ -158,23 +253,35 @@ def report_curve(
     t_g = float(_units(p.report_gradient_sigma, grid_g))
     t_h = float(_units(p.report_hessian_sigma, grid_h))
     per_alpha = g_units**2 / (2.0 * t_g**2) + h_units**2 / (2.0 * t_h**2)
+    if is_adaptive(p):
+        assert p.report_lambda_min_sigma is not None
+        if n_bound is None:
+            raise ValueError("the adaptive report's charge needs the public row bound n̄ (float error term)")
+        grid_l = lambda_min_grid(p)
+        l_units = grid_l2_sensitivity(lambda_min_sensitivity(p, d, n_bound), 1, grid_l, False)
+        t_l = float(_units(p.report_lambda_min_sigma, grid_l))
+        per_alpha += l_units**2 / (2.0 * t_l**2)
     values = np.asarray(orders, dtype=np.float64) * per_alpha
     padded = tuple(math.nextafter(float(v) * (1.0 + 1e-12), math.inf) for v in values)
     return RdpCurve(tuple(orders), padded)
 
 
-def report_metadata(p: ObjPertLogisticParams, d: int) -> dict[str, Any]:
-    """The public constants of the reporting function (functions of the parameters only)."""
+def report_metadata(p: ObjPertLogisticParams, d: int, n_bound: int | None = None) -> dict[str, Any]:
+    """The public constants of the reporting function (functions of the parameters only); ``n_bound`` (the
+    public row bound) is needed for the adaptive report's λ_min margin."""
 
-    events = _events(p.report)
+    events = _events(p)
     rho_i = p.report_rho / events
-    nominal = p.output_sigma if p.output_sigma is not None else OUTPUT_NOISE_FACTOR * p.tolerance / (
-        p.regularization
+    nominal = (
+        p.output_sigma
+        if p.output_sigma is not None
+        else OUTPUT_NOISE_FACTOR * p.tolerance / (p.regularization)
     )
     tau = effective_tolerance(p.tolerance, p.sigma)
-    sigma_out = output_noise_units(p.tolerance, p.regularization, p.sigma, nominal) * output_grid(
-        p.tolerance, p.regularization, p.sigma, nominal
-    ).granularity
+    sigma_out = (
+        output_noise_units(p.tolerance, p.regularization, p.sigma, nominal)
+        * output_grid(p.tolerance, p.regularization, p.sigma, nominal).granularity
+    )
     meta: dict[str, Any] = {
         "kind": p.report,
         "rho": p.report_rho,
@@ -189,6 +296,16 @@ def report_metadata(p: ObjPertLogisticParams, d: int) -> dict[str, Any]:
         meta["gradient_sigma"] = p.report_gradient_sigma
         meta["hessian_sigma"] = p.report_hessian_sigma
         meta["tau_goe"] = goe_norm_bound(d, rho_i)
+    if is_adaptive(p):
+        if n_bound is None:
+            raise ValueError("the adaptive report needs the public row bound n̄")
+        meta["estimator"] = "adaptive (Alg 8/9): standard and regularized, whichever applies and is smaller"
+        meta["lambda_min_sigma"] = p.report_lambda_min_sigma
+        meta["lambda_min_margin"] = lambda_min_margin(p, d, n_bound)
+        # λ̂_min's mean moves by ≤ f''(xᵀout)‖x‖² + 2·float error, + one grid step of rounding
+        meta["lambda_min_shift_extra"] = math.nextafter(
+            lambda_min_grid(p).granularity + 2.0 * eigen_float_error(p, d, n_bound), math.inf
+        )
     return meta
 
 
@@ -207,15 +324,26 @@ def _units(sigma: float, grid: Grid) -> int:
 
 
 def data_dependent_statistics(
-    p: ObjPertLogisticParams, x: np.ndarray, y: np.ndarray, fit: ObjPertFit, noise: Noise
+    p: ObjPertLogisticParams,
+    x: np.ndarray,
+    y: np.ndarray,
+    fit: ObjPertFit,
+    noise: Noise,
+    n_bound: int | None = None,
 ) -> dict[str, Any]:
     """ĝ = ∇J(θ̃; D) and Ĥ = ∇²J(out; D) released on public grids with exact discrete Gaussian noise:
     ĝ = γ_g(round(∇J/γ_g) + Z), Z ~ N_Z(0, t_g²)^d; Ĥ through its GOE vector u = [H_ii/√2, H_ij (i<j)]:
     û = γ_H(round(u/γ_H) + Z′), Z′ ~ N_Z(0, t_H²) i.i.d., and Ĥ_ii = √2·û_i, Ĥ_ij = û_ij (post-processing).
-    t_g = ⌈σ₂/γ_g⌉, t_H = ⌈σ₃/γ_H⌉ (standard deviations ≥ σ₂, σ₃)."""
+    t_g = ⌈σ₂/γ_g⌉, t_H = ⌈σ₃/γ_H⌉ (standard deviations ≥ σ₂, σ₃). The GOE vector and λ_min are clamped to
+    the public range ±B (``hessian_entry_bound``; inactive on every dataset with ≤ n̄ rows, 1-Lipschitz always)
+    so rounding never fails on data. ``n_bound`` is the public row bound n̄ (default: ``max_rows``, else the
+    row count, which is public under replace_one)."""
     assert p.report_gradient_sigma is not None
     assert p.report_hessian_sigma is not None
     d = x.shape[1]
+    if n_bound is None:
+        n_bound = p.max_rows if p.max_rows is not None else x.shape[0]
+    entry_bound = hessian_entry_bound(p, n_bound)
     grid_g, grid_h = statistics_grids(p, d)
     theta = fit.approx_minimizer
     gradient = x.T @ logistic_d1(x @ theta, y) + p.regularization * theta
@@ -225,14 +353,26 @@ def data_dependent_statistics(
     w = logistic_d2(x @ fit.released)
     hessian = (x * w[:, None]).T @ x + p.regularization * np.eye(d)
     upper = np.triu_indices(d, 1)
-    vector = np.concatenate([np.diag(hessian) / math.sqrt(2.0), hessian[upper]])
+    vector = np.clip(
+        np.concatenate([np.diag(hessian) / math.sqrt(2.0), hessian[upper]]), -entry_bound, entry_bound
+    )
     units = _units(p.report_hessian_sigma, grid_h)
     v_hat = grid_h.from_units(grid_h.to_units(vector) + discrete_gaussian_std(noise, units, vector.size))
     h_hat = np.zeros((d, d))
     h_hat[upper] = v_hat[d:]
     h_hat = h_hat + h_hat.T
     h_hat[np.diag_indices(d)] = v_hat[:d] * math.sqrt(2.0)
+    extra: dict[str, Any] = {}
+    if is_adaptive(p):
+        # Alg 8: λ̂_min = γ_λ(round(λ_min(H)/γ_λ) + Z), Z ~ N_Z(0, t_λ²), H = ∇²J(out; D) as for Ĥ
+        assert p.report_lambda_min_sigma is not None
+        grid_l = lambda_min_grid(p)
+        smallest = np.clip(linalg.eigvalsh(hessian, subset_by_index=[0, 0])[:1], 0.0, entry_bound)
+        l_noise = discrete_gaussian_std(noise, _units(p.report_lambda_min_sigma, grid_l), 1)
+        extra["lambda_min"] = float(grid_l.from_units(grid_l.to_units(smallest) + l_noise)[0])
+        extra["lambda_min_grid"] = grid_l.describe()
     return {
+        **extra,
         "gradient": [float(v) for v in g_hat],
         "gradient_grid": grid_g.describe(),
         "hessian": [[float(v) for v in row] for row in h_hat],
@@ -242,6 +382,43 @@ def data_dependent_statistics(
             "note": "hessian_vector = [diag/√2, upper triangle] is on the grid; hessian is post-processing",
         },
     }
+
+
+def lower_lambda(p: ObjPertLogisticParams, report: dict[str, Any]) -> float:
+    """λ_lo = max(λ, λ̂_min − margin) (Alg 9, with λ_lo in the numerators as in the proof of Prop A.3.2;
+    the algorithm box's λ̂_min is an erratum): a post-processing of the release."""
+    return max(p.regularization, float(report["lambda_min"]) - float(report["lambda_min_margin"]))
+
+
+def _quadratic(matrix: np.ndarray, x: np.ndarray) -> np.ndarray | None:
+    """xᵢᵀ M⁻¹ xᵢ per row by Cholesky, or None if M is not positive definite."""
+    try:
+        factor = linalg.cholesky(np.asarray(matrix, dtype=np.float64), lower=True)
+    except linalg.LinAlgError:
+        return None
+    solved = linalg.solve_triangular(factor, x.T, lower=True)
+    result: np.ndarray = np.sum(solved * solved, axis=0)
+    return result
+
+
+def adaptive_leverage(h_hat: np.ndarray, x: np.ndarray, lambda_lo: float, spectral: float) -> np.ndarray:
+    """An upper bound on xᵀH⁻¹x for every row x, valid whenever λ_min(H) ≥ λ_lo > 0 and ‖Ĥ − H‖ ≤ s
+    (``spectral`` = σ₃τ_GOE) — Prop A.3.2 of Redberg 2023, re-proved in docs/privacy.md §8.4.6:
+    * always: ‖x‖²/λ_lo, and (regularized) ((λ_lo + 2s)/λ_lo)·xᵀ(Ĥ + sI)⁻¹x, since
+      H ⪯ Ĥ + sI ⪯ (1 + 2s/λ_lo)H;
+    * if λ_lo ≥ 2s (standard): ((λ_lo + s)/λ_lo)·xᵀĤ⁻¹x, since (1 − s/λ_lo)H ⪯ Ĥ ⪯ (1 + s/λ_lo)H.
+    The minimum of the valid ones. A Cholesky failure means the event failed; that branch is skipped."""
+    x = np.atleast_2d(np.asarray(x, dtype=np.float64))
+    d = x.shape[1]
+    bound: np.ndarray = np.sum(x * x, axis=1) / lambda_lo
+    regularized = _quadratic(np.asarray(h_hat) + spectral * np.eye(d), x)
+    if regularized is not None:
+        bound = np.minimum(bound, (1.0 + 2.0 * spectral / lambda_lo) * regularized)
+    if lambda_lo >= 2.0 * spectral:
+        standard = _quadratic(np.asarray(h_hat), x)
+        if standard is not None:
+            bound = np.minimum(bound, (1.0 + spectral / lambda_lo) * standard)
+    return bound
 
 
 def _sup_d2(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -278,6 +455,11 @@ def ex_post_terms(
     sigma_h: float | None = None,
     z_g: float | None = None,
     z_h: float | None = None,
+    lambda_lo: float | None = None,
+    spectral: float | None = None,
+    sigma_l: float | None = None,
+    lambda_shift_extra: float = 0.0,
+    z_l: float | None = None,
 ) -> dict[str, np.ndarray]:
     """The terms of the reported bound for rows ``x`` (m×d, already clipped) and labels ``y`` (±1).
 
@@ -291,6 +473,11 @@ def ex_post_terms(
       (Ĥ is evaluated at the released out) has norm Δ_H/√2, Δ_H = f''(xᵀout)‖x‖²:
       Δ_H²/(4σ₃²) + Δ_H·z_h/(√2σ₃).
     ``z_g``, ``z_h`` default to ``z_e``.
+
+    Adaptive report (Alg 9; ``lambda_lo`` = λ_lo from the released λ̂_min, ``spectral`` = σ₃τ_GOE, ``sigma_l``
+    = σ₄): the leverage uses ``adaptive_leverage`` (any λ) instead of Prop A.5.1's 1.5·xᵀĤ⁻¹x, and λ̂_min's
+    own Gaussian loss is added: shift Δ_λ = f''(xᵀout)‖x‖² (Weyl) + ``lambda_shift_extra`` (rounding and
+    float error), Δ_λ²/(2σ₄²) + Δ_λ·z_l/σ₄.
     """
     x = np.atleast_2d(np.asarray(x, dtype=np.float64))
     y = np.asarray(y, dtype=np.float64).reshape(-1)
@@ -301,7 +488,13 @@ def ex_post_terms(
     f2 = _sup_d2(lo, hi)
     f1 = _sup_abs_d1(lo, hi, y)
     mu_bar = norms**2 / lam
-    if h_hat is not None:
+    if h_hat is not None and lambda_lo is not None:
+        if spectral is None:
+            raise ValueError("the adaptive report needs the GOE spectral bound σ₃τ_GOE")
+        # H(θ^P) ⪰ e^{−Rr}H(out) (self-concordance, as below) and H(θ^P) ⪰ λI
+        adaptive = adaptive_leverage(np.asarray(h_hat, dtype=np.float64), x, lambda_lo, spectral)
+        mu_bar = np.minimum(math.exp(row_norm * radius) * adaptive, mu_bar)
+    elif h_hat is not None:
         try:
             factor = linalg.cholesky(np.asarray(h_hat, dtype=np.float64), lower=True)
             solved = linalg.solve_triangular(factor, x.T, lower=True)
@@ -333,20 +526,33 @@ def ex_post_terms(
         shift_h = logistic_d2(u0) * norms**2
         zh = z_e if z_h is None else z_h
         report_hessian = shift_h**2 / (4.0 * sigma_h**2) + shift_h * zh / (math.sqrt(2.0) * sigma_h)
-    total = leverage + fit + gradient + output + report_gradient + report_hessian
-    return {
+    report_lambda = np.zeros_like(norms)
+    if lambda_lo is not None:
+        if sigma_l is None:
+            raise ValueError("a released λ̂_min needs its noise scale sigma_l (its loss is part of the bound)")
+        shift_l = logistic_d2(u0) * norms**2 + lambda_shift_extra
+        zl = z_e if z_l is None else z_l
+        report_lambda = shift_l**2 / (2.0 * sigma_l**2) + shift_l * zl / sigma_l
+    total = leverage + fit + gradient + output + report_gradient + report_hessian + report_lambda
+    terms = {
         "leverage": leverage,
         "fit": fit,
         "gradient": gradient,
         "output": output,
         "report_gradient": report_gradient,
         "report_hessian": report_hessian,
-        "total": total,
     }
+    if lambda_lo is not None:
+        terms["report_lambda_min"] = report_lambda
+    return {**terms, "total": total}
 
 
 def personalized_rdp(
-    norms: np.ndarray, p: ObjPertLogisticParams, sigma_out: float, orders: Sequence[float]
+    norms: np.ndarray,
+    p: ObjPertLogisticParams,
+    sigma_out: float,
+    orders: Sequence[float],
+    lambda_shift_extra: float = 0.0,
 ) -> list[RdpCurve]:
     """ρ_z(α) per record (docs/privacy.md §8.4.5, derived; add/remove): the bound with L_z = ‖x‖, β_z =
     ‖x‖²/4.
@@ -370,6 +576,12 @@ def personalized_rdp(
             (norm + 2.0 * p.tolerance) ** 2 / (2.0 * p.report_gradient_sigma**2)
             + (norm**2 / 4.0) ** 2 / (4.0 * p.report_hessian_sigma**2)
         )
+    if is_adaptive(p):
+        assert p.report_lambda_min_sigma is not None
+        # λ̂_min for z: its mean moves by ≤ f''‖x‖² ≤ ‖x‖²/4 (Weyl; Thm A.3.1 of Redberg 2023) plus the
+        # release's rounding and float error (``lambda_shift_extra``, stored with the release)
+        shift_l = norm**2 / 4.0 + lambda_shift_extra
+        values = values + alphas * shift_l**2 / (2.0 * p.report_lambda_min_sigma**2)
     padded = np.nextafter(values * (1.0 + 1e-12) + 1e-15, np.inf)
     return [RdpCurve(tuple(orders), tuple(float(v) for v in row)) for row in padded]
 
@@ -392,31 +604,60 @@ def evaluate_report(
     sigma_out = float(output["output_sigma"])
     z = float(report["z"])
     dependent = report["kind"] == "data_dependent"
+    adaptive = dependent and "lambda_min" in report
+    adaptive_args: dict[str, Any] = {}
+    if adaptive:
+        adaptive_args = {
+            "lambda_lo": lower_lambda(p, report),
+            "spectral": float(report["hessian_sigma"]) * float(report["tau_goe"]),
+            "sigma_l": float(report["lambda_min_sigma"]),
+            "lambda_shift_extra": float(report["lambda_min_shift_extra"]),
+            "z_l": z,
+        }
     terms = ex_post_terms(
-        theta, x, y,
-        lam=p.regularization, sigma=p.sigma, z_b=z, radius=float(report["radius"]), row_norm=p.row_norm,
-        tau=p.tolerance, sigma_out=sigma_out, z_out=z,
+        theta,
+        x,
+        y,
+        lam=p.regularization,
+        sigma=p.sigma,
+        z_b=z,
+        radius=float(report["radius"]),
+        row_norm=p.row_norm,
+        tau=p.tolerance,
+        sigma_out=sigma_out,
+        z_out=z,
         h_hat=np.asarray(report["hessian"]) if dependent else None,
         g_hat=np.asarray(report["gradient"]) if dependent else None,
-        sigma_g=p.report_gradient_sigma, z_e=z, sigma_h=p.report_hessian_sigma,
+        sigma_g=p.report_gradient_sigma,
+        z_e=z,
+        sigma_h=p.report_hessian_sigma,
+        **adaptive_args,
     )
-    curves = personalized_rdp(np.linalg.norm(np.atleast_2d(x), axis=1), p, sigma_out, orders)
+    curves = personalized_rdp(
+        np.linalg.norm(np.atleast_2d(x), axis=1),
+        p,
+        sigma_out,
+        orders,
+        float(report["lambda_min_shift_extra"]) if adaptive else 0.0,
+    )
     # each event was given ρ/events at release; releases made before ĝ and Ĥ got their own events (5 events)
     # use the same z for the two new ones, so the union bound is over DATA_DEPENDENT_EVENTS events of ρ/events
-    stored_events = int(report.get("events", _events(p.report)))
-    used_events = DATA_DEPENDENT_EVENTS if dependent else PUBLIC_EVENTS
+    stored_events = int(report.get("events", _events(p)))
+    used_events = ADAPTIVE_EVENTS if adaptive else DATA_DEPENDENT_EVENTS if dependent else PUBLIC_EVENTS
     if stored_events >= used_events:
         confidence = 1.0 - p.report_rho
     else:
         confidence = 1.0 - p.report_rho * used_events / stored_events
     results = []
     for i, curve in enumerate(curves):
-        results.append({
-            "ex_post_epsilon_upper": float(terms["total"][i]),
-            "confidence": confidence,
-            "terms": {k: float(v[i]) for k, v in terms.items() if k != "total"},
-            "personalized_rdp": curve.as_dict(),
-        })
+        results.append(
+            {
+                "ex_post_epsilon_upper": float(terms["total"][i]),
+                "confidence": confidence,
+                "terms": {k: float(v[i]) for k, v in terms.items() if k != "total"},
+                "personalized_rdp": curve.as_dict(),
+            }
+        )
     return results
 
 

@@ -400,6 +400,8 @@ def evaluate_blocks(
     n_cells = math.prod(len(c.values) for c in columns)
     mask = selection(CountQuery(kind="count", where=p.where), ctx, table)
     n_rows = int(mask.size)
+    if ctx.n_rows is not None and ctx.n_rows != n_rows:  # the free count / public N must be the public n
+        raise ValueError("the table does not have the public row count")
     cell = cell_index(columns, table, n_rows)[mask]
     units = [block_units(plan, row_values(plan.block, table, n_rows)[mask], cell, n_cells) for plan in plans]
     return units, columns

@@ -1,4 +1,5 @@
-"""Quantiles and medians by the exponential mechanism over a public candidate grid (pure ε).
+"""Quantiles and medians by report-noisy-max over a public candidate grid (pure ε; the exponential
+mechanism's guarantee and accuracy bound, with data-independent work).
 
 Construction (docs/mechanisms/analytics.md, docs/privacy.md "Analytics"):
 
@@ -12,18 +13,24 @@ Construction (docs/mechanisms/analytics.md, docs/privacy.md "Analytics"):
   changes its value and/or leaves/enters the selection; add-remove: one selected row more or less) the count
   moves by at most 1 and q·n by at most max(q, 1 − q) in a way that never adds to it, so |Δs(c)| ≤ 1 for
   every c (proof in docs/privacy.md).
-* **Selection**: P(c) ∝ exp(−ε_q·s(c)/2) (McSherry and Talwar 2007), sampled **exactly** by rejection:
-  propose a uniform candidate (``Noise.uniform_below``) and accept it with probability exp(−ε_q·(s(c) −
-  min s)/2), decided by an exact lazy comparison of a uniform real with an integer enclosure of the
-  exponential (``mechanisms.noise.tuning.bernoulli_exp_neg_table``). The first accepted proposal has exactly
-  the exponential mechanism's law; no floating-point weight or Gumbel variate is ever used.
+* **Selection** (report noisy max with one-sided geometric noise; the discrete counterpart of
+  permute-and-flip / report-noisy-max with exponential noise): every candidate c gets an independent
+  G_c ≥ 0 with P(G_c ≥ m) = e^{−r·m} exactly (``mechanisms.noise.reduction.geometric_rates``),
+  r = ⌊(ε_q/2)·2^48⌋/2^48 ≤ ε_q/2, and the release is argmax_c (G_c − s(c)), ties to the lowest index,
+  compared exactly (the scores share one fractional part: ``selection_keys``). The noise is drawn
+  independently of the data, always K draws per quantile: the selection's work does not depend on the data
+  (a rejection sampler's round count would depend on the scores).
 
-Privacy: with |Δs| ≤ 1 the selection is ε_q-DP. Several quantiles split ε equally (ε_q = ε/k, rational), and
-their independent selections compose to Σ ε_q = ε (basic composition of pure DP). Charge:
-``RdpCurve.pure_product`` of the per-quantile ε_q, capped at ε; ex-post = worst case (every outcome).
+Privacy (docs/privacy.md §12, Lemma Q2′): fix c and every other G_j. c wins iff G_c ≥ a(D), an integer
+threshold built from max_{j≠c}(G_j − s_j) + s_c; with |Δs| ≤ 1 per candidate a(D′) ≤ a(D) + 2, and
+P(G ≥ a + 2) ≥ e^{−2r}·P(G ≥ a) for the one-sided geometric law, so
+P_D′(c) ≥ e^{−2r}·P_D(c) ≥ e^{−ε_q}·P_D(c).
+Several quantiles split ε equally (ε_q = ε/k, rational), and their independent selections compose to
+Σ ε_q = ε (basic composition of pure DP). Charge: ``RdpCurve.pure_product`` of the per-quantile ε_q, capped at
+ε; ex-post = worst case (every outcome).
 
-Timing: the number of rejection rounds depends on the scores (as every exact sampler's run time depends on
-its secret draw); docs/mechanisms/analytics.md states this limit.
+Accuracy: the winner's score exceeds the best one by at most max_c G_c < ln(K/β)/r with probability ≥ 1 − β
+(``rank_error_bound``), the exponential mechanism's bound 2·ln(K/β)/ε_q.
 """
 
 from __future__ import annotations
@@ -41,13 +48,11 @@ from mechanisms.accounting import RdpCurve
 from mechanisms.base import ParamsChecked, ParamsError, PublicContext, Release, Table
 from mechanisms.data.schema import CategoricalColumn, FloatColumn, IntColumn
 from mechanisms.noise import Noise, float_up
-from mechanisms.noise.tuning import bernoulli_exp_neg_table
+from mechanisms.noise.reduction import RATE_DENOMINATOR, geometric_rates
 from mechanisms.queries.language import CountQuery, Where, charged_fraction, check_where, selection
 
 MAX_CANDIDATES = 1 << 16
 MAX_QUANTILES = 32
-_PROPOSALS = 1 << 16
-"""Proposals drawn per rejection round (over all pending draws): the acceptance rate is ≥ 1/K."""
 
 Probability = Annotated[float, Field(strict=True, ge=0.0, le=1.0, allow_inf_nan=False)]
 
@@ -128,31 +133,47 @@ def scores(counts: np.ndarray, n: int, q: float) -> tuple[list[Fraction], np.nda
     return [Fraction(abs(k * bottom - top), bottom) for k in distinct.tolist()], index.astype(np.int64)
 
 
-def exponential_select(
-    noise: Noise, values: list[Fraction], index: np.ndarray, weight: Fraction, size: int = 1
-) -> np.ndarray:
-    """``size`` independent draws of P(j) ∝ exp(−weight·values[index[j]]) over the candidates j.
+def noise_rate(p: QuantileParams) -> Fraction:
+    """r = ⌊(ε_q/2)·2^48⌋/2^48 ≤ ε_q/2: the geometric noise's rate per score unit (0 when ε_q < 2^-47)."""
+    return Fraction(math.floor(per_quantile_epsilon(p) / 2 * RATE_DENOMINATOR), RATE_DENOMINATOR)
 
-    Exact rejection: each proposal is a uniform j, accepted with probability exp(−weight·(v_j − min v))
-    (exact lazy comparison); a draw is the first accepted proposal of its row. The acceptance rate is
-    ≥ 1/K (the best candidate is always accepted), each round proposes up to 2^16 candidates over the
-    pending draws."""
-    k = int(index.size)
-    common = math.lcm(*(v.denominator for v in values))  # integer arithmetic: one gcd per value
-    numerators = [v.numerator * (common // v.denominator) for v in values]
-    low = min(numerators)
-    exponents = [Fraction(weight.numerator * (a - low), weight.denominator * common) for a in numerators]
-    out = np.full(size, -1, dtype=np.int64)
-    pending = np.arange(size)
-    while pending.size:
-        width = max(1, min(k, _PROPOSALS // pending.size))
-        proposals = noise.uniform_below(k, pending.size * width).reshape(pending.size, width)
-        accepted = bernoulli_exp_neg_table(noise, exponents, index[proposals])
-        hit = accepted.any(axis=1)
-        first = np.argmax(accepted, axis=1)
-        out[pending[hit]] = proposals[hit, first[hit]]
-        pending = pending[~hit]
-    return out
+
+def selection_keys(counts: np.ndarray, n: int, q: float, noise_draws: np.ndarray) -> np.ndarray:
+    """int64 keys ordered exactly as the values G_j − s_j, s_j = |counts[j] − q·n| (equal iff equal).
+
+    With q·n = I + f (I an integer, 0 ≤ f < 1) every score is d_j − f (counts > I, "up") or d_j + f
+    (counts ≤ I), d_j = |counts[j] − I| an integer, so every value is m_j ± f with m_j = G_j − d_j. The key
+    2·m_j + b_j is strictly increasing in the value, and equal exactly for equal values, with b = 0 for
+    f = 0, b = [up] for 0 < f < ½, b = ±1 for f = ½ and b = 3·[up] for f > ½."""
+    target = Fraction(q) * n
+    whole = target.numerator // target.denominator
+    frac = target - whole
+    up = counts > whole
+    d = np.where(up, counts - whole, whole - counts).astype(np.int64)
+    if frac == 0:
+        bonus = np.zeros(counts.size, dtype=np.int64)
+    elif frac < Fraction(1, 2):
+        bonus = up.astype(np.int64)
+    elif frac == Fraction(1, 2):
+        bonus = np.where(up, 1, -1).astype(np.int64)
+    else:
+        bonus = np.where(up, 3, 0).astype(np.int64)
+    keys: np.ndarray = 2 * (np.asarray(noise_draws, dtype=np.int64) - d) + bonus
+    return keys
+
+
+def noisy_max_select(
+    noise: Noise, counts: np.ndarray, n: int, q: float, rate: Fraction, size: int = 1
+) -> np.ndarray:
+    """``size`` independent draws of argmax_j (G_j − s_j), G_j ≥ 0 i.i.d. with P(G ≥ m) = e^{−rate·m}
+    (``rate`` a positive multiple of 2^-48), ties to the lowest index: always size·K noise draws."""
+    rate_units = rate * RATE_DENOMINATOR
+    if rate <= 0 or rate_units.denominator != 1:
+        raise ValueError("the rate must be a positive multiple of 2^-48")
+    k = int(counts.size)
+    draws = geometric_rates(noise, np.full(size * k, int(rate_units), dtype=np.int64)).reshape(size, k)
+    chosen: np.ndarray = np.argmax(selection_keys(counts, n, q, draws), axis=-1).astype(np.int64)
+    return chosen
 
 
 def _candidates_and_values(
@@ -164,13 +185,13 @@ def _candidates_and_values(
 
 
 def rank_error_bound(p: QuantileParams, size: int, beta: float = 0.05) -> float:
-    """With probability ≥ 1 − β, the released candidate's score is within 2·ln(K/β)/ε_q of the best
-    candidate's (McSherry–Talwar utility theorem): a public accuracy statement, in rows."""
-    return 2.0 * math.log(size / beta) / float(per_quantile_epsilon(p))
+    """With probability ≥ 1 − β, the released candidate's score is within ln(K/β)/r of the best candidate's
+    (≈ 2·ln(K/β)/ε_q: max_c G_c < ln(K/β)/r, and the winner's G − s beats the best's): public, in rows."""
+    return math.log(size / beta) / float(noise_rate(p))
 
 
 class Quantile(ParamsChecked):
-    """Quantiles of a numeric column by the exponential mechanism over a public candidate grid (pure ε)."""
+    """Quantiles of a numeric column by report-noisy-max over a public candidate grid (pure ε)."""
 
     name: ClassVar[str] = "quantile"
     summary: ClassVar[str] = "Quantiles/medians by the exponential mechanism over the public domain (pure ε)."
@@ -181,8 +202,8 @@ class Quantile(ParamsChecked):
     def check(self, p: QuantileParams, ctx: PublicContext) -> None:
         _numeric_column(p, ctx)
         check_where(p.where, ctx)
-        if per_quantile_epsilon(p) <= 0:
-            raise ParamsError("epsilon", "too small")
+        if noise_rate(p) <= 0:
+            raise ParamsError("epsilon", "too small: ε per quantile must be at least 2^-47")
 
     def worst_case(self, p: QuantileParams, ctx: PublicContext) -> RdpCurve:
         return quantile_curve(p, ctx.orders)
@@ -192,16 +213,16 @@ class Quantile(ParamsChecked):
         worst = quantile_curve(p, ctx.orders)
         candidates, data = _candidates_and_values(p, ctx, table)
         counts = rank_counts(data, candidates)
-        weight = per_quantile_epsilon(p) / 2
+        rate = noise_rate(p)
         released: dict[str, float | int] = {}
         for q in p.quantiles:
-            values, index = scores(counts, int(data.size), q)
-            chosen = int(exponential_select(noise, values, index, weight)[0])
+            chosen = int(noisy_max_select(noise, counts, int(data.size), q, rate)[0])
             released[repr(q)] = candidates[chosen].item()
         output = {
             "values": released,
             "mechanism": {
-                "name": "exponential",
+                "name": "noisy_max_geometric",
+                "noise_rate": float(rate),
                 "candidates": int(candidates.size),
                 "epsilon_each": float(per_quantile_epsilon(p)),
                 "rank_error_95": rank_error_bound(p, int(candidates.size)),

@@ -75,6 +75,12 @@ def settlement_of(
     case on error or when the realized charge is not below the reservation (then nothing is released)."""
     reservation = UnitsVector.from_json(request.worst_case["units"])
     delta = reserved_delta(request)  # an approximate request's δ is always spent once it ran
+    if error is None and not storable(release):
+        # Not strict JSON (NaN, ±inf, a non-JSON type): PostgreSQL would refuse the row, the settlement
+        # would fail and the request would hang until the reaper. Settled here, on every path, as a
+        # mechanism failure charged its worst case: the failure is a function of the output only.
+        log.error("release is not storable JSON; charging the worst case", request_id=request.id)
+        realized, release, error = None, None, UNSTORABLE
     record = request.worst_case if realized is None else curve_record(realized, delta)
     charge = UnitsVector.from_json(record["units"])
     if not charge <= reservation:  # a mechanism bug: never commit more than was admitted
@@ -108,9 +114,13 @@ def settle_batched(
     batch.settled(request)
 
 
+UNSTORABLE = "the mechanism failed; its worst case was charged"
+
+
 def storable(release: dict[str, Any] | None) -> bool:
-    """Can the release be stored whatever its values (strict JSON: no NaN or infinity)? Checked before a
-    one-transaction settlement writes it, so that transaction cannot fail because of the released values."""
+    """Can the release be stored whatever its values (strict JSON: no NaN or infinity)? Checked by every
+    settlement (:func:`settlement_of`) before it writes the release, so no settlement transaction can fail
+    because of the released values (the one-transaction path relies on this, docs/privacy.md §9)."""
     try:
         json.dumps(release, allow_nan=False)
     except (TypeError, ValueError):

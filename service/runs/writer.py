@@ -46,6 +46,13 @@ from service.store.models import DATASET_SCOPE, AnalysisRequest, RequestState
 
 log = structlog.get_logger("expost.writer")
 
+# The inline mechanisms that may run inside the writer's transaction (admit_and_run): vectorized
+# arithmetic on a table in memory, microseconds, realized = worst case, no native code that could end the
+# process (docs/privacy.md §9). Any other mechanism an operator lists in EXPOST_INLINE_MECHANISMS runs
+# inline on the two-phase path (reserve committed, run, settle committed): a slow run must not hold the
+# writer (every dataset of the process) and a crash after its read must leave a reservation to charge.
+ONE_TRANSACTION = frozenset({"laplace", "gaussian"})
+
 Apply = Callable[[RequestBatch, list[FilterRow]], Any]
 RunFn = Callable[[], tuple[RdpCurve | None, dict[str, Any] | None, str | None]]
 
@@ -97,13 +104,13 @@ class WriteBatcher:
         release is checked storable first, so that failure does not depend on the output); the request is
         then retried alone on the two-phase path (admit, run afresh, settle)."""
 
+        if v.mechanism.name not in ONE_TRANSACTION:
+            return self._admit_then_run(principal, v, key, lease, run)
+
         def apply(batch: RequestBatch, filters: list[FilterRow]) -> Any:
             request, created = admission.admit_batched(batch, filters, principal, v, key, lease)
-            if created:
-                realized, output, error = run()
-                if error is None and not settlement.storable(output):
-                    realized, output, error = None, None, "the mechanism failed; its worst case was charged"
-                settlement.settle_batched(batch, filters, request, realized, output, error)
+            if created:  # settle_batched checks the release storable (settlement.settlement_of)
+                settlement.settle_batched(batch, filters, request, *_guarded(run))
             return request, created
 
         def alone() -> Any:
@@ -112,13 +119,24 @@ class WriteBatcher:
             )
             if not created:
                 return request, False
-            realized, output, error = run()
+            realized, output, error = _guarded(run)
             ref = settlement.RequestRef.of(request)
             with self.sessions() as session:
                 settled = settlement.settle(session, ref, realized, output, error)
             return (request if settled is None else settled), True
 
         return self._admission(Job(v.dataset.id, principal.name, apply, alone), principal, v, key)
+
+    def _admit_then_run(
+        self, principal: Principal, v: admission.Validated, key: str | None, lease: float, run: RunFn
+    ) -> tuple[AnalysisRequest, bool]:
+        """The two-phase inline path (for inline mechanisms outside :data:`ONE_TRANSACTION`): admit +
+        reserve (committed), run in the caller's thread, settle (committed) before the release leaves."""
+        request, created = self.admit(principal, v, key, lease)
+        if not created:
+            return request, False
+        settled = self.settle(settlement.RequestRef.of(request), *_guarded(run))
+        return (request if settled is None else settled), True
 
     def _admission(
         self, job: Job, principal: Principal, v: admission.Validated, key: str | None
@@ -224,7 +242,7 @@ class WriteBatcher:
         self.batches += 1
         try:
             outcomes = self._apply(batch)
-        except Exception as exc:
+        except BaseException as exc:  # not only Exception: the writer thread must outlive any batch
             self._drop_connection()
             log.error(
                 "batch transaction failed; retrying its jobs one by one",
@@ -271,6 +289,18 @@ def _lock_all(session: Session, batch: list[Job]) -> Locked:
         sorted({job.settles for job in batch if job.settles is not None}),
         sorted({(job.dataset_id, job.analyst) for job in batch if job.grant}),
     )
+
+
+def _guarded(run: RunFn) -> tuple[RdpCurve | None, dict[str, Any] | None, str | None]:
+    """``run()``, with anything it raises (even a ``BaseException`` such as ``SystemExit``, which
+    ``worker.execute`` does not catch) settled as a mechanism failure charged its worst case: the data
+    may have been read, and an escaping exception would skip the settlement (and, inside a batch, fail
+    every job of the batch and kill no less than the writer thread)."""
+    try:
+        return run()
+    except BaseException as exc:
+        log.error("inline run raised; charging the worst case", **failure_fields(exc))
+        return None, None, settlement.UNSTORABLE
 
 
 def _settle_future(future: Future[Any], alone: Callable[[], Any]) -> None:

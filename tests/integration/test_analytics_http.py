@@ -165,6 +165,13 @@ class TestSql:
             ("SELECT COUNT(*) FROM dataset WHERE NOT age > 30", "sql.where"),
             ("WITH t AS (SELECT 1) SELECT COUNT(*) FROM t", "sql.with"),
             ("SELECT COUNT(age) FROM dataset", "sql.select"),
+            # parsed by sqlglot but never silently dropped (the statement would mean something else)
+            ("SELECT COUNT(*) FROM dataset GROUP BY region WITH ROLLUP", "sql.group_by"),
+            ("SELECT COUNT(*) FROM dataset GROUP BY ALL", "sql.group_by"),
+            ("SELECT COUNT(*) FROM dataset TABLESAMPLE (10 PERCENT)", "sql.from"),
+            ("SELECT COUNT(*) INTO t2 FROM dataset", "sql.into"),
+            ("SELECT SUM(age) FROM dataset WHERE age BETWEEN SYMMETRIC 50 AND 20", "sql.where"),
+            ("SELECT QUANTILE(age, 'half') FROM dataset", "sql.select"),
         ],
     )
     def test_unboundable_clause_is_422_naming_it(

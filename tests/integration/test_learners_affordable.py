@@ -101,8 +101,7 @@ def test_a_refused_learner_offers_a_setting_that_is_admitted(world: World, case:
     body = settled(world.analyst, world.request(world.analyst, fitted, mechanism))
     assert body["state"] == "committed", body
     release = body["release"]
-    if mechanism != "objpert.logistic":  # its release page belongs to the per-instance work (issue 19 item 5)
-        assert release["columns"] == [*params["features"], "(intercept)"], release
+    assert release["columns"] == [*params["features"], "(intercept)"], release
 
 
 def test_an_infeasible_rgm_target_explains_the_feasible_range(world: World) -> None:

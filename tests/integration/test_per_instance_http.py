@@ -61,7 +61,6 @@ def _params(**extra: Any) -> dict[str, Any]:
         "epsilon": 2.0,
         "delta": 1e-7,
         "kappa": 5.0,
-        "max_rows": 1000,
     }
     return {**base, **extra}
 
@@ -95,16 +94,17 @@ def _local(params: dict[str, Any], release: dict[str, Any], record: dict[str, An
 def test_release_charge_and_public_report(live_server: LiveServer) -> None:
     world, dataset_id = _world(live_server)
     catalog = {m["name"]: m for m in world.viewer.get("/v1/mechanisms").json()}
-    assert {"kappa", "max_rows", "report", "report_rho"} <= set(
-        catalog["adaops.ridge"]["params_schema"]["properties"]
-    )
+    assert {"kappa", "report", "report_rho"} <= set(catalog["adaops.ridge"]["params_schema"]["properties"])
     committed = _committed(world, dataset_id, _params())
     release = committed["release"]
     assert committed["realized"] == committed["worst_case"]
+    assert 2.0 <= committed["worst_case"]["pure"] <= 2.0 * (1 + 1e-11)  # the charge is exactly (ε, δ)
     assert release["released"] is True
     assert len(release["coefficients"]) == 3
     assert release["lambda"] >= 1.0
     assert "lambda_min_noisy" in release
+    assert release["rows_upper"] >= release["rows_floor"]  # add_remove: n released only as ñ
+    assert "rows_noisy" in release
     for leaky in ("lambda_min", "theta_hat", "leverage", "residuals", "pdp", "gram"):
         assert leaky not in release
     entries = [e for e in ledger_items(world.admin, dataset_id) if e.get("request_id") == committed["id"]]
@@ -176,8 +176,8 @@ def test_who_may_call_and_errors(live_server: LiveServer) -> None:
 @pytest.mark.parametrize(
     ("bad", "field"),
     [
-        ({"kappa": 1e6}, "kappa"),
-        ({"max_rows": None}, "max_rows"),
+        ({"kappa": 0.0}, "kappa"),
+        ({"max_rows": 1000}, "max_rows"),  # a declared row bound is never checked against the private n
         ({"report": "data_dependent"}, "report_sigma"),
         ({"epsilon": -1.0}, "epsilon"),
     ],

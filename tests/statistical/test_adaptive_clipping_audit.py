@@ -18,9 +18,11 @@ mean) above 1 would prove an under-charge; false alarm ≤ 1e-6 per audit (Bonfe
 E_D[e^{−L}] = 1 ties the densities to the sampler.
 
 Power: the same audit (same pair, runs and seed) must catch a count released with standard deviation 1 instead
-of t_b (a count-noise fault injected into the module's ``count_noise_units``). (A gradient noise left unsplit,
-an under-charge by the factor 1 + φ = 1.5 here, is not caught at this number of runs: the second step's loss
-is far below its charge, so the audit is loose by about that factor.)
+of t_b (a count-noise fault injected into the module's ``count_noise_units``). A gradient noise left unsplit,
+an under-charge by the factor 1 + φ = 1.5 here, is not caught by this audit at this number of runs (the second
+step's loss is far below its charge, so the audit is loose by about that factor); the split test below
+(``test_each_part_gets_the_noise_the_charge_needs``) checks each part's realised noise against the std the
+charge requires, written out from z and φ, and catches that fault at the default φ = 0.05.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from mechanisms.learners import dp_gd
 from mechanisms.learners.dp_gd import (
     AdaptiveClip,
     DpGdConfig,
+    Neighboring,
     adaptive_dp_gd_train,
     clip_count,
     clipped_sum_units,
@@ -142,3 +146,68 @@ def test_audit_catches_count_noise_too_small(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(dp_gd, "count_noise_units", lambda *_: 1)  # fault injection: std 1, charged as t_b
     result = _audit(CONFIG, count_std=1)
     assert max(result.lower.values()) > 1.0, result
+
+
+# ----- the noise each part really gets, against what the charge needs ------------------------------------
+# The audit above is loose by about 1 + φ for a gradient noise left unsplit (its second step is far below the
+# charge), so the split is checked directly. The charge T·α/(2z²) (tests/unit/test_dp_gd_adaptive.py: equal to
+# the closed form) is valid only if every step's gradient noise has std ≥ z/√(1 − φ)·Δ(C_t) and the count's
+# std ≥ z/√φ: these required values are written out here from z, φ and the released C_t alone, not taken from
+# the module. A dataset whose clipped sum is exactly 0 and whose count is exactly N0 at every θ and C (N0 zero
+# rows, counted with norm 0 ≤ C_t; PAIRS pairs of one row with labels ±1e6, clipped to opposite terms that
+# cancel on the grid and never counted) makes each released sum pure noise: with λ = τ = 1,
+# θ_{t+1} = θ_t − (S̃_t/n + θ_t) = −S̃_t/n. One-sided test per part: Q = Σ(draw/required std)² is ≥ χ²_N in
+# distribution when the std is at least the required one; Q below the χ²_N FALSE_ALARM quantile (1e-6) is an
+# under-noise. γ = N0/n makes log C_t a random walk (C_t over several decades, the clamp included).
+# Power (same seed): the gradient noise left unsplit (z instead of z/√(1 − φ): variance ratio 0.95 at the
+# default φ = 0.05, the threshold is ≈ 0.98) and the count noise left unsplit (std ⌈z⌉) are both caught.
+N0, PAIRS, DIM, SPLIT_STEPS = 20, 10, 64, 2_000
+SPLIT_CASES: list[tuple[Neighboring, float]] = [("replace_one", 0.05), ("add_remove", 0.5)]
+
+
+def _split_draws(neighboring: Neighboring, share: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(gradient draws / required std, shape (T, d); count draws / required std, shape (T,); C₀…C_{T−1})."""
+    n = N0 + 2 * PAIRS
+    x = np.zeros((n, DIM))
+    x[N0:, 0] = 1.0
+    y = np.zeros(n)
+    y[N0:] = np.tile([1e6, -1e6], PAIRS)
+    adapt = AdaptiveClip(target_quantile=N0 / n, learning_rate=1.0, count_share=share)
+    config = DpGdConfig("squared", 1.0, SPLIT_STEPS, 1.0, 1.0, Z, neighboring, 1e12, adapt)
+    path, clips, counts = adaptive_dp_gd_train(config, x, y, float(n), Noise.seeded(SEED + 1))
+    sums = -float(n) * path  # S̃_t = −n·θ_{t+1}
+    delta = (2.0 if neighboring == "replace_one" else 1.0) * clips
+    gradient = sums / (Z / math.sqrt(1.0 - share) * delta)[:, None]
+    count = (counts - N0) / (Z / math.sqrt(share))
+    return gradient, count, clips
+
+
+def _under_noised(draws: np.ndarray) -> bool:
+    q = float(np.sum(draws.astype(np.float64) ** 2))
+    return q < float(stats.chi2.ppf(FALSE_ALARM, draws.size))
+
+
+@pytest.mark.parametrize(("neighboring", "share"), SPLIT_CASES)
+def test_each_part_gets_the_noise_the_charge_needs(neighboring: Neighboring, share: float) -> None:
+    gradient, count, clips = _split_draws(neighboring, share)
+    assert np.ptp(np.log10(clips)) > 2.0  # the clip really moves over decades (each C_t has its own grid)
+    assert not _under_noised(gradient), np.mean(gradient**2)
+    assert not _under_noised(count), np.mean(count**2)
+    assert abs(float(np.mean(gradient))) < 6 / math.sqrt(gradient.size)  # centred: the sum is 0 + noise
+
+
+def test_split_check_catches_unsplit_gradient_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unsplit(z: float, share: float) -> tuple[float, float]:  # fault: gradient keeps the whole z
+        return z * (1.0 + 1e-12), z / math.sqrt(share) * (1.0 + 1e-12)
+
+    monkeypatch.setattr(dp_gd, "adaptive_split", unsplit)
+    gradient, count, _ = _split_draws("replace_one", 0.05)
+    assert _under_noised(gradient), np.mean(gradient**2)
+    assert not _under_noised(count)
+
+
+def test_split_check_catches_unsplit_count_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dp_gd, "count_noise_units", lambda z, _share: max(1, math.ceil(z)))  # fault
+    gradient, count, _ = _split_draws("replace_one", 0.05)
+    assert _under_noised(count), np.mean(count**2)
+    assert not _under_noised(gradient)

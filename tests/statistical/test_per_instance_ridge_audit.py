@@ -1,15 +1,16 @@
 """Monte Carlo audit of the AdaOPS per-instance reports (mechanisms.per_instance.adaops.evaluate_report).
 
 Claim: for a record fixed before the release, with probability ≥ 1 − ρ over the mechanism's noise, the
-report's ``ex_post`` bounds the realised ex-post privacy loss of that record (the λ̃ release plus the OPS
-step), and ``pdp_epsilon`` bounds the record's exact (ε, δ)-pDP of the OPS step — as a member (pair
+report's ``ex_post`` bounds the realised ex-post privacy loss of that record (the λ̃ and ñ releases plus the
+OPS step), and ``pdp_epsilon`` bounds the record's exact (ε, δ)-pDP of the OPS step — as a member (pair
 (Z_{-i}, z_i)) and as an outsider (pair (Z, [Z, z])).
 
-The audit runs the mechanism's transcript with its own λ̃ noise (exact discrete Gaussian from
-``mechanisms.noise``, seeded) and the OPS sample θ̃ ~ N(θ̂, H⁻¹/γ) (test-side numpy: the report is
-evaluated on θ̃ itself, with the output-step slack set to 0), computes the true losses from the confidential
+The audit runs the mechanism's transcript with its own λ̃ and row-count noise (exact discrete Gaussians
+from ``mechanisms.noise``, seeded; h and γ recomputed from ñ as the mechanism does) and the OPS sample
+θ̃ ~ N(θ̂, H⁻¹/γ) (test-side numpy: the report is evaluated on θ̃ itself, with the output-step slack set to
+0; its ε_out term stays in the report), computes the true losses from the confidential
 quantities (true λ_min units, leverage, LOO residual) and counts how often the report fails, for the whole
-release and for the OPS step alone (report minus its λ̃ term against |OPS loss|), in both families (the
+release and for the OPS step alone (report minus its λ̃ and ñ terms against |OPS loss|), in both families (the
 data-dependent Gram simulated as XᵀX + GOE noise). Fixed seeds;
 the acceptance threshold ρ + 4·sd has false-alarm probability < 1e-4 at the claimed rate. Power: the same
 report with its confidence margins dropped is caught (failure rate far above ρ).
@@ -62,30 +63,32 @@ def _audit(drop_margins: bool, family: str = "public", seed: int = 0) -> dict[st
             "epsilon": 2.0,
             "delta": 1e-6,
             "kappa": 2.0,
-            "max_rows": N,
             **extra,
         }
     )
-    pl = A.plan(params, D, N, "add_remove")
+    pl = A.plan(params, D, None, "add_remove")
+    tn = pl.count_std
     step, t = pl.lambda_step, pl.lambda_std_units
     u_full = _units(x, step)
     u_minus = _units(np.delete(x, member, axis=0), step)
     u_plus = _units(x_all, step)
     noise_units = discrete_gaussian_std(Noise.seeded(seed + 1), t, TRIALS)
+    count_units = discrete_gaussian_std(Noise.seeded(seed + 3), tn, TRIALS)
     rng = np.random.default_rng(seed + 2)
     fails = dict.fromkeys(("member_ex_post", "outsider_ex_post", "member_pdp", "outsider_pdp"), 0)
     fails.update(member_ops_step=0, outsider_ops_step=0)
-    pdp: dict[str, list[tuple[float, float, float]]] = {"member": [], "outsider": []}
-    for k in noise_units:
+    pdp: dict[str, list[tuple[float, float, float, float]]] = {"member": [], "outsider": []}
+    for k, c in zip(noise_units, count_units, strict=True):
         lam_noisy = (u_full + int(k)) * step
-        lam_n = A.adaptive_lambda(pl, lam_noisy)
+        h, _, gamma = A.calibrate(pl, A.rows_upper(pl, N + int(c)))
+        lam_n = A.adaptive_lambda(pl, lam_noisy, threshold=h)
         fit = R.ridge_fit(x, y, lam_n)
         z = rng.normal(size=D)
-        theta = fit.theta + np.linalg.solve(fit.r_factor, z) / math.sqrt(pl.gamma)
+        theta = fit.theta + np.linalg.solve(fit.r_factor, z) / math.sqrt(gamma)
         release = {
             "released": True,
             "coefficients": theta.tolist(),
-            "gamma": pl.gamma,
+            "gamma": gamma,
             "lambda": lam_n,
             "lambda_min_noisy": lam_noisy,
             "granularity": 0.0,
@@ -101,26 +104,30 @@ def _audit(drop_margins: bool, family: str = "public", seed: int = 0) -> dict[st
         # member: pair (Z_{-i}, Z), output drawn from A(Z)
         mu_i, r_i = fit.mu[member], fit.loo_residual[member]
         s_i = y[member] - x[member] @ theta
-        ops_i = float(R.ops_loss(pl.gamma, np.array(mu_i), np.array(r_i), np.array(s_i)))
+        ops_i = float(R.ops_loss(gamma, np.array(mu_i), np.array(r_i), np.array(s_i)))
         v = u_full - u_minus  # λ̃ = step·(u_full + k): log P_{Z_{-i}}/P_Z = ((k)² − (k + v)²)/(2t²)
         lam_i = abs((int(k) + v) ** 2 - int(k) ** 2) / (2.0 * t * t)
+        lam_i += abs((int(c) + 1) ** 2 - int(c) ** 2) / (2.0 * tn * tn)  # ñ = N + c vs centre N − 1
         fails["member_ex_post"] += rep[0]["member"]["ex_post"] < lam_i + abs(ops_i)
         fails["member_ops_step"] += rep[0]["member"]["ex_post"] - rep[0]["lambda_release_loss"] < abs(ops_i)
-        pdp["member"].append((mu_i, r_i, rep[0]["member"]["pdp_epsilon"]))
+        pdp["member"].append((mu_i, r_i, gamma, rep[0]["member"]["pdp_epsilon"]))
         # outsider: pair (Z, Z + z), output drawn from A(Z)
         mu_o, r_o = R.outsider_terms(fit, x_all[outsider : outsider + 1], y_all[outsider : outsider + 1])
         s_o = y_all[outsider] - x_all[outsider] @ theta
-        ops_o = float(R.ops_loss(pl.gamma, mu_o, r_o, np.array(s_o))[0])
+        ops_o = float(R.ops_loss(gamma, mu_o, r_o, np.array(s_o))[0])
         w = u_plus - u_full
         lam_o = abs((int(k) - w) ** 2 - int(k) ** 2) / (2.0 * t * t)
+        lam_o += abs((int(c) - 1) ** 2 - int(c) ** 2) / (2.0 * tn * tn)  # ñ = N + c vs centre N + 1
         fails["outsider_ex_post"] += rep[1]["outsider"]["ex_post"] < lam_o + abs(ops_o)
         fails["outsider_ops_step"] += rep[1]["outsider"]["ex_post"] - rep[1]["lambda_release_loss"] < abs(
             ops_o
         )
-        pdp["outsider"].append((float(mu_o[0]), float(r_o[0]), rep[1]["outsider"]["pdp_epsilon"]))
+        pdp["outsider"].append((float(mu_o[0]), float(r_o[0]), gamma, rep[1]["outsider"]["pdp_epsilon"]))
     for side, rows in pdp.items():
-        mu, r, reported = (np.array(col) for col in zip(*rows, strict=True))
-        exact = R.ops_epsilon(pl.gamma, mu, r, pl.delta_post)
+        mu, r, gammas, reported = (np.array(col) for col in zip(*rows, strict=True))
+        exact = np.array(
+            [R.ops_epsilon(g, mu[j : j + 1], r[j : j + 1], pl.delta_post)[0] for j, g in enumerate(gammas)]
+        )
         fails[f"{side}_pdp"] = int(np.sum(reported < exact))
     return {key: value / TRIALS for key, value in fails.items()}
 

@@ -1,4 +1,4 @@
-"""Quantiles (exponential mechanism) and grouped measures: sensitivity on adversarial neighbours, charges,
+"""Quantiles (report-noisy-max) and grouped measures: sensitivity on adversarial neighbours, charges,
 public-domain outputs and refusals.
 
 The sensitivity tests compute the released statistic itself (the quantile scores; the grid units of every
@@ -39,9 +39,10 @@ from mechanisms.queries.quantile import (
     Quantile,
     QuantileParams,
     candidate_grid,
-    exponential_select,
+    noisy_max_select,
     rank_counts,
     scores,
+    selection_keys,
 )
 
 COLUMNS: list[dict[str, Any]] = [
@@ -145,15 +146,80 @@ def test_candidate_grids_are_public_sorted_and_within_bounds() -> None:
     assert candidate_grid(k, 3).tolist() == [-3, 2, 7]  # type: ignore[arg-type]
 
 
-def test_exponential_select_matches_the_exact_law() -> None:
-    values = [Fraction(0), Fraction(1, 3), Fraction(5, 2)]
-    index = np.array([0, 1, 2, 2, 1])
-    weight = Fraction(3, 4)
-    draws = exponential_select(Noise.seeded(7), values, index, weight, 100_000)
-    weights = np.array([math.exp(-float(weight * values[i])) for i in index])
-    expected = weights / weights.sum()
-    observed = np.bincount(draws, minlength=index.size) / draws.size
-    assert np.all(np.abs(observed - expected) < 5 * np.sqrt(expected * (1 - expected) / draws.size))
+def noisy_max_law(score_values: list[float], rate: float) -> np.ndarray:
+    """The exact law of argmax_j (G_j − s_j) (ties to the lowest index), G_j i.i.d. P(G ≥ m) = e^{−rate·m},
+    by summing over G_c (truncated where e^{−rate·g} < 1e-30)."""
+    s = np.asarray(score_values, dtype=float)
+    g = np.arange(int(70 / rate) + int(s.max()) + 2)
+    out = np.zeros(s.size)
+    for c in range(s.size):
+        prob = (1 - math.exp(-rate)) * np.exp(-rate * g)
+        for j in range(s.size):
+            if j != c:  # P(G_j − s_j < value) before c, ≤ after c: G_j ≤ bound
+                x = g - s[c] + s[j]
+                bound = np.ceil(x - 1e-9) - 1 if j < c else np.floor(x + 1e-9)
+                prob = prob * np.where(bound >= 0, 1 - np.exp(-rate * (bound + 1)), 0.0)
+        out[c] = prob.sum()
+    return out
+
+
+@pytest.mark.parametrize(
+    ("counts", "n", "q"),
+    [
+        ([0, 1, 3, 3, 4, 6], 6, 0.5),  # q·n = 3: ties between equal scores, f = 0
+        ([0, 1, 2, 2, 3, 5], 5, 0.5),  # q·n = 2.5: f = ½, scores 0.5 on both sides tie
+        ([0, 2, 2, 4, 5, 6], 6, 0.3),  # f ∈ (0, ½)
+        ([0, 2, 2, 4, 5, 6], 6, 0.9),  # f ∈ (½, 1)
+    ],
+)
+def test_noisy_max_select_matches_the_exact_law(counts: list[int], n: int, q: float) -> None:
+    rate = Fraction(3, 4)
+    counts_array = np.array(counts, dtype=np.int64)
+    draws = noisy_max_select(Noise.seeded(7), counts_array, n, q, rate, 100_000)
+    values, index = scores(counts_array, n, q)
+    expected = noisy_max_law([float(values[i]) for i in index], float(rate))
+    assert expected.sum() == pytest.approx(1.0, abs=1e-9)
+    observed = np.bincount(draws, minlength=len(counts)) / draws.size
+    assert np.all(np.abs(observed - expected) < 5 * np.sqrt(expected * (1 - expected) / draws.size) + 1e-9)
+
+
+LEVELS = [0.0, 5e-324, 0.1, 0.25, 1 / 3, 0.5, 0.6, 0.75, 0.9, 1.0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(0, 40),
+    q=st.sampled_from(LEVELS),
+    counts=st.lists(st.integers(0, 40), min_size=1, max_size=12),
+    draws=st.lists(st.integers(0, 60), min_size=12, max_size=12),
+)
+def test_selection_keys_order_the_values_exactly(
+    n: int, q: float, counts: list[int], draws: list[int]
+) -> None:
+    """key_i < key_j ⇔ G_i − s_i < G_j − s_j and key_i = key_j ⇔ equal values, in exact rationals."""
+    k = np.minimum(np.array(counts, dtype=np.int64), n)
+    g = np.array(draws[: k.size], dtype=np.int64)
+    keys = selection_keys(k, n, q, g).tolist()
+    exact = [g_i - abs(k_i - Fraction(q) * n) for g_i, k_i in zip(g.tolist(), k.tolist(), strict=True)]
+    for i in range(k.size):
+        for j in range(k.size):
+            assert (keys[i] < keys[j]) == (exact[i] < exact[j])
+            assert (keys[i] == keys[j]) == (exact[i] == exact[j])
+
+
+def test_quantile_selection_work_does_not_depend_on_the_data() -> None:
+    """The same seed gives the same number of random words consumed on very different datasets."""
+    grid = np.arange(64)
+    used = []
+    for data in (
+        np.zeros(50, dtype=np.int64),
+        np.arange(50, dtype=np.int64),
+        np.full(50, 63, dtype=np.int64),
+    ):
+        noise = Noise.seeded(11)
+        noisy_max_select(noise, rank_counts(data, grid), 50, 0.5, Fraction(1, 4))
+        used.append(noise.words(1)[0])  # the next word: equal iff the same number of words was consumed
+    assert used[0] == used[1] == used[2]
 
 
 def test_quantile_charge_and_release() -> None:
@@ -335,3 +401,85 @@ def test_registered_in_the_catalog() -> None:
     assert isinstance(MECHANISMS["quantile"], Quantile)
     assert isinstance(MECHANISMS["measures.laplace"], MeasuresLaplace)
     assert isinstance(MECHANISMS["measures.gaussian"], MeasuresGaussian)
+
+
+# ----- the SQL front: every statement is a translation onto the query model or a 422 naming a clause -------
+SQL_FRAGMENTS = (
+    "SELECT | COUNT(*) | SUM(x) | AVG(k) | STDDEV(x) | MEDIAN(x) | QUANTILE(x, 'a') | "
+    "QUANTILE(x, 0.3) | PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY x) | MAX(x) | x | g | * | , | "
+    "FROM | dataset | ds | other | AS | t | WHERE | x > 1 | k = -2 | g = 'a' | g IN ('a', 'b') | "
+    "x BETWEEN 0 AND 1 | BETWEEN SYMMETRIC | AND | OR | NOT | GROUP BY | ROLLUP(g) | ALL | "
+    "WITH ROLLUP | HAVING | ORDER BY | LIMIT 1 | DISTINCT | ( | ) | SELECT 1 | ; | -- | /* | */ | "
+    "CASE WHEN x > 0 THEN 1e9 END | x * 1000 | 1e999 | 1e-400 | TABLESAMPLE (5 PERCENT) | INTO t | "
+    "FOR UPDATE | UNION | JOIN | ON | OVER () | FILTER (WHERE x > 0) | COUNT(DISTINCT g) | ::int | "
+    "? | $1 | NULL | TRUE"
+).split(" | ")
+TRANSLATED_KEYS = {
+    "quantile": {"column", "quantiles", "epsilon", "where"},
+    "measures.laplace": {"measures", "group_by", "where", "epsilon"},
+}
+
+
+def _check_translation(statement: str) -> None:
+    from service.api.routers.sql import SqlIn, translate
+    from service.errors import InvalidInput
+
+    refused: InvalidInput | None = None
+    try:
+        translation = translate(statement, "ds", SqlIn(sql=statement, epsilon=1.0))
+    except InvalidInput as error:  # anything else (a 500) fails the test
+        refused = error
+    if refused is not None:
+        assert refused.extensions["errors"][0]["field"].startswith("sql."), (statement, refused.detail)
+        return
+    # only column names, literals, the measures' kinds and the body's ε reach a mechanism: nothing a
+    # mechanism could read as a bound or a sensitivity
+    assert set(translation.params) == TRANSLATED_KEYS[translation.mechanism], (statement, translation)
+    assert translation.params["epsilon"] == 1.0
+    for condition in translation.params["where"]:
+        assert set(condition) == {"column", "op", "value"}
+    for measure in translation.params.get("measures", []):
+        assert set(measure) <= {"kind", "column"}
+
+
+NASTY_SQL = [
+    "SELECT COUNT(*) FROM dataset GROUP BY ROLLUP(g)",
+    "SELECT COUNT(*) FROM dataset GROUP BY g WITH ROLLUP",
+    "SELECT COUNT(*) FROM dataset GROUP BY ALL",
+    "SELECT COUNT(*) FROM dataset GROUP BY GROUPING SETS ((g), ())",
+    "SELECT COUNT(*) FROM dataset TABLESAMPLE (10 PERCENT)",
+    "SELECT COUNT(*) INTO t2 FROM dataset FOR UPDATE",
+    "SELECT SUM(x) FROM dataset CLUSTER BY g",
+    "SELECT SUM(x) FROM dataset DISTRIBUTE BY g SORT BY g",
+    "SELECT SUM(x) FROM dataset CONNECT BY PRIOR x = k",
+    "SELECT QUANTILE(x, 'abc') FROM dataset",
+    "SELECT PERCENTILE_CONT('a') WITHIN GROUP (ORDER BY x) FROM dataset",
+    "SELECT SUM(x) FROM dataset WHERE x BETWEEN SYMMETRIC 5 AND 1",
+    "SELECT SUM(x) FROM dataset WHERE x = 1e-400",
+    "SELECT SUM(CASE WHEN x > 0 THEN 1e9 ELSE 0 END) FROM dataset",
+    "SELECT AVG(x) OVER () FROM dataset",
+    "SELECT MEDIAN(x) FILTER (WHERE k > 0) FROM dataset",
+    "SELECT SUM(x) FROM dataset, other",
+    "SELECT SUM(x) FROM dataset UNION SELECT SUM(x) FROM dataset",
+    "SELECT COUNT(DISTINCT g) FROM dataset",
+    "SELECT SUM(x::int) FROM dataset",
+    "SELECT SUM(x) FROM dataset WHERE x = $1",
+]
+
+
+@pytest.mark.parametrize("statement", NASTY_SQL)
+def test_sql_nasty_statements_are_refused_naming_a_clause(statement: str) -> None:
+    from service.api.routers.sql import SqlIn, translate
+    from service.errors import InvalidInput
+
+    with pytest.raises(InvalidInput) as refused:
+        translate(statement, "ds", SqlIn(sql=statement, epsilon=1.0))
+    assert refused.value.extensions["errors"][0]["field"].startswith("sql."), refused.value.detail
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(SQL_FRAGMENTS), min_size=1, max_size=14))
+def test_sql_fuzz_translates_or_refuses(fragments: list[str]) -> None:
+    _check_translation(" ".join(fragments))
+    _check_translation("SELECT " + " ".join(fragments))
+    _check_translation("SELECT SUM(x) FROM dataset " + " ".join(fragments))

@@ -5,6 +5,7 @@ sensitivity, the clip update, and the service mechanism's release."""
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from dp_accounting import GaussianDpEvent, SelfComposedDpEvent
 from dp_accounting.rdp import RdpAccountant
 
 from mechanisms.accounting import DEFAULT_ORDERS, epsilon_at_delta
-from mechanisms.base import PublicContext
+from mechanisms.base import ParamsError, PublicContext
 from mechanisms.data.schema import DatasetSchema
 from mechanisms.learners.dp_gd import (
     AdaptiveClip,
@@ -23,11 +24,15 @@ from mechanisms.learners.dp_gd import (
     adaptive_dp_gd_train,
     adaptive_split,
     clip_count,
+    count_noise_units,
     dp_gd_curve,
+    gradient_multiplier,
     grid_records,
     next_clip,
     noise_multiplier_for,
+    noise_units,
     regrid,
+    term_unit,
 )
 from mechanisms.noise import Noise
 
@@ -35,7 +40,7 @@ ORDERS = DEFAULT_ORDERS
 
 
 def _config(z: float, share: float, steps: int = 7, neighboring: Neighboring = "replace_one") -> DpGdConfig:
-    return DpGdConfig("squared", 0.01, steps, 0.5, 1.3, z, neighboring, 10.0, AdaptiveClip(count_share=share))
+    return DpGdConfig("squared", 0.01, steps, 0.5, 1.3, z, neighboring, 10.0, AdaptiveClip(0.5, 0.2, share))
 
 
 @pytest.mark.parametrize("neighboring", ["replace_one", "add_remove"])
@@ -165,3 +170,99 @@ def test_regrid_equals_grid_records_at_the_new_clip(clip: float) -> None:
     assert moved.chunk == fresh.chunk
     np.testing.assert_array_equal(moved.cap, fresh.cap)
     np.testing.assert_array_equal(moved.rows, fresh.rows)
+
+
+@pytest.mark.parametrize("neighboring", ["replace_one", "add_remove"])
+@pytest.mark.parametrize(("z", "share"), [(0.3, 0.05), (1.99, 0.05), (3.16, 0.5), (700.0, 0.9)])
+def test_charge_covers_the_noise_drawn_at_every_clip(
+    neighboring: Neighboring, z: float, share: float
+) -> None:
+    """Per step, the RDP of what is really drawn at clip C_t, α·Δ(C_t)²/(2(t·ω)²) + α/(2t_b²) in exact
+    rationals (t·ω the gradient noise std on the grid of C_t, t_b the count's integer std, sensitivities
+    Δ(C_t) and 1), is ≤ the charged curve / T, for C_t over the whole clip range [1e-6, 1e6] (C_t is
+    data-dependent through the released counts, so the charge must hold for every value it can take)."""
+    config = _config(z, share, steps=5, neighboring=neighboring)
+    charged = dp_gd_curve(config, neighboring, ORDERS).values
+    t_b = count_noise_units(z, share)
+    assert t_b >= z / math.sqrt(share)
+    rng = np.random.default_rng(11)
+    clips = [1e-6, 1e6, 1.0, 2.0, *np.exp(rng.uniform(math.log(1e-6), math.log(1e6), 300)).tolist()]
+    for clip in clips:
+        delta = Fraction(2 * clip if neighboring == "replace_one" else clip)
+        std = noise_units(config, clip) * Fraction(term_unit(clip, gradient_multiplier(config)))
+        assert std >= Fraction(z / math.sqrt(1 - share)) * delta  # z/√(1 − φ)·Δ(C), un-inflated
+        per_order = (delta / std) ** 2 + Fraction(1, t_b * t_b)  # times α/2
+        for alpha, value in zip(ORDERS, charged, strict=True):
+            assert Fraction(alpha) / 2 * per_order * config.steps <= Fraction(value), (clip, alpha)
+
+
+def _discrete_gaussian_rdp(t: int, shift: int, alpha: float) -> float:
+    """D_α(N_Z(shift, t²) ‖ N_Z(0, t²)) by summation over |x| ≤ 60t + |shift| (the rest is < e^{−1800})."""
+    x = np.arange(-60 * t - abs(shift), 60 * t + abs(shift) + 1, dtype=np.float64)
+    log_p = -((x - shift) ** 2) / (2.0 * t * t)
+    log_q = -(x * x) / (2.0 * t * t)
+
+    def lse(v: np.ndarray) -> float:
+        top = float(np.max(v))
+        return top + math.log(float(np.sum(np.exp(v - top))))
+
+    log_p = log_p - lse(log_p)
+    log_q = log_q - lse(log_q)
+    return lse(alpha * log_p + (1.0 - alpha) * log_q) / (alpha - 1.0)
+
+
+@pytest.mark.parametrize(("z", "share"), [(0.3, 0.05), (0.8, 0.05), (1.5, 0.5), (3.16, 0.9), (12.0, 0.01)])
+def test_count_noise_is_a_discrete_gaussian_within_its_share(z: float, share: float) -> None:
+    """The count (integer, sensitivity 1) gets N_Z(0, t_b²): its exact Rényi divergence at shift 1 is at most
+    the count's share α·φ/(2z²) = α/(2σ_b²) of the per-step charge (Canonne, Kamath, Steinke 2020, checked
+    here by summation rather than assumed)."""
+    t_b = count_noise_units(z, share)
+    for alpha in (1.5, 2.0, 4.0, 16.0, 64.0, 256.0):
+        exact = _discrete_gaussian_rdp(t_b, 1, alpha)
+        assert 0.0 < exact <= alpha * share / (2 * z * z) * (1 + 1e-9), (alpha, exact)
+
+
+def test_released_grid_is_the_grid_used() -> None:
+    """z = 8100 and z_g = 8100/√0.95 ≈ 8310 straddle 2^13, so their term grids (``term_bits``) differ by
+    2×: the release must state the grid of z_g, the one the noisy sums are on (noise_std = t·granularity,
+    t an integer)."""
+    mech = DpGdMechanism()
+    ctx = _ctx()
+    params = DpGdParams.model_validate(
+        {
+            "features": ["a", "b"],
+            "label": "y",
+            "model": "ridge",
+            "steps": 3,
+            "noise_multiplier": 8100.0,
+            "clipping": "adaptive",
+        }
+    )
+    rng = np.random.default_rng(1)
+    table = {"a": rng.uniform(-1, 1, 300), "b": rng.uniform(-1, 1, 300), "y": rng.uniform(-1, 1, 300)}
+    output = mech.run(params, ctx, table, Noise.seeded(2)).output
+    z_g = output["clipping"]["gradient_noise_multiplier"]
+    assert term_unit(1.0, z_g) != term_unit(1.0, 8100.0)
+    granularity = output["noisy_sum_grid"]["granularity"]
+    assert granularity == term_unit(1.0, z_g)
+    units = output["noise_std"] / granularity
+    assert units == int(units)
+    assert units >= z_g * 2.0 / granularity
+
+
+def test_count_noise_beyond_the_sampler_is_refused_by_check() -> None:
+    """φ so small that z/√φ > 2^52 used to pass ``check`` and fail inside the run; now a 4xx on the field."""
+    params = DpGdParams.model_validate(
+        {
+            "features": ["a", "b"],
+            "label": "y",
+            "model": "ridge",
+            "steps": 3,
+            "noise_multiplier": 2.0,
+            "clipping": "adaptive",
+            "count_noise_share": 1e-40,
+        }
+    )
+    with pytest.raises(ParamsError) as caught:
+        DpGdMechanism().check(params, _ctx())
+    assert caught.value.field == "count_noise_share"

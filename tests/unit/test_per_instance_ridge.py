@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -396,114 +397,307 @@ def test_adaops_paper_calibration_fails() -> None:
     assert tail > 1e-5 > 5e-7  # ≈ 4.8e-5 ≫ δ/2
 
 
-def test_discrete_gaussian_calibration() -> None:
+def _dg_brute_delta(t: int, shift: int, epsilon: float) -> float:
+    """Brute-force hockey-stick of N_Z(0, t²) vs N_Z(shift, t²), both orders: the pmf summed term by term
+    over ±60t (independent of ``A.discrete_gaussian_delta``'s tail bounds)."""
+    k = np.arange(-60 * t, 60 * t + 1 + shift, dtype=np.float64)
+    lw = -(k * k) / (2.0 * t * t)
+    lp = lw - float(np.log(np.sum(np.exp(lw - lw.max())))) - lw.max()
+    lq = -((k - shift) ** 2) / (2.0 * t * t) - (float(np.log(np.sum(np.exp(lw - lw.max())))) + lw.max())
+    p, q = np.exp(lp), np.exp(lq)
+    return float(
+        max(
+            np.sum(np.clip(p - math.exp(epsilon) * q, 0, None)),
+            np.sum(np.clip(q - math.exp(epsilon) * p, 0, None)),
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("shift", "epsilon", "delta"), [(A.LAMBDA_SHIFT, 0.5, 1e-6 / 3), (1, 0.2, 2e-7), (1, 1.5, 1e-9)]
+)
+def test_discrete_gaussian_calibration(shift: int, epsilon: float, delta: float) -> None:
+    t = A.discrete_gaussian_std_for(shift, epsilon, delta)
+    brute = _dg_brute_delta(t, shift, epsilon)
+    assert brute <= delta  # the released noise meets (ε, δ) by a term-by-term pmf sum
+    assert A.discrete_gaussian_delta(t, shift, epsilon) >= brute * (
+        1 - 1e-9
+    )  # the code's value is an upper bound
+    assert (
+        _dg_brute_delta(math.floor(t / 1.01), shift, epsilon) > delta
+    )  # and t is within 1 % of the smallest
+    k = A.discrete_gaussian_quantile(t, delta)
+    j = np.arange(-60 * t, 60 * t + 1, dtype=np.float64)
+    w = np.exp(-(j * j) / (2.0 * t * t))
+    assert float(w[j > k].sum() / w.sum()) <= delta < float(w[j > k - 1].sum() / w.sum())
+
+
+def test_discrete_gaussian_calibration_reference_and_paper_sigma() -> None:
     t = A.discrete_gaussian_std_for(A.LAMBDA_SHIFT, 0.5, 1e-6 / 3)
-    assert A.discrete_gaussian_delta(t, A.LAMBDA_SHIFT, 0.5) <= 1e-6 / 3
-    assert A.discrete_gaussian_delta(t - 20, A.LAMBDA_SHIFT, 0.5) > 1e-6 / 3
     close(t / A.LAMBDA_SHIFT, 8.5149, rel=2e-3)
     k = A.discrete_gaussian_quantile(t, 1e-6 / 3)
     close(k / t, float(stats.norm.isf(1e-6 / 3)), rel=1e-3)
+    # the paper's σ_λ = 2√log(4/δ) = 7.80 (in units of the sensitivity) misses (0.5, δ/3): caught
+    paper_t = round(2 * math.sqrt(math.log(4 / 1e-6)) * A.LAMBDA_SHIFT)
+    assert _dg_brute_delta(paper_t, A.LAMBDA_SHIFT, 0.5) > 1e-6 / 3
+
+
+# ----- the good event (the reviewer's construction: the worst pair is reached) -------------------------
+
+
+def _edge_dataset(n_small: int, d: int, lam_min: float) -> tuple[np.ndarray, np.ndarray]:
+    """S: n_small rows (divisible by 4), e₂ an eigenvector of SᵀS with eigenvalue ``lam_min`` (the smallest),
+    y = +1 (θ̂_S as large as possible along e₂)."""
+    v = math.sqrt(lam_min / n_small)
+    rest = math.sqrt((1 - v * v) / (d - 1))
+    signs = np.array([[a, b] for a in (1, -1) for b in (1, -1)] * (n_small // 4), dtype=float)
+    xs = np.zeros((n_small, d))
+    xs[:, 1] = v
+    xs[:, 0] = rest * signs[:, 0]
+    xs[:, 2] = rest * signs[:, 1]
+    return xs, np.ones(n_small)
+
+
+def _adaops_params(**extra: object) -> A.AdaOpsRidgeParams:
+    from mechanisms.learners.features import FeatureSpec
+
+    base: dict[str, object] = {"features": FeatureSpec(features=("a",), label="b"), "delta": 1e-6}
+    return A.AdaOpsRidgeParams.model_validate({**base, **extra})
+
+
+def _worst_pair_terms(
+    margin_shift: float = 0.0, h_scale: float = 1.0, gamma_scale: float = 1.0
+) -> tuple[A.AdaOpsPlan, float, float, float, float]:
+    """The pair S vs X = S + (e₂, −1) with λ_min(SᵀS) = h − 1 along e₂, W drawn from X at the edge of the good
+    event (Y = k₃, Y_n = −k₄: n_hi = n_X). Returns (plan, μ̄(n_hi), μ, r, γ) of the OPS step; the optional
+    arguments break the calibration (the margin, the threshold h, γ)."""
+    pl = A.plan(_adaops_params(epsilon=1.0, kappa=3.0, min_lambda=1e-3), 3, None, "add_remove")
+    n_small = 600
+    n_hi = A.rows_upper(pl, n_small + 1 - pl.count_quantile)
+    assert n_hi == n_small + 1 > pl.rows_floor  # the count's edge is active
+    h, mu_bar, gamma = A.calibrate(pl, n_hi)
+    xs, ys = _edge_dataset(n_small, 3, h - 1.0)
+    xl = np.vstack([xs, [0.0, 1.0, 0.0]])
+    lam_min_x = float(np.linalg.eigvalsh(xl.T @ xl)[0])
+    close(lam_min_x, h, rel=1e-9)
+    lam_noisy = lam_min_x + (pl.margin - 1.0)  # Y = k₃: the edge of the good event
+    broken = dataclasses.replace(pl, margin=pl.margin + margin_shift)
+    lam_n = A.adaptive_lambda(broken, lam_noisy, threshold=h * h_scale)
+    fit = R.ridge_fit(xs, ys, lam_n)
+    mu, r = R.outsider_terms(fit, np.array([[0.0, 1.0, 0.0]]), np.array([-1.0]))
+    return pl, mu_bar, float(mu[0]), float(r[0]), gamma * gamma_scale
 
 
 def test_adaops_good_event_bounds_the_ops_step() -> None:
-    """On random neighbouring pairs, conditional on the good event, the exact OPS-step pDP is ≤ ε₂ at δ₂."""
-    rng = np.random.default_rng(3)
-    from mechanisms.learners.features import FeatureSpec
+    """At the worst pair on the good event μ = μ̄ is reached, |r| ≤ R and B(μ, r) ≤ ε_post."""
+    pl, mu_bar, mu, r, gamma = _worst_pair_terms()
+    assert mu_bar * (1 - 1e-6) <= mu <= mu_bar  # the edge: λ_min(H_S) = h exactly
+    assert abs(r) <= pl.r_bar
+    assert abs(r) > 0.6 * pl.r_bar  # a large residual (θ̂_S maximal along e₂)
+    assert float(R.ops_bound(gamma, mu, r, pl.delta_post)) <= pl.eps_post
+    assert float(R.ops_epsilon(gamma, np.array([mu]), np.array([r]), pl.delta_post)[0]) <= pl.eps_post
 
-    n, d = 400, 3
-    p = A.AdaOpsRidgeParams(
-        features=FeatureSpec(features=("a",), label="b"), epsilon=1.0, delta=1e-6, kappa=3.0, max_rows=n
+
+@pytest.mark.parametrize(
+    "broken",
+    [{"margin_shift": -1.0}, {"h_scale": 0.1}, {"gamma_scale": 2.0}],
+    ids=["no+1", "h/10", "gamma*2"],
+)
+def test_adaops_good_event_check_catches_broken_calibrations(broken: dict[str, float]) -> None:
+    pl, mu_bar, mu, r, gamma = _worst_pair_terms(**broken)
+    ok = (
+        mu <= mu_bar and abs(r) <= pl.r_bar and float(R.ops_bound(gamma, mu, r, pl.delta_post)) <= pl.eps_post
     )
-    pl = A.plan(p, d, n, "add_remove")
-    for trial in range(20):
-        x, y = random_data(100 + trial, n=n, d=d)
-        x[:, 0] *= 0.05 if trial % 2 else 1.0  # ill-conditioned half the time
-        x /= np.maximum(1.0, np.linalg.norm(x, axis=1, keepdims=True))
-        lam_min = float(np.linalg.eigvalsh(x.T @ x)[0])
-        noisy = lam_min + rng.normal() * pl.lambda_sigma
-        if noisy > lam_min + pl.margin - 1:
-            continue  # outside the good event
-        lam_n = A.adaptive_lambda(pl, noisy)
-        for i in range(5):  # remove record i: the smaller set is x without i
-            keep = np.arange(n) != i
-            fit = R.ridge_fit(x[keep], y[keep], lam_n)
-            mu, r = R.outsider_terms(fit, x[i : i + 1], y[i : i + 1])
-            assert mu[0] <= pl.mu_bar
-            assert abs(r[0]) <= pl.r_bar
-            assert float(R.ops_epsilon(pl.gamma, mu, r, pl.delta_post)[0]) <= pl.eps_post
+    assert not ok
 
 
-def test_plan_rejects_infeasible_kappa() -> None:
+def test_plan_floor_replaces_the_infeasible_kappa_refusal() -> None:
+    """add_remove: a large κ only raises the public floor n_floor of n_hi (never ⊥, never a branch on n);
+    replace_one (public n) still refuses an infeasible κ."""
     from mechanisms.base import ParamsError
-    from mechanisms.learners.features import FeatureSpec
 
-    p = A.AdaOpsRidgeParams(
-        features=FeatureSpec(features=("a",), label="b"), epsilon=0.1, delta=1e-6, kappa=1e6, max_rows=100
-    )
+    p = _adaops_params(epsilon=0.1, kappa=1e6)
+    pl = A.plan(p, 3, None, "add_remove")
+    fixed = 0.5 * math.log1p(pl.mu_bar) + pl.mu_bar * math.log(1 / pl.gamma_delta)
+    assert fixed <= pl.gamma_target / 2
+    assert A.calibrate(pl, pl.rows_floor)[2] > 0
+    with pytest.raises(ValueError, match="floor"):
+        A.calibrate(pl, pl.rows_floor - 1)
     with pytest.raises(ParamsError) as err:
-        A.plan(p, 3, 100, "add_remove")
+        A.plan(p, 3, 100, "replace_one")
     assert err.value.field == "kappa"
+
+
+# ----- the mechanism's own DP claim: exact joint hockey-stick -----------------------------------------------
+
+
+def _dg_log_pmf(t: int, centre: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """log pmf of N_Z(centre, t²) on [lo, hi] (exact normaliser by a ±40t sum) and the mass outside."""
+    k = np.arange(lo, hi + 1)
+    z = np.arange(-40 * t, 40 * t + 1, dtype=np.float64)
+    log_norm = math.log(float(np.sum(np.exp(-(z * z) / (2.0 * t * t)))))
+    lp = -((k - centre).astype(np.float64) ** 2) / (2.0 * t * t) - log_norm
+    return k, lp, max(0.0, 1.0 - float(np.exp(lp).sum()))
+
+
+def _joint_delta(
+    pl: A.AdaOpsPlan, xs: np.ndarray, ys: np.ndarray, x: np.ndarray, y: float, eps: float, t_lambda: int
+) -> float:
+    """max over both orders of the hockey-stick δ(ε) of W = (ñ, λ̃) and θ̃ (continuous OPS law, the
+    mechanism's γ after its dyadic rounding) for S = (xs, ys) vs X = S + (x, y): Σ_w p(w)·δ_OPS(ε − L_W(w)),
+    exact per w (ridge.ops_delta_*); W truncated at ±7 std with the mass outside added."""
+    step, t, tn, big_k = pl.lambda_step, t_lambda, pl.count_std, 7
+    n_small = xs.shape[0]
+    xl = np.vstack([xs, x])
+    u_s = math.ceil(float(np.linalg.eigvalsh(xs.T @ xs)[0]) / step) - 1
+    u_x = math.ceil(float(np.linalg.eigvalsh(xl.T @ xl)[0]) / step) - 1
+    lo, hi = min(u_s, u_x) - big_k * t, max(u_s, u_x) + big_k * t
+    ks, lk_x, out_x = _dg_log_pmf(t, u_x, lo, hi)
+    _, lk_s, out_s = _dg_log_pmf(t, u_s, lo, hi)
+    ns, ln_x, on_x = _dg_log_pmf(tn, n_small + 1, n_small - big_k * tn, n_small + 1 + big_k * tn)
+    _, ln_s, on_s = _dg_log_pmf(tn, n_small, n_small - big_k * tn, n_small + 1 + big_k * tn)
+    ev, vecs = np.linalg.eigh(xs.T @ xs)
+    a, b = vecs.T @ x, vecs.T @ (xs.T @ ys)
+    d_xs, d_sx = out_x + on_x, out_s + on_s
+    for j, rows_noisy in enumerate(ns):
+        h, _, gamma_t = A.calibrate(pl, A.rows_upper(pl, int(rows_noisy)))
+        s = A.sample_scale(gamma_t)
+        gamma = float(1 / (s * s))
+        lam = np.maximum(pl.min_lambda, h - ks * step + pl.margin)
+        mu = ((a * a)[None, :] / (ev[None, :] + lam[:, None])).sum(1)
+        r = y - ((a * b)[None, :] / (ev[None, :] + lam[:, None])).sum(1)
+        loss_w = lk_x - lk_s + (ln_x[j] - ln_s[j])  # log p_X(w) − log p_S(w)
+        d_xs += float(np.sum(np.exp(lk_x + ln_x[j]) * R.ops_delta_backward(gamma, mu, r, eps - loss_w)))
+        d_sx += float(np.sum(np.exp(lk_s + ln_s[j]) * R.ops_delta_forward(gamma, mu, r, eps + loss_w)))
+    return max(d_xs, d_sx)
+
+
+@pytest.mark.slow
+def test_adaops_joint_release_meets_its_claim_exactly() -> None:
+    """The mechanism's own (ε, δ) claim on the adversarial pair (worst leverage and residual, the good event's
+    edge reachable), by the exact joint hockey-stick of (ñ, λ̃, θ̃); the broken variant with σ_λ/4 is caught.
+    Observed: δ ≈ 2e-12 against the claimed 1e-6 (the composition is loose), broken ≈ 0.11."""
+    pl = A.plan(_adaops_params(epsilon=4.0, kappa=2.0, lambda_share=0.8), 3, None, "add_remove")
+    n_small = 400
+    h_edge = A.calibrate(pl, max(n_small + 1, pl.rows_floor))[0]
+    xs, ys = _edge_dataset(n_small, 3, h_edge - 1.0)
+    x = np.array([0.0, 1.0, 0.0])
+    claimed_eps = pl.eps_lambda + pl.eps_count + pl.eps_post  # θ̃ continuous: the output step is not in it
+    claimed_delta = pl.delta_lambda + pl.delta_count + pl.delta_event + pl.delta_count_event + pl.delta_post
+    t = pl.lambda_std_units
+    assert _joint_delta(pl, xs, ys, x, -1.0, claimed_eps, t) <= claimed_delta
+    assert _joint_delta(pl, xs, ys, x, -1.0, claimed_eps, t // 4) > claimed_delta
 
 
 # ----- the mechanism and its reports ---------------------------------------------------------------------
 
 
 def _params(**extra: object) -> A.AdaOpsRidgeParams:
-    from mechanisms.learners.features import FeatureSpec
-
-    base: dict[str, object] = {
-        "features": FeatureSpec(features=("a",), label="b"),
-        "epsilon": 2.0,
-        "delta": 1e-6,
-        "kappa": 2.0,
-        "max_rows": 500,
-    }
-    return A.AdaOpsRidgeParams.model_validate({**base, **extra})
+    return _adaops_params(**{"epsilon": 2.0, "kappa": 2.0, **extra})
 
 
 def test_adaops_release_end_to_end() -> None:
     from mechanisms.noise import Noise
 
     x, y = random_data(21, n=400, d=3)
-    pl = A.plan(_params(), 3, 500, "add_remove")
+    pl = A.plan(_params(), 3, None, "add_remove")
     out = A.adaops_release(pl, x, y, Noise.seeded(4))
     assert out["released"] is True
     assert out["lambda"] >= 1.0
-    assert out["gamma"] <= pl.gamma
-    for leaky in ("lambda_min", "theta_hat", "leverage", "gram"):
+    assert out["rows_upper"] == A.rows_upper(pl, out["rows_noisy"])
+    assert out["gamma"] <= A.calibrate(pl, out["rows_upper"])[2]
+    for leaky in ("lambda_min", "theta_hat", "leverage", "gram", "rows", "n"):
         assert leaky not in out
     fit = R.ridge_fit(x, y, out["lambda"])
     spread = math.sqrt(float(np.trace(np.linalg.inv(fit.r_factor.T @ fit.r_factor))) / out["gamma"])
     assert np.linalg.norm(np.asarray(out["coefficients"]) - fit.theta) < 8 * spread
     # the same seed gives the same release (noise only from mechanisms.noise)
     assert A.adaops_release(pl, x, y, Noise.seeded(4)) == out
-    # more rows than the declared public bound: ⊥ after the λ̃ step
-    small = A.plan(_params(max_rows=300), 3, 300, "add_remove")
-    assert A.adaops_release(small, x, y, Noise.seeded(4))["released"] is False
+    # no ⊥ and no branch on the private n: tiny and large data sets are released alike
+    for n in (3, 2000):
+        xn, yn = random_data(23, n=n, d=3)
+        other = A.adaops_release(pl, xn, yn, Noise.seeded(5))
+        assert other["released"] is True
+        assert other.keys() == out.keys()
+        assert other["rows_upper"] >= pl.rows_floor
 
 
-def test_replace_one_and_data_dependent_charges() -> None:
-    add = A.plan(_params(), 3, 500, "add_remove")
-    rep = A.plan(_params(max_rows=None), 3, 500, "replace_one")
-    assert rep.gamma < add.gamma  # two add/remove steps at half the target
-    dep = A.plan(_params(report="data_dependent", report_sigma=5.0, report_delta=1e-7), 3, 500, "add_remove")
-    assert dep.report_epsilon > 0.0
-    assert dep.report_delta == 1e-7
-    assert dep.epsilon > add.epsilon
-    assert dep.delta > add.delta
+def test_max_rows_is_refused() -> None:
+    from mechanisms.base import ParamsError
+    from mechanisms.data.schema import DatasetSchema
+
+    for relation, rows in (("add_remove", None), ("replace_one", 500)):
+        schema = DatasetSchema.model_validate(
+            {
+                "columns": [
+                    {"name": "a", "type": "float", "min": -1, "max": 1},
+                    {"name": "b", "type": "float", "min": -1, "max": 1},
+                ],
+                "neighboring": relation,
+            }
+        )
+        ctx = A.PublicContext(schema, rows, (2.0, 4.0))
+        with pytest.raises(ParamsError) as err:
+            A.ADAOPS_RIDGE.check(_params(max_rows=1000), ctx)
+        assert err.value.field == "max_rows"
+
+
+@pytest.mark.parametrize("relation", ["add_remove", "replace_one"])
+@pytest.mark.parametrize("family", ["public", "data_dependent"])
+def test_charge_is_pinned(relation: str, family: str) -> None:
+    """approximate_charge is exactly (ε [+ ε_rep], δ [+ δ_rep]) rounded up (a few ulps), both relations."""
+    from mechanisms.data.schema import DatasetSchema
+
+    schema = DatasetSchema.model_validate(
+        {
+            "columns": [
+                {"name": "a", "type": "float", "min": -1, "max": 1},
+                {"name": "b", "type": "float", "min": -1, "max": 1},
+            ],
+            "neighboring": relation,
+        }
+    )
+    ctx = A.PublicContext(schema, 500 if relation == "replace_one" else None, (2.0, 4.0, 8.0))
+    extra = (
+        {"report": "data_dependent", "report_sigma": 5.0, "report_delta": 1e-7} if family != "public" else {}
+    )
+    p = _params(**extra)
+    charge = A.ADAOPS_RIDGE.approximate_charge(p, ctx)
+    d = 2  # one feature and the intercept
+    rep_eps, rep_delta = A.report_charge(p, d, relation)  # type: ignore[arg-type]
+    if family == "public":
+        assert (rep_eps, rep_delta) == (0.0, 0.0)
+    else:
+        assert rep_eps > 0.0
+        assert rep_delta == 1e-7
+    for got, want in ((charge.epsilon, 2.0 + rep_eps), (charge.delta, 1e-6 + rep_delta)):
+        assert want <= got <= want * (1 + 1e-11)
+
+
+def test_replace_one_and_data_dependent_plans() -> None:
     from mechanisms.base import ParamsError
 
+    add = A.plan(_params(), 3, None, "add_remove")
+    rep = A.plan(_params(), 3, 500, "replace_one")
+    assert rep.count_std == 0  # n is public: no count released, no δ spent on it
+    assert rep.delta_count == rep.delta_count_event == 0.0
+    assert add.count_std > 0
+    # two add/remove steps at half the target: smaller γ than an add/remove plan at the same n_hi
+    assert rep.gamma < A.calibrate(add, 500)[2]
+    dep = A.plan(_params(report="data_dependent", report_sigma=5.0, report_delta=1e-7), 3, None, "add_remove")
+    assert dep.report_epsilon > 0.0
+    assert dep.report_delta == 1e-7
     with pytest.raises(ParamsError):
-        A.plan(_params(report="data_dependent"), 3, 500, "add_remove")
+        A.plan(_params(report="data_dependent"), 3, None, "add_remove")
 
 
 def test_reports_are_functions_of_the_release_and_the_record() -> None:
     from mechanisms.noise import Noise
 
     x, y = random_data(22, n=400, d=3)
-    pub = A.plan(_params(), 3, 500, "add_remove")
+    pub = A.plan(_params(), 3, None, "add_remove")
     dep_p = A.plan(
-        _params(report="data_dependent", report_sigma=2.0, report_delta=1e-7), 3, 500, "add_remove"
+        _params(report="data_dependent", report_sigma=2.0, report_delta=1e-7), 3, None, "add_remove"
     )
     out = A.adaops_release(dep_p, x, y, Noise.seeded(9))
     assert np.asarray(out["gram"]["matrix"]).shape == (3, 3)
@@ -511,8 +705,11 @@ def test_reports_are_functions_of_the_release_and_the_record() -> None:
     rep_dep = A.evaluate_report(dep_p, out, x[:20], y[:20], 0.05)
     rep_pub = A.evaluate_report(pub, public_only, x[:20], y[:20], 0.05)
     for a, b in zip(rep_dep, rep_pub, strict=True):
-        # the Gram only tightens μ (and the per-event share ρ/5 < ρ/4 costs a little)
+        # the Gram only tightens μ (and the per-event share ρ/6 < ρ/5 costs a little)
         assert a["member"]["mu_upper"] <= b["member"]["mu_upper"] * (1 + 1e-9)
+        # the output discretisation step is in both report values (ε_out), δ_out in pdp_delta
+        assert b["member"]["pdp_epsilon"] >= pub.eps_out
+        assert b["pdp_delta"] == pub.delta_ops
     # deterministic and per-record: a record alone gets the same report as inside a batch
     assert A.evaluate_report(pub, public_only, x[:1], y[:1], 0.05) == rep_pub[:1]
     with pytest.raises(ValueError, match="⊥"):

@@ -22,14 +22,16 @@ the mechanism's, nothing is charged for a refused statement.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import sqlglot
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 from sqlglot import exp
-from sqlglot.errors import ParseError
+from sqlglot.errors import SqlglotError
 
+from mechanisms.queries.language import MAX_CONDITIONS
 from service.api.deps import AdminOrAnalyst, Analyst, RuntimeDep, SessionDep
 from service.api.routers import requests as requests_router
 from service.api.routers.requests import IdempotencyKey, Prefer
@@ -99,6 +101,10 @@ _CLAUSES = {
     "kind": "select",
 }
 _INTEGER = re.compile(r"^[0-9]+$")
+_SELECT_ARGS = frozenset({"expressions", "from", "from_", "where", "group"})
+"""The only arguments a translated SELECT may carry: every other clause sqlglot parses (INTO, FOR UPDATE,
+CLUSTER/DISTRIBUTE/SORT BY, CONNECT BY, a future one, …) is refused rather than silently ignored."""
+_TABLE_ARGS = frozenset({"this", "alias"})
 
 
 def _refuse(clause: str, reason: str) -> InvalidInput:
@@ -131,15 +137,32 @@ def _literal(node: exp.Expression | None, clause: str) -> int | float | str:
     value: int | float = int(text) if _INTEGER.match(text) else float(text)
     if isinstance(value, float) and not (value == value and abs(value) != float("inf")):
         raise _refuse(clause, f"{text[:30]!r} is not a finite number")
+    if value == 0 and re.search(r"[1-9]", text.lower().split("e")[0]):
+        raise _refuse(clause, f"{text[:30]!r} underflows to 0 as a float")
     return -value if negative else value
 
 
-def _conditions(node: exp.Expression) -> list[dict[str, Any]]:
-    if isinstance(node, exp.Paren):
-        return _conditions(node.this)
-    if isinstance(node, exp.And):
-        return _conditions(node.this) + _conditions(node.expression)
+def _conditions(root: exp.Expression) -> list[dict[str, Any]]:
+    """The AND-joined conditions, flattened without recursion (a long AND chain is a deep tree)."""
+    out: list[dict[str, Any]] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, exp.Paren):
+            stack.append(node.this)
+        elif isinstance(node, exp.And):
+            stack.extend((node.expression, node.this))  # popped left first: the statement's order
+        else:
+            out.extend(_condition(node))
+        if len(out) > MAX_CONDITIONS:
+            raise _refuse("where", f"at most {MAX_CONDITIONS} conditions")
+    return out
+
+
+def _condition(node: exp.Expression) -> list[dict[str, Any]]:
     if isinstance(node, exp.Between):
+        if node.args.get("symmetric"):
+            raise _refuse("where", "BETWEEN SYMMETRIC is not supported: give low AND high")
         column = _column(node.this, "where")
         low, high = _literal(node.args.get("low"), "where"), _literal(node.args.get("high"), "where")
         return [{"column": column, "op": "ge", "value": low}, {"column": column, "op": "le", "value": high}]
@@ -155,12 +178,20 @@ def _conditions(node: exp.Expression) -> list[dict[str, Any]]:
     return [{"column": _column(node.this, "where"), "op": op, "value": _literal(node.expression, "where")}]
 
 
+def _level(node: exp.Expression | None) -> float:
+    """A quantile level: a numeric literal (its range is checked by the mechanism's params)."""
+    value = _literal(node, "select")
+    if isinstance(value, str):
+        raise _refuse("select", f"a quantile level is a number in [0, 1], not the string {value[:30]!r}")
+    return float(value)
+
+
 def _quantile(node: exp.Expression) -> tuple[str, float] | None:
     """(column, level) of a quantile aggregate, or None when ``node`` is not one."""
     if isinstance(node, exp.Median):
         return _column(node.this, "select"), 0.5
     if isinstance(node, exp.Quantile):
-        return _column(node.this, "select"), float(_literal(node.args.get("quantile"), "select"))
+        return _column(node.this, "select"), _level(node.args.get("quantile"))
     if isinstance(node, exp.WithinGroup) and isinstance(node.this, exp.PercentileCont):
         order = node.expression
         if not isinstance(order, exp.Order) or len(order.expressions) != 1:
@@ -168,7 +199,7 @@ def _quantile(node: exp.Expression) -> tuple[str, float] | None:
         ordered = order.expressions[0]
         if ordered.args.get("desc"):
             raise _refuse("select", "PERCENTILE_CONT: ORDER BY … DESC is not supported")
-        return _column(ordered.this, "select"), float(_literal(node.this.this, "select"))
+        return _column(ordered.this, "select"), _level(node.this.this)
     return None
 
 
@@ -189,26 +220,46 @@ def translate(sql: str, dataset_id: str, body: SqlIn) -> SqlTranslation:
     """The mechanism and params of one statement, or ``InvalidInput`` naming the clause it cannot bound."""
     try:
         statements = sqlglot.parse(sql)
-    except ParseError as exc:
-        raise _refuse("syntax", f"not valid SQL: {str(exc).splitlines()[0][:200]}") from None
+    except SqlglotError as exc:  # ParseError, TokenError (e.g. an unterminated comment), …
+        raise _refuse("syntax", f"not valid SQL: {(str(exc).splitlines() or [''])[0][:200]}") from None
+    except RecursionError:
+        raise _refuse("syntax", "the statement is nested too deeply") from None
+    try:
+        return _translate(statements, dataset_id, body)
+    except RecursionError:
+        raise _refuse("syntax", "the statement is nested too deeply") from None
+
+
+def _translate(statements: Sequence[object], dataset_id: str, body: SqlIn) -> SqlTranslation:
     if len(statements) != 1 or statements[0] is None:
         raise _refuse("syntax", "exactly one statement is allowed")
     tree = statements[0]
     if not isinstance(tree, exp.Select):
-        raise _refuse("select", f"only SELECT is supported, not {tree.key.upper()}")
+        raise _refuse("select", f"only SELECT is supported, not {str(getattr(tree, 'key', '?')).upper()}")
     for arg, clause in _CLAUSES.items():
         if tree.args.get(arg):
             raise _refuse(
                 clause, f"{clause.replace('_', ' ').upper()} cannot be bounded from the public schema"
             )
+    for arg, value in tree.args.items():
+        if value and arg not in _SELECT_ARGS:
+            raise _refuse(arg, f"{arg.replace('_', ' ').upper()} is not supported")
     source = tree.args.get("from_") or tree.args.get("from")
-    if source is None or not isinstance(source.this, exp.Table) or source.this.args.get("db"):
-        raise _refuse("from", "FROM must name the dataset (its id, or `dataset`)")
+    if (
+        source is None
+        or not isinstance(source.this, exp.Table)
+        or any(value and arg not in _TABLE_ARGS for arg, value in source.this.args.items())
+    ):
+        raise _refuse("from", "FROM must name the dataset (its id, or `dataset`), with no sample or hint")
     if source.this.name not in (dataset_id, "dataset"):
         raise _refuse("from", f"FROM must name this dataset ({dataset_id!r} or `dataset`)")
     where_node = tree.args.get("where")
     where = _conditions(where_node.this) if where_node is not None else []
     group_node = tree.args.get("group")
+    if group_node is not None and any(
+        value and arg != "expressions" for arg, value in group_node.args.items()
+    ):
+        raise _refuse("group_by", "only GROUP BY plain columns (no ROLLUP, CUBE, GROUPING SETS or ALL)")
     group_by = [_column(g, "group_by") for g in group_node.expressions] if group_node is not None else []
     measures: list[dict[str, Any]] = []
     quantiles: list[tuple[str, float]] = []
@@ -245,7 +296,7 @@ def _quantile_params(
     if len(columns) != 1:
         raise _refuse("select", "all quantiles of one statement must be of the same column")
     if body.noise != "laplace":
-        raise InvalidInput("noise", "quantiles use the exponential mechanism (pure ε): give epsilon")
+        raise InvalidInput("noise", "quantiles use report-noisy-max (pure ε): give epsilon")
     if body.epsilon is None:
         raise InvalidInput("epsilon", "required")
     levels = list(dict.fromkeys(q for _, q in quantiles))
