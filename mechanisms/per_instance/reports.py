@@ -609,7 +609,9 @@ def evaluate_report(
     if adaptive:
         adaptive_args = {
             "lambda_lo": lower_lambda(p, report),
-            "spectral": float(report["hessian_sigma"]) * float(report["tau_goe"]),
+            # ‖Ĥ − H‖ ≤ σ₃τ_GOE (noise and rounding) + the float error of assembling H (≤ e ≤ shift_extra/2)
+            "spectral": float(report["hessian_sigma"]) * float(report["tau_goe"])
+            + float(report["lambda_min_shift_extra"]) / 2.0,
             "sigma_l": float(report["lambda_min_sigma"]),
             "lambda_shift_extra": float(report["lambda_min_shift_extra"]),
             "z_l": z,

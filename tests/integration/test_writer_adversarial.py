@@ -13,10 +13,12 @@
 from __future__ import annotations
 
 import math
+import multiprocessing
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,12 +27,15 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import UNITS_PER_EPSILON
+from mechanisms.base import Mechanism
 from service.auth import Principal, Role, create_key
-from service.datasets import archive, create_dataset, grant, revoke_grant
-from service.errors import ServiceError
+from service.datasets import TableCache, archive, create_dataset, grant, revoke_grant
+from service.errors import BudgetExhausted, ServiceError
 from service.filter import budget
 from service.filter.ledger import verify
 from service.runs import admission, settlement, writer
+from service.runs.worker import execute
+from service.store.engine import make_engine, make_sessionmaker
 from service.store.models import DATASET_SCOPE, LedgerEntry
 from service.store.repositories import DatasetRepository, FilterRepository
 from tests.integration.helpers import CSV, SCHEMA
@@ -365,3 +370,101 @@ class TestNothingEscapesItsCharge:
         assert self.pure_totals(sessions, dataset_id) == (UNITS_PER_EPSILON // 10, 0)
         with sessions() as session:
             assert verify(session).problems == []
+
+
+# ----- two writer processes (two API processes) on one dataset ------------------------------------------
+
+PER_PROCESS = 30
+
+
+def hammer(url: str, data_dir: str, dataset_id: str, names: list[str], out: Any, start: Any) -> None:
+    """A child process: its own engine and writer; PER_PROCESS concurrent one-transaction requests."""
+    engine = make_engine(url)
+    sessions = make_sessionmaker(engine)
+    batcher = writer.WriteBatcher(sessions)
+    tables = TableCache(Path(data_dir))
+    failed: list[BaseException] = []
+    apply = batcher._apply
+
+    def counted(batch: list[writer.Job]) -> Any:  # a batch that failed (then retried job by job)
+        try:
+            return apply(batch)
+        except BaseException as exc:
+            failed.append(exc)
+            raise
+
+    batcher._apply = counted  # type: ignore[method-assign]
+    try:
+        principals = [Principal(name, Role.analyst) for name in names]
+        with sessions() as session:
+            validated = [
+                replace(admission.validate(session, p, dataset_id, "laplace", laplace(0.1)), inline=True)
+                for p in principals
+            ]
+
+        def one(i: int) -> str:
+            v = validated[i % len(validated)]
+            mechanism = v.mechanism
+            assert isinstance(mechanism, Mechanism)
+
+            def run() -> Any:
+                return execute(v.dataset, mechanism, v.params, v.context, tables, v.worst_case)
+
+            try:
+                request, _ = batcher.admit_and_run(principals[i % len(principals)], v, None, LEASE, run)
+            except BudgetExhausted:
+                return "refused"
+            return f"{request.state}:{request.release is not None}"
+
+        with sessions() as session:  # warm: connections open, table loaded, before the start line
+            FilterRepository(session).get(dataset_id)
+        tables.get(validated[0].dataset, validated[0].context.schema)
+        start.wait(120)  # both processes set up: race from here
+        with ThreadPoolExecutor(16) as pool:
+            counts = Counter(pool.map(one, range(PER_PROCESS)))
+        out.put(counts + Counter({"failed batches": len(failed)}))
+    finally:
+        batcher.stop()
+        engine.dispose()
+
+
+class TestTwoWriterProcesses:
+    def test_two_processes_on_one_dataset_admit_exactly_what_fits(
+        self, sessions: sessionmaker[Session], database_url: str, tmp_path: Path
+    ) -> None:
+        """Two processes, each with its own group-commit writer (SQLite: BEGIN IMMEDIATE across processes;
+        PostgreSQL: FOR UPDATE), race 60 one-transaction requests of ε = 0.1 for a pure budget of 1: exactly
+        ten are committed with their release, spent is exactly 1, nothing is reserved, and the ledger's
+        chain (appended by both processes) verifies. No batch may fail: without the row locks the chain's
+        primary key (dataset, seq) would still refuse the second of two racing appends, and the retry on the
+        ORM path would hide the missing lock; a failed batch is how that shows."""
+        with sessions() as session, session.begin():
+            dataset = create_dataset(session, tmp_path, "d", CSV, SCHEMA, "admin")
+            names = [f"p{i}-{dataset.id}" for i in range(4)]
+            for name in names:
+                create_key(session, name, Role.analyst)
+                grant(session, dataset, name, "admin")
+            budget.set_budget(session, dataset, DATASET_SCOPE, 1.0, 0.0, "admin")
+        context = multiprocessing.get_context("spawn")
+        out, start = context.Queue(), context.Barrier(2)
+        children = [
+            context.Process(
+                target=hammer, args=(database_url, str(tmp_path), dataset.id, names[i::2], out, start)
+            )
+            for i in range(2)
+        ]
+        for child in children:
+            child.start()
+        counts: Counter[str] = Counter()
+        for _ in children:
+            counts += out.get(timeout=300)
+        for child in children:
+            child.join(60)
+            assert child.exitcode == 0
+        assert counts == Counter({"committed:True": 10, "refused": 2 * PER_PROCESS - 10}), counts
+        with sessions() as session:
+            flt = FilterRepository(session).get(dataset.id)
+            assert flt is not None
+            assert (flt.spent["finite"][-1], flt.reserved["finite"][-1]) == (UNITS_PER_EPSILON, 0)
+            assert verify(session).problems == []
+        assert events(sessions, dataset.id).count("commit") == 10
