@@ -19,7 +19,7 @@ import numpy as np
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from mechanisms.base import PublicContext
+from mechanisms.base import ParamsError, PublicContext
 from mechanisms.data.schema import CategoricalColumn, IntColumn
 from mechanisms.learners.features import design_matrix
 from mechanisms.learners.objective_perturbation import ObjPertLogisticParams
@@ -113,14 +113,14 @@ def _adaops_report(
     charged with the release)."""
     try:
         params = adaops.AdaOpsRidgeParams.model_validate(stored)
-    except ValidationError:  # stored params were validated at submission; defensive
+        pl = adaops.ADAOPS_RIDGE.plan_for(params, ctx)
+    except (ValidationError, ParamsError):  # validated at submission; defensive (an older contract)
         raise Conflict("the stored request parameters are not readable") from None
     if not release.get("released"):
         raise Conflict("the release is ⊥ (no model): there is nothing to report on")
     spec = params.features
     table = _record_table(ctx, [*spec.features, spec.label], record)
     x, y = design_matrix(spec, ctx, table, "regression", row_norm=1.0)
-    pl = adaops.ADAOPS_RIDGE.plan_for(params, ctx)
     result = adaops.evaluate_report(pl, release, x, y, params.report_rho)[0]
     return {
         "request_id": request_id,
