@@ -15,6 +15,7 @@ The real-process scenarios (floods, both executors, SIGTERM) are in test_fair_ex
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +54,11 @@ def test_the_claim_order_is_round_robin_across_analysts(
         budget.set_budget(session, dataset, DATASET_SCOPE, 100.0, 0.0, "admin")
     a, b, c = (Principal(name, Role.analyst) for name in names)
 
+    queue = f"fair-{time.time_ns()}"  # its own queue: what other tests left queued is not claimed here
+
     def admit(who: Principal) -> str:
         with sessions() as session:
-            validated = admission.validate(session, who, dataset.id, "laplace", COUNT)
+            validated = replace(admission.validate(session, who, dataset.id, "laplace", COUNT), queue=queue)
         with sessions() as session:
             request, created = admission.admit(session, who, validated, None, 30.0)
         assert created
@@ -68,10 +71,10 @@ def test_the_claim_order_is_round_robin_across_analysts(
     with sessions() as session:
         rows = [RequestRepository(session).get(rid) for rid in queued]
     assert all(r is not None and r.queued and r.lease_expires_at is None for r in rows)
-    # a deployment's workers claim only their own queue's requests (these were admitted without one)
+    # a deployment's workers claim only their own queue's requests
     assert worker.claim_next(sessions, "other-deployment", 30.0, ["laplace"], queue="other") is None
     order = []
-    while (claimed := worker.claim_next(sessions, f"w{len(order)}", 30.0, ["laplace"])) is not None:
+    while (claimed := worker.claim_next(sessions, f"w{len(order)}", 30.0, ["laplace"], queue)) is not None:
         order.append(queued[claimed])  # claimed, never settled: each stays running on "its worker"
     # fewest running first, ties to the analyst served least recently: A's burst delays B and C by one
     assert order == ["a", "b", "c", "a", "b", "a", "a", "a"], order
