@@ -128,6 +128,8 @@ def serve(
     """Run the HTTP service (refuses to start on an unmigrated database or a port in use)."""
     import uvicorn
 
+    from service.api.wire import HTTP_PROTOCOL
+
     problem = port_problem(host, port)
     if problem is not None:
         typer.echo(f"expost serve: {problem}", err=True)
@@ -143,6 +145,7 @@ def serve(
         workers=workers,
         log_level="warning",
         access_log=False,
+        http=HTTP_PROTOCOL,  # the parser's own 400s as problem+json
         # SIGTERM: stop accepting, drain (POSTs waiting for a release answer 202 at once), let runs finish
         # within the grace period, then stop them (Runtime.close); this only bounds slow connections.
         timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_seconds)),

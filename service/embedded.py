@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 import uvicorn
 
+from service.api.wire import HTTP_PROTOCOL
 from service.app import create_app
 from service.config import Settings
 
@@ -28,7 +29,14 @@ def serve_in_thread(settings: Settings, *, start_timeout: float = 20.0) -> Itera
     server on exit. RuntimeError if it has not started within ``start_timeout`` seconds."""
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+        uvicorn.Config(
+            create_app(settings),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="on",
+            http=HTTP_PROTOCOL,
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

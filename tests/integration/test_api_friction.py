@@ -217,7 +217,8 @@ def raw_post(world: World, key_bytes: bytes, token: str) -> bytes:
 class TestIdempotencyKeyCharacters:
     """What the app can see it answers with a problem naming the header. C0 control characters and DEL are
     refused by the HTTP parser of the server (uvicorn's httptools or h11: RFC 9110 field values allow
-    neither) before any application code runs: a plain 400 that no handler of the app can change."""
+    neither) before any application code runs; the server's protocol class (``service.api.wire``) writes
+    that 400 as a problem document too."""
 
     @pytest.mark.parametrize("key", [b"a\tb", b"caf\xe9", b"\xff\xfe"], ids=["tab", "latin-1", "high-bytes"])
     def test_keys_the_app_receives_are_a_problem_naming_the_header(
@@ -242,7 +243,14 @@ class TestIdempotencyKeyCharacters:
         world = make_world(live_server)
         token = world.analyst.headers["Authorization"].split()[1]
         response = raw_post(world, key, token)
-        assert response.startswith(b"HTTP/1.1 400 "), response[:300]
+        head, _, body = response.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 "), response[:300]
+        assert b"content-type: application/problem+json" in head.lower(), response[:300]
+        problem = json.loads(body)
+        assert problem["status"] == 400, problem
+        assert problem["type"] == "/problems/malformed-request", problem
+        assert "control characters" in problem["detail"]
+        assert key not in body, "the client's bytes are not echoed"
         assert b"x-request-id" not in response.lower(), "no application code ran (its middleware sets this)"
         assert world.analyst.get("/v1/requests").json()["items"] == []
         # the power check: the same request with a printable key is admitted

@@ -301,11 +301,12 @@ class TestIdempotencyKey:
         assert again.json()["id"] == first.json()["id"]
 
     def test_c0_control_characters_never_reach_the_service(self, world: World) -> None:
-        # The HTTP server (uvicorn) refuses a header with a C0 control character itself, with a plain 400,
-        # before the application runs: nothing is written either.
+        # The HTTP server (uvicorn's parser) refuses a header with a C0 control character itself, before the
+        # application runs (service.api.wire writes its 400 as problem+json): nothing is written either.
         before = written(world)
         response = world.request(world.analyst, COUNT, key="key\x01one")
         assert response.status_code == 400, response.text
+        assert response.headers["content-type"] == "application/problem+json", response.text
         assert written(world) == before
 
 
