@@ -272,7 +272,7 @@ class TestEstimate:
         yes = self.estimate(world, world.analyst, 0.5)
         assert yes["admitted"] is True
         assert yes["worst_case"]["pure"] == 0.5
-        assert "refusal" not in yes
+        assert yes["refusal"] is None  # the typed EstimateOut names the field; null when admitted
         assert self.estimate(world, world.admin, 1.0)["admitted"] is True
         no = self.estimate(world, world.analyst, 1.5)
         assert no["admitted"] is False
