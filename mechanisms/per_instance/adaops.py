@@ -50,10 +50,14 @@ from mechanisms.ptr.ops_linear import (
     COUPLING_BITS,
     INPUT_BITS,
     OUTPUT_BITS,
-    OUTPUT_NOISE_BITS,
+    Neighbouring,
     lambda_min_floor_units,
+    nudge_down,
+    nudge_up,
+    output_noise_std,
     output_step_cost,
     quantise,
+    solve_exact,
 )
 from mechanisms.ptr.protocol import ApproximateBase
 
@@ -63,17 +67,6 @@ LAMBDA_SHIFT = 1 << LAMBDA_BITS  # λ_min moves by ≤ 1 = 1024 units between ne
 REPORT_EVENTS = 4  # λ̃ margin, residual, output noise, λ̃ noise (public report); +1 ñ noise, +1 GOE
 COUNT_SHARE = 0.2  # add/remove: share of ε₁ spent on the noisy row count ñ
 _PAD = 1.0 + 1e-12
-Neighbouring = Literal["replace_one", "add_remove"]
-
-
-def _up(x: float) -> float:
-    return math.nextafter(x * _PAD, math.inf) if x > 0 else x
-
-
-def _down(x: float) -> float:
-    return math.nextafter(x / _PAD, -math.inf) if x > 0 else x
-
-
 class AdaOpsRidgeParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -157,7 +150,7 @@ def discrete_gaussian_delta(t: int, shift: int, epsilon: float) -> float:
     a = epsilon * t * t / shift
     first = _dg_tail(t, a - shift / 2.0, upper=True)
     second = _dg_tail(t, a + shift / 2.0, upper=False)
-    return _up(max(first - math.exp(epsilon) * second, 0.0)) + 1e-300
+    return nudge_up(max(first - math.exp(epsilon) * second, 0.0)) + 1e-300
 
 
 @lru_cache(maxsize=256)
@@ -282,9 +275,9 @@ def solve_gamma(mu_bar: float, r_bar: float, target: float, delta: float) -> flo
     if c >= 0.0:
         return None
     s = 2.0 * (-c) / (b + math.sqrt(b * b - 4.0 * a * c))
-    gamma = _down(s * s)
+    gamma = nudge_down(s * s)
     while float(ops_bound(gamma, mu_bar, r_bar, delta)) > target:
-        gamma = _down(gamma * (1.0 - 1e-9))
+        gamma = nudge_down(gamma * (1.0 - 1e-9))
     return gamma
 
 
@@ -309,9 +302,9 @@ def ops_calibration(
 ) -> tuple[float, float, float, float | None]:
     """(h, μ̄, R, γ) for an upper bound ``rows_upper`` on the smaller set's n: h = n_hi/(dκ) rounded down,
     μ̄ = 1/h and R = 1 + √(2n_hi/h) rounded up, γ from B(μ̄, R; γ, δ₀) = target (None: infeasible)."""
-    h = _down(rows_upper / (dim * kappa))
-    mu_bar = _up(1.0 / h)
-    r_bar = _up(1.0 + math.sqrt(_up(2.0 * rows_upper / h)))
+    h = nudge_down(rows_upper / (dim * kappa))
+    mu_bar = nudge_up(1.0 / h)
+    r_bar = nudge_up(1.0 + math.sqrt(nudge_up(2.0 * rows_upper / h)))
     return h, mu_bar, r_bar, solve_gamma(mu_bar, r_bar, target, delta0)
 
 
@@ -359,8 +352,8 @@ def report_charge(p: AdaOpsRidgeParams, d: int, neighbouring: Neighbouring) -> t
     l2 = 1.0 if neighbouring == "replace_one" else 1.0 / math.sqrt(2.0)
     units = grid_l2_sensitivity(l2, size, grid, integer_valued=False)
     t = max(1, math.ceil(Fraction(p.report_sigma) / Fraction(grid.granularity)))
-    rho = _up(units * units / (2.0 * t * t))
-    return _up(rho + 2.0 * math.sqrt(rho * math.log(1.0 / p.report_delta))), float(p.report_delta)
+    rho = nudge_up(units * units / (2.0 * t * t))
+    return nudge_up(rho + 2.0 * math.sqrt(rho * math.log(1.0 / p.report_delta))), float(p.report_delta)
 
 
 def plan(p: AdaOpsRidgeParams, dim: int, rows: int | None, neighbouring: Neighbouring) -> AdaOpsPlan:
@@ -380,13 +373,13 @@ def plan(p: AdaOpsRidgeParams, dim: int, rows: int | None, neighbouring: Neighbo
     delta_ops = p.delta - delta_lambda - delta_count - delta_event - delta_count_event
     delta_out = delta_ops / 1024.0
     eps_out = output_step_cost(dim, delta_out)
-    eps_post = _down(eps_ops - eps_out)
+    eps_post = nudge_down(eps_ops - eps_out)
     if eps_post <= 0.0:
         raise ParamsError("epsilon", "too small for the output discretisation step")
-    delta_post = _down(delta_ops - delta_out)
+    delta_post = nudge_down(delta_ops - delta_out)
     t = discrete_gaussian_std_for(LAMBDA_SHIFT, eps_lambda, delta_lambda)
     k3 = discrete_gaussian_quantile(t, delta_event)
-    margin = _up(1.0 + k3 * math.ldexp(1.0, -LAMBDA_BITS))
+    margin = nudge_up(1.0 + k3 * math.ldexp(1.0, -LAMBDA_BITS))
     if neighbouring == "add_remove":
         target, d0 = eps_post, delta_post
         t_n = discrete_gaussian_std_for(1, eps_count, delta_count)
@@ -456,31 +449,10 @@ def adaptive_lambda(pl: AdaOpsPlan, lambda_noisy: float, threshold: float | None
 
 def sample_scale(gamma: float) -> Fraction:
     """s ≥ 1/√γ dyadic (γ_eff = 1/s² ≤ γ: the covariance H⁻¹s² only grows)."""
-    s = dyadic_scale_up(_up(1.0 / math.sqrt(gamma)))
+    s = dyadic_scale_up(nudge_up(1.0 / math.sqrt(gamma)))
     while float(1 / (s * s)) > gamma:
         s = s * Fraction(1025, 1024)
     return s
-
-
-def _output_std(dim: int) -> int:
-    """t_o = 2^12·⌈√d⌉: the output step's discrete-Gaussian std (as ``ptr.ops_linear``; ε_out is its cost)."""
-    return (1 << OUTPUT_NOISE_BITS) * (math.isqrt(dim - 1) + 1)
-
-
-def _solve(matrix: list[list[Fraction]], rhs: list[Fraction]) -> list[Fraction]:
-    """Exact solution of a positive definite rational system (Gaussian elimination, no pivoting needed)."""
-    n = len(matrix)
-    m = [[*row[:], rhs[i]] for i, row in enumerate(matrix)]
-    for k in range(n):
-        for i in range(k + 1, n):
-            factor = m[i][k] / m[k][k]
-            if factor:
-                for j in range(k, n + 1):
-                    m[i][j] -= factor * m[k][j]
-    x = [Fraction(0)] * n
-    for i in reversed(range(n)):
-        x[i] = (m[i][n] - sum((m[i][j] * x[j] for j in range(i + 1, n)), Fraction(0))) / m[i][i]
-    return x
 
 
 # ----- the mechanism -----------------------------------------------------------------------------------
@@ -509,7 +481,7 @@ class AdaOpsRidge(ApproximateBase[AdaOpsRidgeParams]):
 
     def approximate_charge(self, p: AdaOpsRidgeParams, ctx: PublicContext) -> ApproximateCharge:
         pl = self.plan_for(p, ctx)
-        return ApproximateCharge.from_epsilon_delta(_up(pl.epsilon), _up(pl.delta), ctx.orders)
+        return ApproximateCharge.from_epsilon_delta(nudge_up(pl.epsilon), nudge_up(pl.delta), ctx.orders)
 
     def run(self, p: AdaOpsRidgeParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         x, y = design_matrix(p.features, ctx, table, "regression", row_norm=1.0)
@@ -570,7 +542,7 @@ def adaops_release(
         released=True,
         coefficients=coefficients,
         granularity=granularity,
-        output_noise_std=_output_std(d),
+        output_noise_std=output_noise_std(d),
         **{"lambda": float(lam_eff), "gamma": float(1 / (s * s))},
     )
     if pl.report_sigma is not None:
@@ -599,11 +571,11 @@ def _posterior_sample(
     g2 = discrete_gaussian_std(noise, big_t, d)
     xtg = xi.astype(object).T @ g1
     rhs = [xty[i] + s * (Fraction(int(xtg[i])) * g + root_lam * int(g2[i])) / big_t for i in range(d)]
-    theta = _solve(hess, rhs)
+    theta = solve_exact(hess, rhs)
     grid_o = math.ldexp(1.0, math.frexp(float(s / root_lam))[1] - 1 - OUTPUT_BITS)
     limit = 1 << 50
     units = [max(-limit, min(limit, math.floor(t / Fraction(grid_o) + Fraction(1, 2)))) for t in theta]
-    z = discrete_gaussian_std(noise, _output_std(d), d)
+    z = discrete_gaussian_std(noise, output_noise_std(d), d)
     released = [
         math.ldexp(float(u + int(zi)), math.frexp(grid_o)[1] - 1) for u, zi in zip(units, z, strict=True)
     ]

@@ -48,11 +48,13 @@ _PAD = 1.0 + 1e-12
 Neighbouring = Literal["replace_one", "add_remove"]
 
 
-def _up(x: float) -> float:
+def nudge_up(x: float) -> float:
+    """x·(1 + 10⁻¹²), one ulp up (x > 0; others as is): a bound padded above float error."""
     return math.nextafter(x * _PAD, math.inf) if x > 0 else x
 
 
-def _down(x: float) -> float:
+def nudge_down(x: float) -> float:
+    """x/(1 + 10⁻¹²), one ulp down (x > 0; others as is)."""
     return math.nextafter(x / _PAD, -math.inf) if x > 0 else x
 
 
@@ -112,12 +114,13 @@ def output_step_cost(dim: int, delta_out: float) -> float:
     std t_o = 2^12⌈√d⌉: D_α ≤ αc/2 with c = (2ρ/t_o)², and min_α αc/2 + log(1/δ)/(α−1) = c/2 + √(2c·log(1/δ))
     (Mironov 2017 Prop. 3)."""
     rho = 3.0 * 2.0**-5 + math.sqrt(dim) / 2.0
-    t_o = _output_std(dim)
-    c = _up((2.0 * rho / t_o) ** 2)
-    return _up(c / 2.0 + math.sqrt(2.0 * c * math.log(1.0 / delta_out)))
+    t_o = output_noise_std(dim)
+    c = nudge_up((2.0 * rho / t_o) ** 2)
+    return nudge_up(c / 2.0 + math.sqrt(2.0 * c * math.log(1.0 / delta_out)))
 
 
-def _output_std(dim: int) -> int:
+def output_noise_std(dim: int) -> int:
+    """t_o = 2^12·⌈√d⌉: the output step's discrete-Gaussian std (ε_out is its cost)."""
     return (1 << OUTPUT_NOISE_BITS) * (math.isqrt(dim - 1) + 1)  # 2^12·⌈√d⌉
 
 
@@ -128,7 +131,7 @@ def plan(params: OpsLinearParams, dim: int, neighbouring: Neighbouring) -> OpsPl
     delta_ops = delta / 2.0
     delta_out = delta_ops / 1024.0
     eps_out = output_step_cost(dim, delta_out)
-    eps_post = _down(eps_ops - eps_out)
+    eps_post = nudge_down(eps_ops - eps_out)
     if eps_post <= 0.0:
         raise ParamsError("epsilon", "too small for the output discretisation step")
     root = dyadic_scale_up(math.sqrt(params.lam))
@@ -154,7 +157,7 @@ def plan(params: OpsLinearParams, dim: int, neighbouring: Neighbouring) -> OpsPl
         eps_out=eps_out,
         delta_lambda=delta / 8.0,
         delta_log=delta / 4.0,
-        delta_post=_down(delta_ops - delta_out),
+        delta_post=nudge_down(delta_ops - delta_out),
         delta_out=delta_out,
         budget=budget,
     )
@@ -171,7 +174,7 @@ class OpsBound:
 
     def value(self, gamma: float) -> float:
         """ε̄(γ), each term padded up (an upper bound on the exact expression)."""
-        return _up(_up(self.b * gamma) + _up(self.a * math.sqrt(gamma)) + self.c0)
+        return nudge_up(nudge_up(self.b * gamma) + nudge_up(self.a * math.sqrt(gamma)) + self.c0)
 
     def gamma_star(self) -> float | None:
         """The γ* > 0 with Bγ* + A√γ* + C₀ = target (closed form in u = √γ), or None (⊥) if C₀ ≥ target."""
@@ -185,18 +188,18 @@ class OpsBound:
 def ops_bound(p: OpsPlan, lambda_lower: float, log_upper: float) -> OpsBound:
     """The private upper bound of the data-dependent loss from the released λ^P, Δ^P (public)."""
     r2 = p.row_norm**2
-    lam_tilde = _down(p.lam_eff + max(lambda_lower - r2, 0.0))
-    v = _up(r2 / lam_tilde)
-    lipschitz = _up(math.exp(log_upper) * _up(1.0 + v))
+    lam_tilde = nudge_down(p.lam_eff + max(lambda_lower - r2, 0.0))
+    v = nudge_up(r2 / lam_tilde)
+    lipschitz = nudge_up(math.exp(log_upper) * nudge_up(1.0 + v))
     if p.neighbouring == "add_remove":
         target, delta0 = p.eps_post, p.delta_post
     else:  # two add/remove steps through X minus the row: (2e, (1 + e^e)δ₀)
         target = p.eps_post / 2.0
         delta0 = p.delta_post / (1.0 + math.exp(target)) / _PAD
-    z2 = _up(2.0 * math.log(1.0 / delta0))
-    a = _up(lipschitz * math.sqrt(z2) * math.sqrt(v))
-    b = _up(lipschitz * lipschitz * v / (2.0 * (1.0 + v)))
-    c0 = _up(v * (1.0 + z2) / 2.0)
+    z2 = nudge_up(2.0 * math.log(1.0 / delta0))
+    a = nudge_up(lipschitz * math.sqrt(z2) * math.sqrt(v))
+    b = nudge_up(lipschitz * lipschitz * v / (2.0 * (1.0 + v)))
+    c0 = nudge_up(v * (1.0 + z2) / 2.0)
     return OpsBound(a=a, b=b, c0=c0, target=target)
 
 
@@ -219,7 +222,7 @@ def _ldl_positive(matrix: list[list[Fraction]]) -> bool:
     return True
 
 
-def _solve(matrix: list[list[Fraction]], rhs: list[Fraction]) -> list[Fraction]:
+def solve_exact(matrix: list[list[Fraction]], rhs: list[Fraction]) -> list[Fraction]:
     """Exact solution of a positive definite rational system (Gaussian elimination, no pivoting needed)."""
     n = len(matrix)
     m = [[*row[:], rhs[i]] for i, row in enumerate(matrix)]
@@ -333,13 +336,13 @@ def ops_release(
 
     # 2. Δ^P: Δ = log(R_y + R‖θ*‖) on a grid, sensitivity from λ^P (Lemma LOGNORM), DLap, plus the margin.
     hess = [[gram[i][j] + (lam_eff if i == j else 0) for j in range(d)] for i in range(d)]
-    theta_star = _solve(hess, xty)
+    theta_star = solve_exact(hess, xty)
     norm = math.sqrt(math.fsum(float(t) ** 2 for t in theta_star))
     log_value = math.log(pl.label_norm + pl.row_norm * norm)
-    lam_tilde = _down(pl.lam_eff + max(lambda_lower - pl.row_norm**2, 0.0))
-    sens = _up(math.log1p(_up(pl.row_norm**2 / lam_tilde)))
+    lam_tilde = nudge_down(pl.lam_eff + max(lambda_lower - pl.row_norm**2, 0.0))
+    sens = nudge_up(math.log1p(nudge_up(pl.row_norm**2 / lam_tilde)))
     if pl.neighbouring == "replace_one":
-        sens = _up(2.0 * sens)
+        sens = nudge_up(2.0 * sens)
     log_bound = math.log(pl.label_norm + pl.row_norm * pl.row_norm * pl.label_norm * 2.0**40 / pl.lam)
     err = (d + 8) * _U * (1.0 + max(abs(math.log(pl.label_norm)), abs(log_bound)))
     grid2 = Fraction(math.ldexp(1.0, math.frexp(sens)[1] - 1 - 10))
@@ -365,7 +368,7 @@ def ops_release(
     gamma = bound.gamma_star()
     if gamma is None:
         return out
-    s = dyadic_scale_up(_up(1.0 / math.sqrt(gamma)))
+    s = dyadic_scale_up(nudge_up(1.0 / math.sqrt(gamma)))
     while bound.value(float(1 / (s * s))) > bound.target:
         s = s * Fraction(1025, 1024)
     coefficients, granularity = _posterior_sample(pl, xi, gram, xty, hess, s, noise)
@@ -397,11 +400,11 @@ def _posterior_sample(
     g2 = discrete_gaussian_std(noise, big_t, d)
     xtg = xi.astype(object).T @ g1
     rhs = [xty[i] + s * (Fraction(int(xtg[i])) * gx + pl.root_lam * int(g2[i])) / big_t for i in range(d)]
-    theta = _solve(hess, rhs)
+    theta = solve_exact(hess, rhs)
     grid_o = math.ldexp(1.0, math.frexp(float(s / pl.root_lam))[1] - 1 - OUTPUT_BITS)
     limit = 1 << 50
     units = [max(-limit, min(limit, math.floor(t / Fraction(grid_o) + Fraction(1, 2)))) for t in theta]
-    z = discrete_gaussian_std(noise, _output_std(d), d)
+    z = discrete_gaussian_std(noise, output_noise_std(d), d)
     released = [
         math.ldexp(float(u + int(zi)), math.frexp(grid_o)[1] - 1) for u, zi in zip(units, z, strict=True)
     ]
