@@ -16,7 +16,7 @@ import inspect
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Concatenate, Generic, Literal, ParamSpec, Protocol, Self, TypeVar, overload
@@ -69,6 +69,9 @@ M = TypeVar("M", bound=ApiModel)
 T = TypeVar("T")
 R = TypeVar("R")
 E = TypeVar("E")  # the type of a stream's items
+A = TypeVar("A")  # a listing's position (the ``after`` of its next page)
+E_co = TypeVar("E_co", covariant=True)
+A_co = TypeVar("A_co", covariant=True)
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,27 @@ _Op = Generator[_Effect, Any, T]  # resumed with a _Call's response, else with N
 _Stream = Generator[_Effect, Any, None]  # emits its items
 _StreamOf = Generator[_Call | _Sleep | _Report | _Emit[E], Any, None]  # emits items of type E
 P = ParamSpec("P")
+
+
+class _Page(Protocol[E_co, A_co]):
+    """One page of a listing: its items and the ``after`` of the next page (None: the last page)."""
+
+    @property
+    def items(self) -> Sequence[E_co]: ...
+
+    @property
+    def next_after(self) -> A_co | None: ...
+
+
+def _every_item(page_at: Callable[[A], _Op[_Page[E, A]]], after: A) -> _StreamOf[E]:
+    """Every item of every page, from the page after ``after`` on, walking ``next_after``."""
+    while True:
+        page = yield from page_at(after)
+        for item in page.items:
+            yield _Emit(item)
+        if page.next_after is None:
+            return
+        after = page.next_after
 
 
 def _get(path: str, **params: Any) -> _Call:
@@ -630,15 +654,13 @@ class _Endpoints:
         """Your requests (admins: everyone's, or ``analyst``'s), newest first, each as ``get_request``
         shows it, optionally of one dataset or in one state; walks all pages (``after``: start after
         that request)."""
-        while True:
-            page = yield from _Endpoints.requests_page(
-                self, dataset_id=dataset_id, state=state, analyst=analyst, after=after, limit=page_size
+
+        def page_at(position: str | None) -> _Op[RequestPage]:
+            return _Endpoints.requests_page(
+                self, dataset_id=dataset_id, state=state, analyst=analyst, after=position, limit=page_size
             )
-            for item in page.items:
-                yield _Emit(item)
-            if page.next_after is None:
-                return
-            after = page.next_after
+
+        yield from _every_item(page_at, after)
 
     @_endpoint
     def sessions_page(
@@ -667,15 +689,13 @@ class _Endpoints:
         """Your sessions (admins: everyone's, or ``analyst``'s), newest first, each as ``get_session``
         shows it (``request_id`` names its ledger entries), optionally of one dataset or in one state
         (``open``, ``closed``); walks all pages (``after``: start after that session)."""
-        while True:
-            page = yield from _Endpoints.sessions_page(
-                self, dataset_id=dataset_id, state=state, analyst=analyst, after=after, limit=page_size
+
+        def page_at(position: str | None) -> _Op[SessionPage]:
+            return _Endpoints.sessions_page(
+                self, dataset_id=dataset_id, state=state, analyst=analyst, after=position, limit=page_size
             )
-            for item in page.items:
-                yield _Emit(item)
-            if page.next_after is None:
-                return
-            after = page.next_after
+
+        yield from _every_item(page_at, after)
 
     # -- catalog, ledger and dashboard
 
@@ -702,13 +722,11 @@ class _Endpoints:
     @_stream_endpoint
     def ledger(self, dataset_id: str, *, after: int = 0, page_size: int = 100) -> _StreamOf[_Item]:
         """Every ledger entry the caller may see, in order, walking all pages."""
-        while True:
-            page = yield from _Endpoints.ledger_page(self, dataset_id, after=after, limit=page_size)
-            for item in page.items:
-                yield _Emit(item)
-            if page.next_after is None:
-                return
-            after = page.next_after
+
+        def page_at(position: int) -> _Op[LedgerPage]:
+            return _Endpoints.ledger_page(self, dataset_id, after=position, limit=page_size)
+
+        yield from _every_item(page_at, after)
 
 
 def _advance(op: Generator[_Effect, Any, Any], reply: Any, error: BaseException | None) -> _Effect:
