@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import LiveServer
 from tests.e2e.browser import chromium_page, image_stats
-from tests.integration.helpers import World, get_budget, make_world, upload
+from tests.integration.helpers import CSV, SCHEMA, World, add_dataset, get_budget, make_world
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -247,13 +247,7 @@ def test_an_analyst_sees_the_binding_one_of_their_sub_budget_and_the_dataset(
     dashboard opens the first dataset, then the one last used in this browser."""
     world = make_world(live_server, budget={"epsilon": 5.0, "delta": 0.0})
     first = world.dataset_id
-    created = upload(world.admin)
-    assert created.status_code == 201, created.text
-    second = created.json()["id"]
-    granted = world.admin.post(f"/v1/datasets/{second}/grants", json={"analyst": world.analyst_name})
-    assert granted.status_code == 201, granted.text
-    put = world.admin.put(f"/v1/datasets/{second}/budget", json={"epsilon": 3.0, "delta": 0.0})
-    assert put.status_code == 200, put.text
+    second = add_dataset(world, CSV, SCHEMA, {"epsilon": 3.0, "delta": 0.0})
     sub_budget = f"/v1/datasets/{first}/analysts/{world.analyst_name}/budget"
     put = world.admin.put(sub_budget, json={"epsilon": 2.0, "delta": 0.0})
     assert put.status_code == 200, put.text

@@ -22,7 +22,7 @@ from mechanisms.data.schema import DatasetSchema
 from mechanisms.per_instance import adaops
 from service.auth import Role
 from tests.conftest import LiveServer
-from tests.integration.helpers import World, assert_problem, get_budget, ledger_items, make_world, upload
+from tests.integration.helpers import World, add_dataset, assert_problem, get_budget, ledger_items, make_world
 
 BUDGET = {"epsilon": 50.0, "delta": 1e-5, "delta_share": 5e-6}
 SCHEMA: dict[str, Any] = {
@@ -46,13 +46,7 @@ def _csv(n: int = 300, seed: int = 0) -> bytes:
 
 def _world(live_server: LiveServer) -> tuple[World, str]:
     world = make_world(live_server, BUDGET)
-    created = upload(world.admin, csv=_csv(), schema=SCHEMA)
-    assert created.status_code == 201, created.text
-    dataset_id = created.json()["id"]
-    granted = world.admin.post(f"/v1/datasets/{dataset_id}/grants", json={"analyst": world.analyst_name})
-    assert granted.status_code == 201, granted.text
-    assert world.admin.put(f"/v1/datasets/{dataset_id}/budget", json=BUDGET).status_code == 200
-    return world, dataset_id
+    return world, add_dataset(world, _csv(), SCHEMA, BUDGET)
 
 
 def _params(**extra: Any) -> dict[str, Any]:

@@ -22,11 +22,11 @@ from service.auth import Role
 from tests.conftest import LiveServer
 from tests.integration.helpers import (
     World,
+    add_dataset,
     assert_problem,
     get_budget,
     ledger_items,
     make_world,
-    upload,
 )
 
 RDP_BUDGET = {"epsilon": 50.0, "delta": 1e-5}
@@ -55,13 +55,7 @@ def _csv(n: int = 300, seed: int = 0) -> bytes:
 
 def _world(live_server: LiveServer) -> tuple[World, str]:
     world = make_world(live_server, RDP_BUDGET)
-    created = upload(world.admin, csv=_csv(), schema=SCHEMA)
-    assert created.status_code == 201, created.text
-    dataset_id = created.json()["id"]
-    granted = world.admin.post(f"/v1/datasets/{dataset_id}/grants", json={"analyst": world.analyst_name})
-    assert granted.status_code == 201, granted.text
-    assert world.admin.put(f"/v1/datasets/{dataset_id}/budget", json=RDP_BUDGET).status_code == 200
-    return world, dataset_id
+    return world, add_dataset(world, _csv(), SCHEMA, RDP_BUDGET)
 
 
 def _params(**extra: Any) -> dict[str, Any]:
