@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.auth import Role, create_key
 from service.config import Settings
 from service.embedded import serve_in_thread
+from service.runs.writer import WriteBatcher
 from service.store.engine import make_engine, make_sessionmaker
 from service.store.migrate import upgrade
 
@@ -98,6 +99,14 @@ def sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
     engine = make_engine(database_url)
     yield make_sessionmaker(engine)
     engine.dispose()
+
+
+@pytest.fixture
+def batcher(sessions: sessionmaker[Session]) -> Iterator[WriteBatcher]:
+    """A group-commit writer on ``sessions`` (its thread stopped afterwards)."""
+    batch_writer = WriteBatcher(sessions)
+    yield batch_writer
+    batch_writer.stop()
 
 
 @dataclass

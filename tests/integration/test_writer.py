@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,13 +25,6 @@ from service.store.repositories import FilterRepository, RequestRepository
 from tests.integration.helpers import CSV, SCHEMA, commits_of, expect, totals, world_in_db
 
 COUNT = {"query": {"kind": "count"}, "epsilon": 0.1}
-
-
-@pytest.fixture
-def batcher(sessions: sessionmaker[Session]) -> Iterator[writer.WriteBatcher]:
-    batch_writer = writer.WriteBatcher(sessions)
-    yield batch_writer
-    batch_writer.stop()
 
 
 def analysts_on_a_pure_budget(

@@ -17,7 +17,7 @@ import multiprocessing
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,13 +47,6 @@ LEASE = 300.0
 
 def laplace(epsilon: float) -> dict[str, Any]:
     return {"query": {"kind": "count"}, "epsilon": epsilon}
-
-
-@pytest.fixture
-def batcher(sessions: sessionmaker[Session]) -> Iterator[writer.WriteBatcher]:
-    batch_writer = writer.WriteBatcher(sessions)
-    yield batch_writer
-    batch_writer.stop()
 
 
 @dataclass

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -16,38 +15,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import UNITS_PER_EPSILON
 from mechanisms.base import Mechanism
-from service.auth import Principal, Role, create_key
-from service.datasets import TableCache, create_dataset, grant
+from service.auth import Principal
+from service.datasets import TableCache
 from service.errors import BudgetExhausted
-from service.filter import budget
 from service.filter.ledger import verify
 from service.runs import admission, writer
 from service.runs.worker import execute
-from service.store.models import DATASET_SCOPE, LedgerEntry
+from service.store.models import LedgerEntry
 from service.store.repositories import FilterRepository
-from tests.integration.helpers import CSV, SCHEMA
+from tests.integration.test_writer import analysts_on_a_pure_budget
 
 COUNT = {"query": {"kind": "count"}, "epsilon": 0.1}
-
-
-@pytest.fixture
-def batcher(sessions: sessionmaker[Session]) -> Iterator[writer.WriteBatcher]:
-    batch_writer = writer.WriteBatcher(sessions)
-    yield batch_writer
-    batch_writer.stop()
-
-
-def analysts(sessions: sessionmaker[Session], data_dir: Path, count: int) -> tuple[str, list[Principal]]:
-    with sessions() as session, session.begin():
-        dataset = create_dataset(session, data_dir, "d", CSV, SCHEMA, "admin")
-        principals = []
-        for i in range(count):
-            name = f"t-{dataset.id}-{i}"
-            create_key(session, name, Role.analyst)
-            grant(session, dataset, name, "admin")
-            principals.append(Principal(name, Role.analyst))
-        budget.set_budget(session, dataset, DATASET_SCOPE, 1.0, 0.0, "admin")
-    return dataset.id, principals
 
 
 def inline(sessions: sessionmaker[Session], principal: Principal, dataset_id: str) -> admission.Validated:
@@ -81,7 +59,7 @@ class TestOneTransaction:
     def test_concurrent_requests_commit_exactly_what_fits_with_their_releases(
         self, sessions: sessionmaker[Session], batcher: writer.WriteBatcher, tmp_path: Path
     ) -> None:
-        dataset_id, principals = analysts(sessions, tmp_path, 30)
+        dataset_id, principals = analysts_on_a_pure_budget(sessions, tmp_path, 30)
         tables = TableCache(tmp_path)
         validated = [inline(sessions, p, dataset_id) for p in principals]
         barrier = threading.Barrier(len(principals))
@@ -110,7 +88,7 @@ class TestOneTransaction:
     def test_a_release_that_cannot_be_stored_is_charged_its_worst_case_and_not_released(
         self, sessions: sessionmaker[Session], batcher: writer.WriteBatcher, tmp_path: Path
     ) -> None:
-        dataset_id, (principal,) = analysts(sessions, tmp_path, 1)
+        dataset_id, (principal,) = analysts_on_a_pure_budget(sessions, tmp_path, 1)
         v = inline(sessions, principal, dataset_id)
         request, created = batcher.admit_and_run(
             principal, v, None, 300.0, lambda: (v.worst_case, {"value": math.nan}, None)
@@ -129,7 +107,7 @@ class TestOneTransaction:
         tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:
-        dataset_id, (principal,) = analysts(sessions, tmp_path, 1)
+        dataset_id, (principal,) = analysts_on_a_pure_budget(sessions, tmp_path, 1)
         v = inline(sessions, principal, dataset_id)
         tables = TableCache(tmp_path)
         runs: list[Any] = []
