@@ -135,6 +135,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         generate_unique_id_function=operation_id,  # camelCase operationIds (service/api/openapi.py)
         docs_url=None,  # /docs and /redoc: service/api/routers/docs.py, with assets served by the app
         redoc_url=None,
+        telemetry=None if settings.opentelemetry else {"tracing": False, "metrics": False, "logs": False},
     )
     install_error_handlers(app)
     install_openapi(app)

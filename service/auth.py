@@ -92,6 +92,11 @@ class KeyCache:
         self._lock = threading.Lock()
         self._forgotten = 0  # bumped by forget: an answer read from the database before it is not cached
 
+    def cached(self, key: str) -> Principal | None:
+        """The principal of ``key`` if a fresh answer is cached (no database read), else None."""
+        cached = self._principals.get(hash_key(key))
+        return cached[0] if cached is not None and cached[1] > time.monotonic() else None
+
     def authenticate(self, key: str) -> Principal | None:
         digest, now = hash_key(key), time.monotonic()
         cached = self._principals.get(digest)

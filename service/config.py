@@ -87,6 +87,12 @@ class Settings(BaseSettings):
     )
     log_json: bool = False
     log_level: str = "INFO"
+    opentelemetry: bool = Field(
+        False,
+        description="FastAPI's OpenTelemetry spans and metrics (needs a configured OpenTelemetry provider); "
+        "off by default: /metrics serves expost's Prometheus metrics, and the bridge checks the providers "
+        "on every request",
+    )
 
 
 @lru_cache

@@ -141,6 +141,17 @@ def _is_granted(session: Session, dataset_id: str, analyst: str) -> bool:
     return granted
 
 
+def cached_visible_dataset(principal: Principal, dataset_id: str) -> Dataset | None:
+    """:func:`visible_dataset` from this process's caches only (no database read): the dataset if it is
+    cached and, for an analyst, a grant seen less than ``GRANT_CACHE_SECONDS`` ago; else None (then
+    ask :func:`visible_dataset`). Admission re-reads the grant and ``archived_at`` under the locks."""
+    dataset = _cache.datasets.get(dataset_id)
+    if dataset is None or principal.role is not Role.analyst:
+        return dataset
+    fresh = _cache.granted.get((dataset_id, principal.name), 0.0) > time.monotonic()
+    return dataset if fresh else None
+
+
 def not_visible(principal: Principal, dataset_id: str) -> NotFound:
     """The 404 for a dataset the principal may not see. For an analyst it reads the same whether the dataset
     does not exist or is not granted to them (which one is not revealed)."""

@@ -16,6 +16,7 @@ blanks any event field whose *name* says it holds one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -104,20 +105,58 @@ def _shared_processors() -> list[structlog.types.Processor]:
     ]
 
 
-def formatter(as_json: bool) -> logging.Formatter:
-    """The formatter of expost's handler: renders structlog events and foreign records alike."""
-    renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer()
-        if as_json
-        # plain tracebacks: rich's (the default when rich is installed) prints every frame's local variables,
-        # which in mechanism code are the data and the secret state
-        else structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
-    )
-    final: list[structlog.types.Processor] = [structlog.stdlib.ProcessorFormatter.remove_processors_meta]
+def _renderer(as_json: bool) -> list[structlog.types.Processor]:
+    """The last processors of every line: JSON (the traceback as a string field) or the console format."""
     if as_json:
-        final.append(structlog.processors.format_exc_info)  # the traceback as a string field
-    final.append(renderer)
-    return structlog.stdlib.ProcessorFormatter(foreign_pre_chain=_shared_processors(), processors=final)
+        return [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+    # plain tracebacks: rich's (the default when rich is installed) prints every frame's local variables,
+    # which in mechanism code are the data and the secret state
+    return [structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)]
+
+
+def formatter(as_json: bool) -> logging.Formatter:
+    """The formatter of expost's handler for standard-library records (uvicorn, SQLAlchemy, Alembic)."""
+    final: list[structlog.types.Processor] = [structlog.stdlib.ProcessorFormatter.remove_processors_meta]
+    return structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=_shared_processors(), processors=[*final, *_renderer(as_json)]
+    )
+
+
+class _Output:
+    """What :func:`configure_logging` installed last: expost's handler and the renderer of structlog's own
+    lines. Read at every line, so a logger cached before a reconfiguration follows it."""
+
+    handler: logging.StreamHandler[Any] | None = None
+    render: tuple[structlog.types.Processor, ...] = ()
+
+
+_OUTPUT = _Output()
+
+
+def _render(logger: Any, method: str, event_dict: Any) -> Any:
+    for processor in _OUTPUT.render:
+        event_dict = processor(logger, method, event_dict)
+    return event_dict
+
+
+class _HandlerWriter:
+    """structlog's own events, rendered by the same processors, written straight to expost's handler's
+    stream under the handler's lock (so lines never interleave with standard-library ones). This skips the
+    standard library's record machinery, which cost about as much as the rest of a cheap request's work
+    in the access log and the admission log line (benchmarks/service_load.py)."""
+
+    def __init__(self, name: str = "") -> None:
+        self.name = name
+
+    def msg(self, message: str) -> None:
+        handler = _OUTPUT.handler
+        if handler is None:
+            return
+        with handler.lock or contextlib.nullcontext(), contextlib.suppress(OSError, ValueError):
+            handler.stream.write(message + "\n")  # a closed or broken stream never fails the caller,
+            handler.stream.flush()  # as with the standard library's handlers
+
+    log = debug = info = warning = warn = error = critical = exception = fatal = msg
 
 
 def failure_fields(exc: BaseException) -> dict[str, str]:
@@ -151,9 +190,10 @@ def configure_logging(level: str = "INFO", as_json: bool = False, stream: TextIO
         # its access log stays off (the middleware writes one access line per request).
         uvicorn = logging.getLogger("uvicorn")
         uvicorn.handlers, uvicorn.propagate = [], True
+    _OUTPUT.handler, _OUTPUT.render = handler, tuple(_renderer(as_json))
     structlog.configure(
-        processors=[*_shared_processors(), structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
-        logger_factory=structlog.stdlib.LoggerFactory(),
+        processors=[*_shared_processors(), _render],
+        logger_factory=lambda *names: _HandlerWriter(str(names[0]) if names else ""),
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         cache_logger_on_first_use=True,
     )

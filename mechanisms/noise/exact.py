@@ -62,16 +62,17 @@ class _ShakeStream:
 class Noise:
     """The only source of randomness for a release. Build with ``Noise.system()`` (OS CSPRNG)."""
 
-    def __init__(self, source: Callable[[int], bytes]) -> None:
+    def __init__(self, source: Callable[[int], bytes], block: int = _BLOCK, pool: int = _POOL) -> None:
         self._source = source
+        self._block, self._pool_size = block, pool  # buffering only: every byte is used once, in order
         self._buffer = b""
         self._position = 0
         self._pool: list[int] = []
 
     def _bytes(self, count: int) -> bytes:
-        """``count`` bytes of the stream, served from a buffer refilled in blocks of at least 64 KiB."""
+        """``count`` bytes of the stream, served from a buffer refilled in blocks of at least ``block``."""
         if self._position + count > len(self._buffer):
-            self._buffer = self._buffer[self._position :] + self._source(max(count, _BLOCK))
+            self._buffer = self._buffer[self._position :] + self._source(max(count, self._block))
             self._position = 0
         chunk = self._buffer[self._position : self._position + count]
         self._position += count
@@ -79,8 +80,10 @@ class Noise:
 
     @classmethod
     def system(cls) -> Noise:
-        """Bits from the operating system's CSPRNG (``os.urandom``): what the service uses, always."""
-        return cls(_system_bytes)
+        """Bits from the operating system's CSPRNG (``os.urandom``): what the service uses, always. Small
+        first buffers (4 KiB, 256 scalar words): a service request builds one per release and a scalar
+        draw needs a few words, so reading 64 KiB up front cost more than the rest of the draw."""
+        return cls(_system_bytes, block=1 << 12, pool=256)
 
     @classmethod
     def seeded(cls, seed: int) -> Noise:
@@ -98,9 +101,9 @@ class Noise:
         return np.frombuffer(self._bytes(8 * count), dtype="<u8").astype(np.uint64)
 
     def _word(self) -> int:
-        """One uniform 64-bit Python int, from a pool refilled 4096 words at a time (scalar paths)."""
+        """One uniform 64-bit Python int, from a pool refilled ``pool`` words at a time (scalar paths)."""
         if not self._pool:
-            self._pool = self.words(_POOL).tolist()
+            self._pool = self.words(self._pool_size).tolist()
         return self._pool.pop()
 
     def random_bits(self, bits: int) -> int:

@@ -1,4 +1,8 @@
-"""FastAPI dependencies: the runtime, read sessions, the authenticated principal, role checks at the route."""
+"""FastAPI dependencies: the runtime, read sessions, the authenticated principal, role checks at the route.
+
+The dependencies that do no I/O are ``async``: FastAPI runs a sync dependency in its thread pool, one hop
+per dependency per request. Authentication reads the database (in the thread pool) only on a key-cache miss.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from service.auth import KeyCache, Principal, Role
 from service.errors import Forbidden, Unauthenticated
@@ -16,7 +21,7 @@ from service.runs.runtime import Runtime
 bearer = HTTPBearer(auto_error=False, description="an API key: `Authorization: Bearer xp_…`")
 
 
-def get_runtime(request: Request) -> Runtime:
+async def get_runtime(request: Request) -> Runtime:
     runtime: Runtime = request.app.state.runtime
     return runtime
 
@@ -33,20 +38,22 @@ def get_session(runtime: RuntimeDep) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def get_principal(
+async def get_principal(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 ) -> Principal:
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise Unauthenticated("send an API key as `Authorization: Bearer <key>`")
     keys: KeyCache = request.app.state.keys
-    principal = keys.authenticate(credentials.credentials)
+    principal = keys.cached(credentials.credentials)
+    if principal is None:  # not cached: read the database in the thread pool
+        principal = await run_in_threadpool(keys.authenticate, credentials.credentials)
     if principal is None:
         raise Unauthenticated("unknown or revoked API key")
     return principal
 
 
 def require(*roles: Role) -> object:
-    def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    async def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
         if principal.role not in roles:
             allowed = ", ".join(r.value for r in roles)
             raise Forbidden(

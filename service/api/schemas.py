@@ -75,6 +75,20 @@ class CurveOut(ViewModel):
     values: list[Loss] = Field(description="ε(α) at each order, in the same order")
     pure: Loss = Field(description='the pure-DP ε, or "inf" when the mechanism has no pure bound')
 
+    @classmethod
+    def stored(cls, curve: dict[str, Any]) -> CurveOut:
+        """A curve as the service stores it (``RdpCurve.as_dict``), taken as valid: built without
+        validation, which would cost a Python call per value (the ``Loss`` validator)."""
+        return cls.model_construct(
+            orders=list(curve["orders"]),
+            values=[_stored_loss(v) for v in curve["values"]],
+            pure=_stored_loss(curve["pure"]),
+        )
+
+
+def _stored_loss(value: Any) -> Any:
+    return Infinity.inf if value == "inf" or value == math.inf else value
+
 
 class InputError(BaseModel):
     field: str = Field(description="the offending field, dotted (e.g. params.epsilon)")

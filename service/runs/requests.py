@@ -9,6 +9,8 @@ run then stops at its next heartbeat).
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -23,6 +25,7 @@ from mechanisms.base import Mechanism, has_public_progress, is_long_running
 from mechanisms.catalog import MECHANISMS
 from service import metrics
 from service.auth import Principal, Role
+from service.datasets import cached_visible_dataset
 from service.errors import (
     BudgetExhausted,
     Conflict,
@@ -33,7 +36,7 @@ from service.errors import (
     NotFound,
     ServiceUnavailable,
 )
-from service.runs.admission import admission_check, validate
+from service.runs.admission import Validated, admission_check, validate, validated_for
 from service.runs.runtime import Runtime
 from service.runs.settlement import (
     RequestRef,
@@ -45,6 +48,7 @@ from service.runs.settlement import (
     wait_settled,
 )
 from service.runs.worker import execute
+from service.runs.writer import ONE_TRANSACTION, RunFn
 from service.store.models import AnalysisRequest, RequestState
 from service.store.repositories import RequestRepository
 
@@ -69,37 +73,21 @@ def submit(
     if runtime.draining.is_set():
         raise ServiceUnavailable("the service is shutting down; retry on another instance or later")
     with runtime.sessions() as session:
-        validated = validate(session, principal, dataset_id, mechanism, params)
-    inline = mechanism in runtime.settings.inline_mechanisms and not is_long_running(validated.mechanism)
-    v = replace(validated, inline=inline, limits=runtime.limits(), queue=runtime.settings.queue_name)
+        v = _placed(runtime, validate(session, principal, dataset_id, mechanism, params))
     try:
-        if inline:
+        if v.inline:
             # One transaction: admit + reserve, run here (microseconds), commit the realized charge and
             # store the release (docs/privacy.md §9); a replay returns the stored request.
-            assert isinstance(v.mechanism, Mechanism)
-            mech = v.mechanism
-
-            def run() -> tuple[RdpCurve | None, dict[str, Any] | None, str | None]:
-                return execute(v.dataset, mech, v.params, v.context, runtime.tables, v.worst_case)
-
             request, created = runtime.writer.admit_and_run(
-                principal, v, key, runtime.settings.lease_seconds, run
+                principal, v, key, runtime.settings.lease_seconds, _inline_run(runtime, v)
             )
         else:
             request, created = runtime.writer.admit(principal, v, key, runtime.settings.lease_seconds)
     except (BudgetExhausted, NoBudget) as exc:
-        metrics.REQUESTS.labels(mechanism, "refused").inc()
-        metrics.refused(exc, "request")
+        _refused(mechanism, exc)
         raise
-    metrics.REQUESTS.labels(mechanism, "admitted" if created else "replayed").inc()
-    log.info(
-        "admitted" if created else "replayed",
-        request_id=request.id,
-        dataset_id=dataset_id,
-        mechanism=mechanism,
-        analyst=principal.name,
-    )
-    if created and inline:
+    _admitted(request, created, principal, dataset_id, mechanism)
+    if created and v.inline:
         if request.state != RequestState.RUNNING:
             return request
     elif created:
@@ -120,6 +108,94 @@ def submit(
         window = min(window, wait_seconds)
     remaining = max(0.0, window - (time.monotonic() - started))
     return wait_settled(runtime.sessions, request.id, remaining, runtime.draining)
+
+
+async def submit_one_transaction(
+    runtime: Runtime,
+    principal: Principal,
+    dataset_id: str,
+    mechanism: str,
+    params: Any,
+    key: str | None,
+    wait_seconds: float | None = None,
+) -> AnalysisRequest | None:
+    """:func:`submit` on the event loop for the cheapest requests, or None (nothing done) if it does not
+    apply. It applies to an inline Laplace or Gaussian query (``writer.ONE_TRANSACTION``) on a dataset
+    whose row and grant this process has cached: validation needs no database read, and the request is
+    one writer job (admit + reserve, run, commit with its release) whose commit is awaited, not waited
+    for in a thread. Everything else (a cache miss, a queued mechanism, shutdown) is for :func:`submit`.
+    """
+    v = _cached_validation(runtime, principal, dataset_id, mechanism, params)
+    if v is None:
+        return None
+    try:
+        request, created = await runtime.writer.admit_and_run_async(
+            principal, v, key, runtime.settings.lease_seconds, _inline_run(runtime, v)
+        )
+    except (BudgetExhausted, NoBudget) as exc:
+        _refused(mechanism, exc)
+        raise
+    _admitted(request, created, principal, dataset_id, mechanism)
+    if request.state == RequestState.RUNNING:  # a replay of one admitted on the two-phase path
+        window = min(runtime.settings.wait_seconds, wait_seconds if wait_seconds is not None else math.inf)
+        return await asyncio.to_thread(wait_settled, runtime.sessions, request.id, window, runtime.draining)
+    return request
+
+
+def _cached_validation(
+    runtime: Runtime, principal: Principal, dataset_id: str, mechanism: str, params: Any
+) -> Validated | None:
+    """The validated one-transaction request, from this process's caches only; None where that needs a
+    database read or the request is not one-transaction."""
+    if (
+        runtime.draining.is_set()
+        or mechanism not in ONE_TRANSACTION
+        or mechanism not in runtime.settings.inline_mechanisms
+    ):
+        return None
+    dataset = cached_visible_dataset(principal, dataset_id)
+    if dataset is None:
+        return None
+    return _placed(runtime, validated_for(dataset, MECHANISMS[mechanism], params))
+
+
+def _placed(runtime: Runtime, validated: Validated) -> Validated:
+    """Where a validated request runs: inline in this process (the operator's cheap mechanisms, never a
+    long-running one) or on the executor; with the execution limits and queue of this process."""
+    inline = (
+        validated.mechanism.name in runtime.settings.inline_mechanisms
+        and not is_long_running(validated.mechanism)
+    )
+    return replace(validated, inline=inline, limits=runtime.limits(), queue=runtime.settings.queue_name)
+
+
+def _inline_run(runtime: Runtime, v: Validated) -> RunFn:
+    """The run of an inline request: reads the data, draws the noise (``worker.execute``)."""
+    assert isinstance(v.mechanism, Mechanism)
+    mechanism = v.mechanism
+
+    def run() -> tuple[RdpCurve | None, dict[str, Any] | None, str | None]:
+        return execute(v.dataset, mechanism, v.params, v.context, runtime.tables, v.worst_case)
+
+    return run
+
+
+def _refused(mechanism: str, exc: BudgetExhausted | NoBudget) -> None:
+    metrics.REQUESTS.labels(mechanism, "refused").inc()
+    metrics.refused(exc, "request")
+
+
+def _admitted(
+    request: AnalysisRequest, created: bool, principal: Principal, dataset_id: str, mechanism: str
+) -> None:
+    metrics.REQUESTS.labels(mechanism, "admitted" if created else "replayed").inc()
+    log.info(
+        "admitted" if created else "replayed",
+        request_id=request.id,
+        dataset_id=dataset_id,
+        mechanism=mechanism,
+        analyst=principal.name,
+    )
 
 
 def dry_run(

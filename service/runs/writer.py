@@ -19,6 +19,7 @@ of two, and the release still leaves only after its charge is durable (docs/priv
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import queue
 import threading
@@ -52,6 +53,7 @@ log = structlog.get_logger("expost.writer")
 # inline on the two-phase path (reserve committed, run, settle committed): a slow run must not hold the
 # writer (every dataset of the process) and a crash after its read must leave a reservation to charge.
 ONE_TRANSACTION = frozenset({"laplace", "gaussian"})
+BUSY = "the database is busy; retry with the same Idempotency-Key"
 
 Apply = Callable[[RequestBatch, list[FilterRow]], Any]
 RunFn = Callable[[], tuple[RdpCurve | None, dict[str, Any] | None, str | None]]
@@ -106,7 +108,26 @@ class WriteBatcher:
 
         if v.mechanism.name not in ONE_TRANSACTION:
             return self._admit_then_run(principal, v, key, lease, run)
+        return self._admission(self._one_transaction(principal, v, key, lease, run), principal, v, key)
 
+    async def admit_and_run_async(
+        self, principal: Principal, v: admission.Validated, key: str | None, lease: float, run: RunFn
+    ) -> tuple[AnalysisRequest, bool]:
+        """:meth:`admit_and_run` for the event loop, for :data:`ONE_TRANSACTION` mechanisms only: the
+        caller awaits the batch's commit instead of holding a thread while it waits."""
+        if v.mechanism.name not in ONE_TRANSACTION:
+            raise ValueError(f"{v.mechanism.name} does not run in the writer's transaction")
+        job = self._one_transaction(principal, v, key, lease, run)
+        job.key, job.grant = key, principal.role is Role.analyst
+        try:
+            result: tuple[AnalysisRequest, bool] = await self._run_async(job)
+        except Refused as refused:
+            raise admission.refusal(v, refused) from None
+        return result
+
+    def _one_transaction(
+        self, principal: Principal, v: admission.Validated, key: str | None, lease: float, run: RunFn
+    ) -> Job:
         def apply(batch: RequestBatch, filters: list[FilterRow]) -> Any:
             request, created = admission.admit_batched(batch, filters, principal, v, key, lease)
             if created:  # settle_batched checks the release storable (settlement.settlement_of)
@@ -125,7 +146,7 @@ class WriteBatcher:
                 settled = settlement.settle(session, ref, realized, output, error)
             return (request if settled is None else settled), True
 
-        return self._admission(Job(v.dataset.id, principal.name, apply, alone), principal, v, key)
+        return Job(v.dataset.id, principal.name, apply, alone)
 
     def _admit_then_run(
         self, principal: Principal, v: admission.Validated, key: str | None, lease: float, run: RunFn
@@ -174,19 +195,40 @@ class WriteBatcher:
         self._thread.join(10)
 
     # ----- the writer thread --------------------------------------------------------------------------
-    def _run(self, job: Job) -> Any:
+    def _enqueue(self, job: Job) -> None:
         if not self._thread.is_alive():
             raise ServiceUnavailable("the writer has stopped; retry later")
         metrics.WRITER_QUEUE.inc()
         self._queue.put(job)
+
+    def _withdraw(self, job: Job) -> None:
+        """The caller stopped waiting (timeout, or its task was cancelled): withdraw the job if the writer
+        has not taken it yet. If it is being applied, an admission nobody will run is aborted once it
+        commits: its data was never read (docs/privacy.md §6 rule 2). A one-transaction job commits its
+        charge with its release, so nothing is lost: a replay with the same Idempotency-Key returns it."""
+        if not job.future.cancel() and job.settles is None:
+            job.future.add_done_callback(self._abort_abandoned)
+
+    def _run(self, job: Job) -> Any:
+        self._enqueue(job)
         try:
             return job.future.result(timeout=self.timeout)
         except FutureTimeout:
-            # Withdraw the job if the writer has not taken it yet. If it is being applied, an admission
-            # nobody will run is aborted once it commits: its data was never read (docs/privacy.md §6 rule 2).
-            if not job.future.cancel() and job.settles is None:
-                job.future.add_done_callback(self._abort_abandoned)
-            raise ServiceUnavailable("the database is busy; retry with the same Idempotency-Key") from None
+            self._withdraw(job)
+            raise ServiceUnavailable(BUSY) from None
+
+    async def _run_async(self, job: Job) -> Any:
+        self._enqueue(job)
+        outcome = asyncio.wrap_future(job.future)
+        outcome.add_done_callback(_retrieved)  # read even when nobody awaits it any more
+        try:
+            return await asyncio.wait_for(asyncio.shield(outcome), self.timeout)
+        except TimeoutError:
+            self._withdraw(job)
+            raise ServiceUnavailable(BUSY) from None
+        except asyncio.CancelledError:
+            self._withdraw(job)
+            raise
 
     def _abort_abandoned(self, future: Future[Any]) -> None:
         if future.cancelled() or future.exception() is not None:
@@ -289,6 +331,12 @@ def _lock_all(session: Session, batch: list[Job]) -> Locked:
         sorted({job.settles for job in batch if job.settles is not None}),
         sorted({(job.dataset_id, job.analyst) for job in batch if job.grant}),
     )
+
+
+def _retrieved(outcome: asyncio.Future[Any]) -> None:
+    """Mark a finished outcome's exception as retrieved (asyncio would log it as never retrieved)."""
+    if not outcome.cancelled():
+        outcome.exception()
 
 
 def _guarded(run: RunFn) -> tuple[RdpCurve | None, dict[str, Any] | None, str | None]:

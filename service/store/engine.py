@@ -7,9 +7,11 @@ balance). PostgreSQL: admission locks the filter rows with ``SELECT … FOR UPDA
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import orjson
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -26,13 +28,27 @@ def ensure_sqlite_directory(url: str) -> None:
         Path(database).parent.mkdir(parents=True, exist_ok=True)
 
 
+def json_text(value: Any) -> str:
+    """A JSON column's text: orjson (several times faster than ``json.dumps`` on the writer's hot path),
+    or ``json.dumps`` for what orjson does not take (integers beyond 64 bits, non-string keys). Either
+    text parses back to the same value; releases hold no NaN or infinity (``settlement.storable``)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # orjson.JSONEncodeError
+        return json.dumps(value)
+
+
 def make_engine(url: str, pool_size: int = 10) -> Engine:
     if is_sqlite(url):
         ensure_sqlite_directory(url)
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        engine = create_engine(
+            url, connect_args={"timeout": 30, "check_same_thread": False}, json_serializer=json_text
+        )
         _configure_sqlite(engine)
         return engine
-    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    return create_engine(
+        url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, json_serializer=json_text
+    )
 
 
 def _configure_sqlite(engine: Engine) -> None:

@@ -30,6 +30,7 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
+from starlette.concurrency import run_in_threadpool
 
 from mechanisms.queries.language import MAX_CONDITIONS
 from service.api.deps import AdminOrAnalyst, Analyst, RuntimeDep, SessionDep
@@ -345,7 +346,7 @@ def translate_sql(dataset_id: str, body: SqlIn, session: SessionDep, who: AdminO
         422: problem_doc("a clause that cannot be bounded (the field names it, e.g. sql.where)"),
     },
 )
-def submit_sql(
+async def submit_sql(
     dataset_id: str,
     body: SqlIn,
     runtime: RuntimeDep,
@@ -354,9 +355,9 @@ def submit_sql(
     idempotency_key: IdempotencyKey = None,
     prefer: Prefer = None,
 ) -> RequestOut:
-    translation = translate(body.sql, dataset_id, body)
+    translation = await run_in_threadpool(translate, body.sql, dataset_id, body)  # parsing: off the loop
     request = RequestIn(mechanism=translation.mechanism, params=translation.params)
-    return requests_router.submit(
+    return await requests_router.submit(
         dataset_id=dataset_id,
         body=request,
         runtime=runtime,
