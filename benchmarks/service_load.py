@@ -17,8 +17,9 @@ concurrent loops) running for ``--warmup`` then ``--duration`` seconds:
    POSTs and gets the release in the same response (the API waits for the worker's commit).
 3. **One filter row vs many** (at the smallest and the largest ``--processes``): cheap requests all on one
    dataset vs spread over ``--datasets`` datasets (client i uses dataset i mod D): how far one filter row
-   goes; then the same filter row without HTTP (``run_filter_row``: ``--clients`` threads of this process
-   call ``service.runs.requests.submit``), reported as ``filter_row`` with the process's CPU.
+   goes; then the same filter row without HTTP (``run_filter_row``: ``--clients`` tasks on one event loop
+   of this process call the API's cheap-request path, ``service.runs.requests.submit_one_transaction``),
+   reported as ``filter_row`` with the process's CPU.
 
 Scaling efficiency = throughput(k) / (k · throughput(1)). Only requests completed inside the measured window
 count. Every request response must be 200 and ``committed``; afterwards every dataset's budget must show
@@ -451,7 +452,8 @@ def run_filter_row(
 ) -> dict[str, Any]:
     """Section 3b: how many requests one filter row admits and commits per second, without HTTP.
 
-    ``args.clients`` threads of this process call ``service.runs.requests.submit`` (validation, the
+    ``args.clients`` tasks on one event loop of this process call the API's path for a cheap request,
+    ``service.runs.requests.submit_one_transaction`` (validation, the
     group-commit writer's one-transaction path: admit + reserve, run the Laplace count, commit + release,
     ledger append) on one dataset for ``--duration`` seconds, against the same PostgreSQL database. This
     is the capacity of one dataset's filter row (its lock, its ledger chain) that a shard of the scale-out
@@ -459,14 +461,13 @@ def run_filter_row(
     filter's pure slot holds exactly releases × 1e-6 ε in units and nothing reserved (``ledger verify``
     runs on the whole database at the end).
     """
-    import threading
 
     from mechanisms.accounting import UnitsVector
     from service.app import build_runtime
     from service.auth import Principal, Role
     from service.config import Settings
     from service.logs import configure_logging
-    from service.runs.requests import submit
+    from service.runs.requests import submit, submit_one_transaction
     from service.store.repositories import FilterRepository
 
     server = Server(env, workdir, 1, tag="filter-row-")
@@ -484,38 +485,44 @@ def run_filter_row(
     latencies: list[float] = []
     counts = {"sent": 0, "failures": 0}
     examples: list[str] = []
-    lock = threading.Lock()
     start = time.perf_counter()
     window_start, window_end = start + args.warmup, start + args.warmup + args.duration
 
-    def loop() -> None:
+    async def one() -> Any:
+        """As the API runs a cheap request: on the event loop, or (a cache miss) in a thread."""
+        request = await submit_one_transaction(runtime, analyst, dataset_id, "laplace", params, None)
+        if request is None:
+            request = await asyncio.to_thread(submit, runtime, analyst, dataset_id, "laplace", params, None)
+        return request
+
+    async def client() -> None:
         while (begin := time.perf_counter()) < window_end:
             try:
-                request = submit(runtime, analyst, dataset_id, "laplace", params, None)
+                request = await one()
                 ok, why = request.state == "committed" and request.release is not None, request.state
             except Exception as exc:  # counted and shown, never hidden
                 ok, why = False, repr(exc)[:300]
             end = time.perf_counter()
-            with lock:
-                counts["sent"] += 1
-                if not ok:
-                    counts["failures"] += 1
-                    if len(examples) < 5:
-                        examples.append(why)
-                elif window_start <= end <= window_end:
-                    latencies.append(end - begin)
+            counts["sent"] += 1
+            if not ok:
+                counts["failures"] += 1
+                if len(examples) < 5:
+                    examples.append(why)
+            elif window_start <= end <= window_end:
+                latencies.append(end - begin)
 
-    threads = [threading.Thread(target=loop) for _ in range(args.clients)]
-    for thread in threads:
-        thread.start()
-    time.sleep(max(0.0, window_start - time.perf_counter()))
-    cpu0, machine0, t0 = time.process_time(), machine_busy_seconds(), time.perf_counter()
-    batches0 = runtime.writer.batches
-    time.sleep(max(0.0, window_end - time.perf_counter()))
-    cpu1, machine1, t1 = time.process_time(), machine_busy_seconds(), time.perf_counter()
-    batches1 = runtime.writer.batches
-    for thread in threads:
-        thread.join()
+    async def measure() -> tuple[float, float, float, float, float, float, int, int]:
+        clients = [asyncio.create_task(client()) for _ in range(args.clients)]
+        await asyncio.sleep(max(0.0, window_start - time.perf_counter()))
+        cpu0, machine0, t0, batches0 = time.process_time(), machine_busy_seconds(), time.perf_counter(), \
+            runtime.writer.batches
+        await asyncio.sleep(max(0.0, window_end - time.perf_counter()))
+        cpu1, machine1, t1, batches1 = time.process_time(), machine_busy_seconds(), time.perf_counter(), \
+            runtime.writer.batches
+        await asyncio.gather(*clients)
+        return cpu0, cpu1, machine0, machine1, t0, t1, batches0, batches1
+
+    cpu0, cpu1, machine0, machine1, t0, t1, batches0, batches1 = asyncio.run(measure())
     with runtime.sessions() as session:
         row = FilterRepository(session).get(dataset_id)
         assert row is not None
@@ -529,7 +536,7 @@ def run_filter_row(
     rate = len(latencies) / args.duration
     process_cores = (cpu1 - cpu0) / wall
     return {
-        "section": "datasets", "endpoint": "filter row (in process, no HTTP)", "threads": args.clients,
+        "section": "datasets", "endpoint": "filter row (in process, no HTTP)", "tasks": args.clients,
         "duration_s": args.duration, "requests": len(latencies), "requests_per_s": rate,
         "p50_ms": 1000 * percentile(latencies, 50), "p99_ms": 1000 * percentile(latencies, 99),
         "failures": counts["failures"], "failure_examples": examples,
@@ -715,6 +722,7 @@ def main(argv: list[str] | None = None) -> int:
             "EXPOST_DATABASE_URL": url,
             "EXPOST_DATA_DIR": str(workdir / "data"),
             "EXPOST_LOG_LEVEL": "INFO",  # the default; wait_ready needs the startup lines
+            "EXPOST_LOG_JSON": "true",  # the production format (docs/operations.md), one access line each
             "EXPOST_RATE_LIMIT": "",  # measure the service, not the limiter
             "EXPOST_RATE_LIMIT_REPORTS": "",
             "EXPOST_BENCH_BUSY": str(args.busy),
@@ -804,7 +812,7 @@ def main(argv: list[str] | None = None) -> int:
             shown = "  ".join(f"k={k}: {'n/a' if v is None else f'{v:.2f}'}" for k, v in values.items())
             print(f"scaling efficiency {name:20} {shown}")
     if filter_row is not None:
-        print(f"one filter row in process ({filter_row['threads']} threads, no HTTP): "
+        print(f"one filter row in process ({filter_row['tasks']} tasks on one event loop, no HTTP): "
               f"{filter_row['requests_per_s']:.1f} committed/s  p99 {filter_row['p99_ms']:.1f} ms  "
               f"process cpu {filter_row['process_cpu_cores']:.2f} cores  "
               f"({filter_row['requests_per_process_core_s'] or 0:.0f}/core-s)  "

@@ -128,6 +128,20 @@ class _Output:
 
     handler: logging.StreamHandler[Any] | None = None
     render: tuple[structlog.types.Processor, ...] = ()
+    level: int = logging.INFO
+
+
+def _at_level(_: Any, method: str, event_dict: Any) -> Any:
+    """Drop a line below the configured level (a logger cached before a reconfiguration filters at the
+    level it was created with: this applies the current one)."""
+    if _LEVELS.get(method, logging.INFO) < _OUTPUT.level:
+        raise structlog.DropEvent
+    return event_dict
+
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "warn": logging.WARNING,
+           "error": logging.ERROR, "exception": logging.ERROR, "critical": logging.CRITICAL,
+           "fatal": logging.CRITICAL}
 
 
 _OUTPUT = _Output()
@@ -142,8 +156,9 @@ def _render(logger: Any, method: str, event_dict: Any) -> Any:
 class _HandlerWriter:
     """structlog's own events, rendered by the same processors, written straight to expost's handler's
     stream under the handler's lock (so lines never interleave with standard-library ones). This skips the
-    standard library's record machinery, which cost about as much as the rest of a cheap request's work
-    in the access log and the admission log line (benchmarks/service_load.py)."""
+    standard library's record machinery, which cost about a tenth of a cheap request's CPU for its two
+    lines (the access line and the admission line; benchmarks/service_load.py). So they reach expost's
+    handler (stdout) only, never another handler added to the root logger: ship stdout's JSON lines."""
 
     def __init__(self, name: str = "") -> None:
         self.name = name
@@ -190,9 +205,9 @@ def configure_logging(level: str = "INFO", as_json: bool = False, stream: TextIO
         # its access log stays off (the middleware writes one access line per request).
         uvicorn = logging.getLogger("uvicorn")
         uvicorn.handlers, uvicorn.propagate = [], True
-    _OUTPUT.handler, _OUTPUT.render = handler, tuple(_renderer(as_json))
+    _OUTPUT.handler, _OUTPUT.render, _OUTPUT.level = handler, tuple(_renderer(as_json)), numeric
     structlog.configure(
-        processors=[*_shared_processors(), _render],
+        processors=[_at_level, *_shared_processors(), _render],
         logger_factory=lambda *names: _HandlerWriter(str(names[0]) if names else ""),
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         cache_logger_on_first_use=True,

@@ -38,9 +38,8 @@ def get_session(runtime: RuntimeDep) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-async def get_principal(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
-) -> Principal:
+async def authenticate(request: Request, credentials: HTTPAuthorizationCredentials | None) -> Principal:
+    """The principal of the request's API key (401 without a valid one)."""
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise Unauthenticated("send an API key as `Authorization: Bearer <key>`")
     keys: KeyCache = request.app.state.keys
@@ -53,7 +52,12 @@ async def get_principal(
 
 
 def require(*roles: Role) -> object:
-    async def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    """Authenticate and check the role at the route: one dependency (each level costs per request)."""
+
+    async def check(
+        request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+    ) -> Principal:
+        principal = await authenticate(request, credentials)
         if principal.role not in roles:
             allowed = ", ".join(r.value for r in roles)
             raise Forbidden(

@@ -80,14 +80,14 @@ class CurveOut(ViewModel):
         """A curve as the service stores it (``RdpCurve.as_dict``), taken as valid: built without
         validation, which would cost a Python call per value (the ``Loss`` validator)."""
         return cls.model_construct(
-            orders=list(curve["orders"]),
+            orders=[float(order) for order in curve["orders"]],
             values=[_stored_loss(v) for v in curve["values"]],
             pure=_stored_loss(curve["pure"]),
         )
 
 
 def _stored_loss(value: Any) -> Any:
-    return Infinity.inf if value == "inf" or value == math.inf else value
+    return Infinity.inf if value == "inf" or value == math.inf else float(value)
 
 
 class InputError(BaseModel):

@@ -54,6 +54,10 @@ from service.store.repositories import RequestRepository
 
 log = structlog.get_logger("expost.requests")
 
+MAX_ASYNC_WAITERS = 256
+"""One-transaction requests awaiting the writer at once; beyond, requests take the thread-pool path, whose
+40 threads make further clients wait for a thread (the back-pressure every other request has)."""
+
 
 def submit(
     runtime: Runtime,
@@ -125,6 +129,9 @@ async def submit_one_transaction(
     one writer job (admit + reserve, run, commit with its release) whose commit is awaited, not waited
     for in a thread. Everything else (a cache miss, a queued mechanism, shutdown) is for :func:`submit`.
     """
+    if runtime.writer.async_waiters >= MAX_ASYNC_WAITERS:  # back-pressure: the thread pool's limit
+        return None
+    started = time.monotonic()
     v = _cached_validation(runtime, principal, dataset_id, mechanism, params)
     if v is None:
         return None
@@ -138,7 +145,9 @@ async def submit_one_transaction(
     _admitted(request, created, principal, dataset_id, mechanism)
     if request.state == RequestState.RUNNING:  # a replay of one admitted on the two-phase path
         window = min(runtime.settings.wait_seconds, wait_seconds if wait_seconds is not None else math.inf)
-        return await asyncio.to_thread(wait_settled, runtime.sessions, request.id, window, runtime.draining)
+        remaining = max(0.0, window - (time.monotonic() - started))
+        draining = runtime.draining
+        return await asyncio.to_thread(wait_settled, runtime.sessions, request.id, remaining, draining)
     return request
 
 

@@ -68,6 +68,7 @@ class Job:
     settles: str | None = None  # the request id, for settlements
     key: str | None = None  # the Idempotency-Key, for admissions
     grant: bool = False  # an analyst's admission: the batch reads whether the grant still holds
+    settled: bool = False  # one transaction: committed with its charge, nothing to abort if abandoned
     future: Future[Any] = field(default_factory=Future)
 
 
@@ -77,6 +78,7 @@ class WriteBatcher:
         self._connection: Connection | None = None  # the writer's own, kept between batches (no pool ping)
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self.batches = 0
+        self.async_waiters = 0  # callers awaiting admit_and_run_async (on the event loop)
         self._thread = threading.Thread(target=self._loop, name="expost-writer", daemon=True)
         self._thread.start()
 
@@ -119,10 +121,13 @@ class WriteBatcher:
             raise ValueError(f"{v.mechanism.name} does not run in the writer's transaction")
         job = self._one_transaction(principal, v, key, lease, run)
         job.key, job.grant = key, principal.role is Role.analyst
+        self.async_waiters += 1
         try:
             result: tuple[AnalysisRequest, bool] = await self._run_async(job)
-        except Refused as refused:
-            raise admission.refusal(v, refused) from None
+        except Refused as refused:  # the refusal's body searches the affordable value: milliseconds
+            raise await asyncio.to_thread(admission.refusal, v, refused) from None
+        finally:
+            self.async_waiters -= 1
         return result
 
     def _one_transaction(
@@ -146,7 +151,7 @@ class WriteBatcher:
                 settled = settlement.settle(session, ref, realized, output, error)
             return (request if settled is None else settled), True
 
-        return Job(v.dataset.id, principal.name, apply, alone)
+        return Job(v.dataset.id, principal.name, apply, alone, settled=True)
 
     def _admit_then_run(
         self, principal: Principal, v: admission.Validated, key: str | None, lease: float, run: RunFn
@@ -206,7 +211,7 @@ class WriteBatcher:
         has not taken it yet. If it is being applied, an admission nobody will run is aborted once it
         commits: its data was never read (docs/privacy.md §6 rule 2). A one-transaction job commits its
         charge with its release, so nothing is lost: a replay with the same Idempotency-Key returns it."""
-        if not job.future.cancel() and job.settles is None:
+        if not job.future.cancel() and job.settles is None and not job.settled:
             job.future.add_done_callback(self._abort_abandoned)
 
     def _run(self, job: Job) -> Any:

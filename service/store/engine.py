@@ -30,8 +30,11 @@ def ensure_sqlite_directory(url: str) -> None:
 
 def json_text(value: Any) -> str:
     """A JSON column's text: orjson (several times faster than ``json.dumps`` on the writer's hot path),
-    or ``json.dumps`` for what orjson does not take (integers beyond 64 bits, non-string keys). Either
-    text parses back to the same value; releases hold no NaN or infinity (``settlement.storable``)."""
+    or ``json.dumps`` for what orjson does not take (integers beyond 64 bits, non-string keys). Both parse
+    back to the same value, except that orjson writes a NaN or an infinity as ``null`` (``json.dumps``
+    wrote a token PostgreSQL refuses) and stores datetimes as ISO strings (``json.dumps`` raised).
+    Releases are checked free of both before they are stored (``settlement.storable``); curves store +∞
+    as the string "inf"."""
     try:
         return orjson.dumps(value).decode()
     except TypeError:  # orjson.JSONEncodeError
