@@ -14,6 +14,7 @@ exact under addition and subtraction, so releasing an infinite reservation resto
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
@@ -66,7 +67,7 @@ class UnitsVector:
     def __post_init__(self) -> None:
         if len(self.finite) != len(self.infinite):
             raise ValueError("finite and infinite parts differ in length")
-        if any(c < 0 for c in self.infinite):
+        if min(self.infinite, default=0) < 0:
             raise ValueError("negative count of infinite charges")
 
     @classmethod
@@ -82,20 +83,26 @@ class UnitsVector:
         return len(self.finite)
 
     def __add__(self, other: UnitsVector) -> UnitsVector:
+        self._same_slots(other)
         return UnitsVector(
-            tuple(a + b for a, b in zip(self.finite, other.finite, strict=True)),
-            tuple(a + b for a, b in zip(self.infinite, other.infinite, strict=True)),
+            tuple(map(operator.add, self.finite, other.finite)),
+            tuple(map(operator.add, self.infinite, other.infinite)),
         )
 
     def __sub__(self, other: UnitsVector) -> UnitsVector:
         """Exact inverse of ``+``: used only to release a reservation that was added before."""
+        self._same_slots(other)
         result = UnitsVector(
-            tuple(a - b for a, b in zip(self.finite, other.finite, strict=True)),
-            tuple(a - b for a, b in zip(self.infinite, other.infinite, strict=True)),
+            tuple(map(operator.sub, self.finite, other.finite)),
+            tuple(map(operator.sub, self.infinite, other.infinite)),
         )
-        if any(f < 0 for f in result.finite):
+        if min(result.finite, default=0) < 0:
             raise ValueError("subtracting more than the total")
         return result
+
+    def _same_slots(self, other: UnitsVector) -> None:
+        if len(self.finite) != len(other.finite):  # each vector's two parts have one length
+            raise ValueError(f"slot counts differ: {len(self.finite)} and {len(other.finite)}")
 
     def is_infinite(self, slot: int) -> bool:
         return self.infinite[slot] > 0
@@ -115,11 +122,12 @@ class UnitsVector:
 
     def __le__(self, other: UnitsVector) -> bool:
         """Slot by slot: an infinite value is ≤ only another infinite one."""
+        self._same_slots(other)
+        if not any(self.infinite) and not any(other.infinite):  # the common case: all finite
+            return all(map(operator.le, self.finite, other.finite))
         return all(
             (b_inf > 0) or (a_inf == 0 and a <= b)
-            for a, a_inf, b, b_inf in zip(
-                self.finite, self.infinite, other.finite, other.infinite, strict=True
-            )
+            for a, a_inf, b, b_inf in zip(self.finite, self.infinite, other.finite, other.infinite)
         )
 
     @classmethod

@@ -69,6 +69,7 @@ class Job:
     key: str | None = None  # the Idempotency-Key, for admissions
     grant: bool = False  # an analyst's admission: the batch reads whether the grant still holds
     settled: bool = False  # one transaction: committed with its charge, nothing to abort if abandoned
+    waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]] | None = None  # an awaiting caller
     future: Future[Any] = field(default_factory=Future)
 
 
@@ -223,11 +224,13 @@ class WriteBatcher:
             raise ServiceUnavailable(BUSY) from None
 
     async def _run_async(self, job: Job) -> Any:
+        """Enqueue ``job`` and await its outcome, handed over by :func:`_wake_waiters` after its batch."""
+        loop = asyncio.get_running_loop()
+        job.waiter = (loop, loop.create_future())
         self._enqueue(job)
-        outcome = asyncio.wrap_future(job.future)
-        outcome.add_done_callback(_retrieved)  # read even when nobody awaits it any more
         try:
-            return await asyncio.wait_for(asyncio.shield(outcome), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                return await job.waiter[1]
         except TimeoutError:
             self._withdraw(job)
             raise ServiceUnavailable(BUSY) from None
@@ -267,6 +270,7 @@ class WriteBatcher:
             live = [job for job in batch if job.future.set_running_or_notify_cancel()]
             if live:
                 self._process(live)
+                _wake_waiters(live)
 
     def _session(self) -> Session:
         """A session on the writer's own connection: checked out once, not pinged before every batch;
@@ -338,10 +342,32 @@ def _lock_all(session: Session, batch: list[Job]) -> Locked:
     )
 
 
-def _retrieved(outcome: asyncio.Future[Any]) -> None:
-    """Mark a finished outcome's exception as retrieved (asyncio would log it as never retrieved)."""
-    if not outcome.cancelled():
-        outcome.exception()
+def _wake_waiters(jobs: list[Job]) -> None:
+    """Hand the outcomes of a processed batch to the callers awaiting them on event loops: one wake-up
+    per loop per batch, not one per job (each wake-up is a write to the loop's self-pipe and a GIL
+    hand-over between the writer and the loop)."""
+    waiting: dict[asyncio.AbstractEventLoop, list[Job]] = defaultdict(list)
+    for job in jobs:
+        if job.waiter is not None:
+            waiting[job.waiter[0]].append(job)
+    for loop, handed in waiting.items():
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits these any more
+            loop.call_soon_threadsafe(_hand_over, handed)
+
+
+def _hand_over(jobs: list[Job]) -> None:
+    """On the waiters' loop: each job's outcome (already set on its ``future``) to its waiter, unless the
+    caller stopped waiting (the waiter was cancelled: :meth:`WriteBatcher._withdraw` ran)."""
+    for job in jobs:
+        assert job.waiter is not None
+        waiter = job.waiter[1]
+        if waiter.done() or not job.future.done():
+            continue
+        error = job.future.exception()
+        if error is not None:
+            waiter.set_exception(error)
+        else:
+            waiter.set_result(job.future.result())
 
 
 def _guarded(run: RunFn) -> tuple[RdpCurve | None, dict[str, Any] | None, str | None]:
