@@ -127,7 +127,9 @@ class UnitsVector:
             return all(map(operator.le, self.finite, other.finite))
         return all(
             (b_inf > 0) or (a_inf == 0 and a <= b)
-            for a, a_inf, b, b_inf in zip(self.finite, self.infinite, other.finite, other.infinite)
+            for a, a_inf, b, b_inf in zip(
+                self.finite, self.infinite, other.finite, other.infinite, strict=True
+            )
         )
 
     @classmethod

@@ -775,12 +775,12 @@ def test_units_vector_arithmetic_matches_its_slotwise_definition() -> None:
     for _ in range(3000):
         slots = rng.randint(1, 6)
 
-        def vector() -> UnitsVector:
+        def vector(slots: int) -> UnitsVector:
             finite = tuple(rng.choice([0, 1, 2, 10**12, 2**70]) for _ in range(slots))
             infinite = tuple(rng.choice([0, 0, 0, 1, 2]) for _ in range(slots))
             return UnitsVector(finite, infinite)
 
-        a, b = vector(), vector()
+        a, b = vector(slots), vector(slots)
         total = a + b
         assert total.finite == tuple(x + y for x, y in zip(a.finite, b.finite, strict=True)), (a, b)
         assert total.infinite == tuple(x + y for x, y in zip(a.infinite, b.infinite, strict=True)), (a, b)
