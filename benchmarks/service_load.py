@@ -17,9 +17,9 @@ concurrent loops) running for ``--warmup`` then ``--duration`` seconds:
    POSTs and gets the release in the same response (the API waits for the worker's commit).
 3. **One filter row vs many** (at the smallest and the largest ``--processes``): cheap requests all on one
    dataset vs spread over ``--datasets`` datasets (client i uses dataset i mod D): how far one filter row
-   goes; then the same filter row without HTTP (``run_filter_row``: ``--clients`` tasks on one event loop
-   of this process call the API's cheap-request path, ``service.runs.requests.submit_one_transaction``),
-   reported as ``filter_row`` with the process's CPU.
+   goes; then the same filter row without HTTP (``run_filter_row``: ``--clients`` tasks on the event loops
+   of one process, then of max(``--processes``) processes, call the API's cheap-request path,
+   ``service.runs.requests.submit_one_transaction``), reported as ``filter_rows`` with the processes' CPU.
 
 Scaling efficiency = throughput(k) / (k · throughput(1)). Only requests completed inside the measured window
 count. Every request response must be 200 and ``committed``; afterwards every dataset's budget must show
@@ -448,26 +448,25 @@ def run_datasets_configuration(
 
 
 def run_filter_row(
-    env: dict[str, str], workdir: Path, keys: dict[str, str], args: argparse.Namespace,
+    env: dict[str, str], workdir: Path, keys: dict[str, str], args: argparse.Namespace, processes: int = 1,
 ) -> dict[str, Any]:
     """Section 3b: how many requests one filter row admits and commits per second, without HTTP.
 
-    ``args.clients`` tasks on one event loop of this process call the API's path for a cheap request,
-    ``service.runs.requests.submit_one_transaction`` (validation, the
-    group-commit writer's one-transaction path: admit + reserve, run the Laplace count, commit + release,
-    ledger append) on one dataset for ``--duration`` seconds, against the same PostgreSQL database. This
-    is the capacity of one dataset's filter row (its lock, its ledger chain) that a shard of the scale-out
-    plan must carry; the HTTP stack in front of it is measured by the other rows. Checked afterwards: the
-    filter's pure slot holds exactly releases × 1e-6 ε in units and nothing reserved (``ledger verify``
-    runs on the whole database at the end).
+    ``processes`` processes (each its own runtime: engine, group-commit writer) run ``args.clients`` tasks
+    in all, split between their event loops, on the same dataset; each task calls the API's path for a
+    cheap request, ``service.runs.requests.submit_one_transaction`` (validation, the group-commit
+    writer's one-transaction path: admit + reserve, run the Laplace count, commit + release, ledger append)
+    for ``--duration`` seconds against the same PostgreSQL database. This is the capacity of one dataset's
+    filter row (its lock, its ledger chain) that a shard of the scale-out plan must carry, as API processes
+    share it in production; the HTTP stack in front of it is measured by the other rows. Checked
+    afterwards: the filter's pure slot holds exactly releases × 1e-6 ε in units and nothing reserved
+    (``ledger verify`` runs on the whole database at the end).
     """
+    import multiprocessing
 
     from mechanisms.accounting import UnitsVector
     from service.app import build_runtime
-    from service.auth import Principal, Role
     from service.config import Settings
-    from service.logs import configure_logging
-    from service.runs.requests import submit, submit_one_transaction
     from service.store.repositories import FilterRepository
 
     server = Server(env, workdir, 1, tag="filter-row-")
@@ -476,17 +475,66 @@ def run_filter_row(
         dataset_id = setup_dataset(server.base_url, keys["admin"], "load-analyst")
     finally:
         server.stop()
-    configure_logging("WARNING", True)
-    settings = Settings(database_url=env["EXPOST_DATABASE_URL"], data_dir=Path(env["EXPOST_DATA_DIR"]),
-                        pool_size=max(10, args.clients))
+    shares = [args.clients // processes + (i < args.clients % processes) for i in range(processes)]
+    start = time.time() + 3.0  # every process starts its clients at this moment (after its imports)
+    jobs = [(env["EXPOST_DATABASE_URL"], env["EXPOST_DATA_DIR"], dataset_id, share, args.warmup,
+             args.duration, start) for share in shares]
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        pending = pool.starmap_async(_filter_row_process, jobs)
+        time.sleep(max(0.0, start + args.warmup - time.time()))
+        machine0, t0 = machine_busy_seconds(), time.perf_counter()
+        time.sleep(max(0.0, start + args.warmup + args.duration - time.time()))
+        machine_cores = (machine_busy_seconds() - machine0) / (time.perf_counter() - t0)
+        parts = pending.get(timeout=600)
+    settings = Settings(database_url=env["EXPOST_DATABASE_URL"], data_dir=Path(env["EXPOST_DATA_DIR"]))
     runtime = build_runtime(settings)
+    with runtime.sessions() as session:
+        row = FilterRepository(session).get(dataset_id)
+        assert row is not None
+        spent, reserved = UnitsVector.from_json(row.spent), UnitsVector.from_json(row.reserved)
+    runtime.close()
+    releases = sum(part["sent"] - part["failures"] for part in parts)
+    latencies = sorted(x for part in parts for x in part["latencies"])
+    pure = len(spent) - 1
+    spent_units = spent.finite[pure]
+    rate = len(latencies) / args.duration
+    process_cores = sum(part["cpu_seconds"] for part in parts) / args.duration
+    return {
+        "section": "datasets", "endpoint": "filter row (in process, no HTTP)", "processes": processes,
+        "tasks": args.clients, "duration_s": args.duration, "requests": len(latencies),
+        "requests_per_s": rate, "requests_per_process": [len(p["latencies"]) / args.duration for p in parts],
+        "p50_ms": 1000 * percentile(latencies, 50), "p99_ms": 1000 * percentile(latencies, 99),
+        "failures": sum(p["failures"] for p in parts),
+        "failure_examples": [e for p in parts for e in p["examples"]][:5],
+        "process_cpu_cores": process_cores, "machine_cpu_cores": machine_cores,
+        "requests_per_process_core_s": rate / process_cores if process_cores else None,
+        "writer_batches_per_s": sum(p["batches"] for p in parts) / args.duration,
+        "loadavg_1min_after": os.getloadavg()[0],
+        "budget": {"ok": spent_units == releases * REQUEST_UNITS and not any(reserved.finite),
+                   "pure_spent_units": spent_units, "expected_units": releases * REQUEST_UNITS,
+                   "releases": releases},
+    }
+
+
+def _filter_row_process(
+    database_url: str, data_dir: str, dataset_id: str, clients: int, warmup: float, duration: float,
+    start: float,
+) -> dict[str, Any]:
+    """One process of :func:`run_filter_row`: ``clients`` tasks on its event loop from ``start`` on."""
+    from service.app import build_runtime
+    from service.auth import Principal, Role
+    from service.config import Settings
+    from service.logs import configure_logging
+    from service.runs.requests import submit, submit_one_transaction
+
+    configure_logging("WARNING", True)
+    runtime = build_runtime(Settings(database_url=database_url, data_dir=Path(data_dir),
+                                     pool_size=max(10, clients)))
     analyst = Principal("load-analyst", Role.analyst)
     params = request_body("laplace")["params"]
-    latencies: list[float] = []
-    counts = {"sent": 0, "failures": 0}
-    examples: list[str] = []
-    start = time.perf_counter()
-    window_start, window_end = start + args.warmup, start + args.warmup + args.duration
+    out: dict[str, Any] = {"sent": 0, "failures": 0, "examples": [], "latencies": []}
+    begin_at = time.perf_counter() + max(0.0, start - time.time())
+    window_start, window_end = begin_at + warmup, begin_at + warmup + duration
 
     async def one() -> Any:
         """As the API runs a cheap request: on the event loop, or (a cache miss) in a thread."""
@@ -503,51 +551,27 @@ def run_filter_row(
             except Exception as exc:  # counted and shown, never hidden
                 ok, why = False, repr(exc)[:300]
             end = time.perf_counter()
-            counts["sent"] += 1
+            out["sent"] += 1
             if not ok:
-                counts["failures"] += 1
-                if len(examples) < 5:
-                    examples.append(why)
+                out["failures"] += 1
+                if len(out["examples"]) < 5:
+                    out["examples"].append(why)
             elif window_start <= end <= window_end:
-                latencies.append(end - begin)
+                out["latencies"].append(end - begin)
 
-    async def measure() -> tuple[float, float, float, float, float, float, int, int]:
-        clients = [asyncio.create_task(client()) for _ in range(args.clients)]
+    async def measure() -> None:
+        await asyncio.sleep(max(0.0, begin_at - time.perf_counter()))
+        clients_ = [asyncio.create_task(client()) for _ in range(clients)]
         await asyncio.sleep(max(0.0, window_start - time.perf_counter()))
-        cpu0, machine0, t0, batches0 = time.process_time(), machine_busy_seconds(), time.perf_counter(), \
-            runtime.writer.batches
+        cpu0, batches0 = time.process_time(), runtime.writer.batches
         await asyncio.sleep(max(0.0, window_end - time.perf_counter()))
-        cpu1, machine1, t1, batches1 = time.process_time(), machine_busy_seconds(), time.perf_counter(), \
-            runtime.writer.batches
-        await asyncio.gather(*clients)
-        return cpu0, cpu1, machine0, machine1, t0, t1, batches0, batches1
+        out["cpu_seconds"], out["batches"] = time.process_time() - cpu0, runtime.writer.batches - batches0
+        await asyncio.gather(*clients_)
 
-    cpu0, cpu1, machine0, machine1, t0, t1, batches0, batches1 = asyncio.run(measure())
-    with runtime.sessions() as session:
-        row = FilterRepository(session).get(dataset_id)
-        assert row is not None
-        spent, reserved = UnitsVector.from_json(row.spent), UnitsVector.from_json(row.reserved)
+    asyncio.run(measure())
     runtime.close()
-    releases = counts["sent"] - counts["failures"]
-    pure = len(spent) - 1
-    spent_units = spent.finite[pure]
-    wall = t1 - t0
-    latencies.sort()
-    rate = len(latencies) / args.duration
-    process_cores = (cpu1 - cpu0) / wall
-    return {
-        "section": "datasets", "endpoint": "filter row (in process, no HTTP)", "tasks": args.clients,
-        "duration_s": args.duration, "requests": len(latencies), "requests_per_s": rate,
-        "p50_ms": 1000 * percentile(latencies, 50), "p99_ms": 1000 * percentile(latencies, 99),
-        "failures": counts["failures"], "failure_examples": examples,
-        "process_cpu_cores": process_cores, "machine_cpu_cores": (machine1 - machine0) / wall,
-        "requests_per_process_core_s": rate / process_cores if process_cores else None,
-        "writer_batches_per_s": (batches1 - batches0) / wall,
-        "loadavg_1min_after": os.getloadavg()[0],
-        "budget": {"ok": spent_units == releases * REQUEST_UNITS and not any(reserved.finite),
-                   "pure_spent_units": spent_units, "expected_units": releases * REQUEST_UNITS,
-                   "releases": releases},
-    }
+    return out
+
 
 
 def run_queue_configuration(
@@ -708,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: list[Measurement] = []
     checks: list[dict[str, Any]] = []
-    filter_row: dict[str, Any] | None = None
+    filter_rows: list[dict[str, Any]] = []  # one process, then max(--processes) on the same filter row
     loadavg_before = os.getloadavg()[0]
     digest_before = source_digest(ROOT / "service")
     if loadavg_before > 0.5 * (os.cpu_count() or 1):
@@ -753,8 +777,11 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(measured_d)
                     checks.append(check)
                     print(f"... {datasets} dataset(s) on {processes} process(es) done", file=sys.stderr)
-            filter_row = run_filter_row(env, workdir, keys, args)
+            filter_rows.append(run_filter_row(env, workdir, keys, args))
             print("... one filter row in process done", file=sys.stderr)
+            if max(args.processes) > 1:
+                filter_rows.append(run_filter_row(env, workdir, keys, args, max(args.processes)))
+                print(f"... one filter row from {max(args.processes)} processes done", file=sys.stderr)
         verify = subprocess.run([EXPOST, "ledger", "verify"], env=env, cwd=workdir, capture_output=True,
                                 text=True, timeout=600, check=False)
 
@@ -777,7 +804,7 @@ def main(argv: list[str] | None = None) -> int:
                                       if ceiling.requests_per_s else None)
     ok = (all(m.failures == 0 for m in results) and all(c["budget"]["ok"] for c in checks)
           and not any(c["server_log_errors"] for c in checks) and verify.returncode == 0
-          and (filter_row is None or (filter_row["failures"] == 0 and filter_row["budget"]["ok"])))
+          and all(row["failures"] == 0 and row["budget"]["ok"] for row in filter_rows))
     report = {
         "benchmark": "service_load",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -795,7 +822,8 @@ def main(argv: list[str] | None = None) -> int:
         "results": [asdict(m) for m in results],
         "scaling_efficiency": scaling,
         "ratio_requests_to_healthz": ratios,
-        "filter_row": filter_row,
+        "filter_row": filter_rows[0] if filter_rows else None,  # one process (as in earlier results)
+        "filter_rows": filter_rows,
         "checks": checks,
         "ledger_verify": {"exit_code": verify.returncode, "output": verify.stdout.strip()[-500:]},
         "ok": ok,
@@ -811,12 +839,13 @@ def main(argv: list[str] | None = None) -> int:
         if values:
             shown = "  ".join(f"k={k}: {'n/a' if v is None else f'{v:.2f}'}" for k, v in values.items())
             print(f"scaling efficiency {name:20} {shown}")
-    if filter_row is not None:
-        print(f"one filter row in process ({filter_row['tasks']} tasks on one event loop, no HTTP): "
-              f"{filter_row['requests_per_s']:.1f} committed/s  p99 {filter_row['p99_ms']:.1f} ms  "
-              f"process cpu {filter_row['process_cpu_cores']:.2f} cores  "
-              f"({filter_row['requests_per_process_core_s'] or 0:.0f}/core-s)  "
-              f"spent = releases x charge: {filter_row['budget']['ok']}")
+    for row in filter_rows:
+        print(f"one filter row, {row['processes']} process(es), {row['tasks']} tasks, no HTTP: "
+              f"{row['requests_per_s']:.1f} committed/s  p99 {row['p99_ms']:.1f} ms  "
+              f"processes' cpu {row['process_cpu_cores']:.2f} cores  "
+              f"({row['requests_per_process_core_s'] or 0:.0f}/core-s)  "
+              f"machine {row['machine_cpu_cores']:.2f}  "
+              f"spent = releases x charge: {row['budget']['ok']}")
     output = verify.stdout.strip()
     verdict = output.splitlines()[-1] if output else verify.stderr.strip()[-200:]
     print(f"budget checks: {[c['budget']['ok'] for c in checks]}  ledger verify: exit {verify.returncode} "

@@ -132,8 +132,8 @@ class _Output:
 
 
 def _at_level(_: Any, method: str, event_dict: Any) -> Any:
-    """Drop a line below the configured level (a logger cached before a reconfiguration filters at the
-    level it was created with: this applies the current one)."""
+    """Drop a line below the level configured last (loggers are cached on first use: the level is
+    applied here, at every line, so a reconfiguration reaches them)."""
     if _LEVELS.get(method, logging.INFO) < _OUTPUT.level:
         raise structlog.DropEvent
     return event_dict
@@ -209,6 +209,7 @@ def configure_logging(level: str = "INFO", as_json: bool = False, stream: TextIO
     structlog.configure(
         processors=[_at_level, *_shared_processors(), _render],
         logger_factory=lambda *names: _HandlerWriter(str(names[0]) if names else ""),
-        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        # every level reaches _at_level, which applies the current one: cached loggers follow a change
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
         cache_logger_on_first_use=True,
     )
