@@ -9,7 +9,6 @@ run then stops at its next heartbeat).
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -17,6 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar, cast
 
+import anyio.to_thread
 import structlog
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -147,7 +147,7 @@ async def submit_one_transaction(
         window = min(runtime.settings.wait_seconds, wait_seconds if wait_seconds is not None else math.inf)
         remaining = max(0.0, window - (time.monotonic() - started))
         draining = runtime.draining
-        return await asyncio.to_thread(wait_settled, runtime.sessions, request.id, remaining, draining)
+        return await anyio.to_thread.run_sync(wait_settled, runtime.sessions, request.id, remaining, draining)
     return request
 
 

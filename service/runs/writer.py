@@ -30,6 +30,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio.to_thread
 import structlog
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -126,7 +127,7 @@ class WriteBatcher:
         try:
             result: tuple[AnalysisRequest, bool] = await self._run_async(job)
         except Refused as refused:  # the refusal's body searches the affordable value: milliseconds
-            raise await asyncio.to_thread(admission.refusal, v, refused) from None
+            raise await anyio.to_thread.run_sync(admission.refusal, v, refused) from None
         finally:
             self.async_waiters -= 1
         return result
@@ -269,8 +270,14 @@ class WriteBatcher:
             metrics.WRITER_QUEUE.dec(len(batch))
             live = [job for job in batch if job.future.set_running_or_notify_cancel()]
             if live:
-                self._process(live)
-                _wake_waiters(live)
+                try:
+                    self._process(live)
+                except BaseException as exc:  # a bug: the jobs still get an answer, the writer lives on
+                    log.error("writer batch failed unexpectedly", size=len(live), **failure_fields(exc))
+                    for job in live:
+                        if not job.future.done():
+                            job.future.set_exception(ServiceUnavailable("the writer failed; retry later"))
+                    _wake_waiters(live)
 
     def _session(self) -> Session:
         """A session on the writer's own connection: checked out once, not pinged before every batch;
@@ -300,14 +307,16 @@ class WriteBatcher:
                 size=len(batch),
                 **failure_fields(exc),
             )
-            for job in batch:
+            for job in batch:  # each caller is answered as soon as its own retry is done
                 _settle_future(job.future, job.alone)
+                _wake_waiters([job])
             return
         for job, (result, error) in zip(batch, outcomes, strict=True):
             if error is not None:
                 job.future.set_exception(error)
             else:
                 job.future.set_result(result)
+        _wake_waiters(batch)
 
     def _apply(self, batch: list[Job]) -> list[tuple[Any, BaseException | None]]:
         outcomes: list[tuple[Any, BaseException | None]] = []
@@ -364,10 +373,14 @@ def _hand_over(jobs: list[Job]) -> None:
         if waiter.done() or not job.future.done():
             continue
         error = job.future.exception()
-        if error is not None:
-            waiter.set_exception(error)
-        else:
-            waiter.set_result(job.future.result())
+        try:
+            if error is not None:
+                waiter.set_exception(error)
+            else:
+                waiter.set_result(job.future.result())
+        except Exception as exc:  # an outcome asyncio refuses (e.g. StopIteration): still answer this one
+            log.error("could not hand over a writer outcome", **failure_fields(exc))
+            waiter.set_exception(ServiceUnavailable("the writer failed; retry later"))
 
 
 def _guarded(run: RunFn) -> tuple[RdpCurve | None, dict[str, Any] | None, str | None]:
