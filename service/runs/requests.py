@@ -107,11 +107,14 @@ def submit(
                 notify_settled()
                 raise ServiceUnavailable("the service cannot run requests now; retry later") from None
             # a worker got it after all: wait for its release
-    window = runtime.settings.wait_seconds
-    if wait_seconds is not None:
-        window = min(window, wait_seconds)
-    remaining = max(0.0, window - (time.monotonic() - started))
+    remaining = _wait_left(runtime, wait_seconds, started)
     return wait_settled(runtime.sessions, request.id, remaining, runtime.draining)
+
+
+def _wait_left(runtime: Runtime, wait_seconds: float | None, started: float) -> float:
+    """What is left of the response's wait window (the server's, or the caller's if shorter)."""
+    window = min(runtime.settings.wait_seconds, wait_seconds if wait_seconds is not None else math.inf)
+    return max(0.0, window - (time.monotonic() - started))
 
 
 async def submit_one_transaction(
@@ -144,8 +147,7 @@ async def submit_one_transaction(
         raise
     _admitted(request, created, principal, dataset_id, mechanism)
     if request.state == RequestState.RUNNING:  # a replay of one admitted on the two-phase path
-        window = min(runtime.settings.wait_seconds, wait_seconds if wait_seconds is not None else math.inf)
-        remaining = max(0.0, window - (time.monotonic() - started))
+        remaining = _wait_left(runtime, wait_seconds, started)
         draining = runtime.draining
         return await anyio.to_thread.run_sync(wait_settled, runtime.sessions, request.id, remaining, draining)
     return request
