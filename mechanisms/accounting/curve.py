@@ -147,7 +147,11 @@ class RdpCurve:
         if not (l2_sensitivity >= 0.0 and math.isfinite(l2_sensitivity)):
             raise ValueError("the l2 sensitivity must be finite and ≥ 0")
         alphas = np.asarray(orders, dtype=float)
-        values = alphas * l2_sensitivity**2 / (2.0 * sigma**2)
+        if l2_sensitivity == 0.0:  # nothing moves: no loss, whatever σ
+            values = np.zeros_like(alphas)
+        else:
+            with np.errstate(divide="ignore", over="ignore"):  # σ² underflowing to 0 (or Δ² overflowing)
+                values = alphas * l2_sensitivity**2 / (2.0 * sigma**2)  # gives +∞: still an upper bound
         values = _positive_if(values, l2_sensitivity > 0.0)
         return cls(tuple(orders), tuple(pad_up(float(v)) for v in values))
 
