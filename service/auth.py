@@ -94,14 +94,17 @@ class KeyCache:
 
     def cached(self, key: str) -> Principal | None:
         """The principal of ``key`` if a fresh answer is cached (no database read), else None."""
-        cached = self._principals.get(hash_key(key))
-        return cached[0] if cached is not None and cached[1] > time.monotonic() else None
+        return self._fresh(hash_key(key), time.monotonic())
+
+    def _fresh(self, digest: str, now: float) -> Principal | None:
+        cached = self._principals.get(digest)
+        return cached[0] if cached is not None and cached[1] > now else None
 
     def authenticate(self, key: str) -> Principal | None:
         digest, now = hash_key(key), time.monotonic()
-        cached = self._principals.get(digest)
-        if cached is not None and cached[1] > now:
-            return cached[0]
+        cached = self._fresh(digest, now)
+        if cached is not None:
+            return cached
         generation = self._forgotten
         with self.sessions() as session:
             principal = principal_for(session, key)

@@ -129,9 +129,14 @@ def dataset_by_id(session: Session, dataset_id: str) -> Dataset | None:
     return dataset
 
 
+def _grant_seen(dataset_id: str, analyst: str, now: float) -> bool:
+    """Whether this process saw the grant less than ``GRANT_CACHE_SECONDS`` ago."""
+    return _cache.granted.get((dataset_id, analyst), 0.0) > now
+
+
 def _is_granted(session: Session, dataset_id: str, analyst: str) -> bool:
     now = time.monotonic()
-    if _cache.granted.get((dataset_id, analyst), 0.0) > now:
+    if _grant_seen(dataset_id, analyst, now):
         return True
     granted = DatasetRepository(session).is_granted(dataset_id, analyst)
     if granted:
@@ -148,8 +153,7 @@ def cached_visible_dataset(principal: Principal, dataset_id: str) -> Dataset | N
     dataset = _cache.datasets.get(dataset_id)
     if dataset is None or principal.role is not Role.analyst:
         return dataset
-    fresh = _cache.granted.get((dataset_id, principal.name), 0.0) > time.monotonic()
-    return dataset if fresh else None
+    return dataset if _grant_seen(dataset_id, principal.name, time.monotonic()) else None
 
 
 def not_visible(principal: Principal, dataset_id: str) -> NotFound:

@@ -96,7 +96,7 @@ class WriteBatcher:
                 self.sessions, principal, v, key, lambda s: admission.admit(s, principal, v, key, lease)
             )
 
-        return self._admission(Job(v.dataset.id, principal.name, apply, alone), principal, v, key)
+        return self._admission(_admission_job(principal, v, key, apply, alone), v)
 
     def admit_and_run(
         self, principal: Principal, v: admission.Validated, key: str | None, lease: float, run: RunFn
@@ -112,7 +112,7 @@ class WriteBatcher:
 
         if v.mechanism.name not in ONE_TRANSACTION:
             return self._admit_then_run(principal, v, key, lease, run)
-        return self._admission(self._one_transaction(principal, v, key, lease, run), principal, v, key)
+        return self._admission(self._one_transaction(principal, v, key, lease, run), v)
 
     async def admit_and_run_async(
         self, principal: Principal, v: admission.Validated, key: str | None, lease: float, run: RunFn
@@ -122,7 +122,6 @@ class WriteBatcher:
         if v.mechanism.name not in ONE_TRANSACTION:
             raise ValueError(f"{v.mechanism.name} does not run in the writer's transaction")
         job = self._one_transaction(principal, v, key, lease, run)
-        job.key, job.grant = key, principal.role is Role.analyst
         self.async_waiters += 1
         try:
             result: tuple[AnalysisRequest, bool] = await self._run_async(job)
@@ -153,7 +152,7 @@ class WriteBatcher:
                 settled = settlement.settle(session, ref, realized, output, error)
             return (request if settled is None else settled), True
 
-        return Job(v.dataset.id, principal.name, apply, alone, settled=True)
+        return _admission_job(principal, v, key, apply, alone, settled=True)
 
     def _admit_then_run(
         self, principal: Principal, v: admission.Validated, key: str | None, lease: float, run: RunFn
@@ -166,10 +165,7 @@ class WriteBatcher:
         settled = self.settle(settlement.RequestRef.of(request), *_guarded(run))
         return (request if settled is None else settled), True
 
-    def _admission(
-        self, job: Job, principal: Principal, v: admission.Validated, key: str | None
-    ) -> tuple[AnalysisRequest, bool]:
-        job.key, job.grant = key, principal.role is Role.analyst
+    def _admission(self, job: Job, v: admission.Validated) -> tuple[AnalysisRequest, bool]:
         try:
             result: tuple[AnalysisRequest, bool] = self._run(job)
         except Refused as refused:
@@ -348,6 +344,18 @@ def _lock_all(session: Session, batch: list[Job]) -> Locked:
         sorted({(job.analyst, job.key) for job in batch if job.key is not None}),
         sorted({job.settles for job in batch if job.settles is not None}),
         sorted({(job.dataset_id, job.analyst) for job in batch if job.grant}),
+    )
+
+
+def _admission_job(
+    principal: Principal, v: admission.Validated, key: str | None, apply: Apply, alone: Callable[[], Any],
+    settled: bool = False,
+) -> Job:
+    """An admission's job: the batch reads its Idempotency-Key's stored request and, for an analyst,
+    whether the grant still holds."""
+    return Job(
+        v.dataset.id, principal.name, apply, alone,
+        key=key, grant=principal.role is Role.analyst, settled=settled,
     )
 
 
