@@ -42,6 +42,33 @@ hypothesis_settings.register_profile("ci", max_examples=200, stateful_step_count
 # Loaded here, before any test module builds its ``settings(...)``: those inherit the profile's numbers.
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if IN_CI else "dev"))
 
+# The slowest files, measured (junit times of a full CI run): collected first, so that `--dist loadfile`
+# hands them out first and the two workers finish together instead of one running a long file alone at
+# the end (longest-first scheduling). Order within a file is unchanged.
+SLOW_FIRST = (
+    "integration/test_api_fuzz.py",
+    "integration/test_crash_safety.py",
+    "statistical/test_above_threshold_audit.py",
+    "statistical/test_noise_reduction_audit.py",
+    "integration/test_fair_execution_processes.py",
+    "unit/test_rgm_gd.py",
+    "e2e/test_dashboard.py",
+    "statistical/test_accuracy_first_erm_audit.py",
+    "statistical/test_adaptive_clipping_audit.py",
+    "unit/test_relative_gaussian.py",
+    "statistical/test_relative_gaussian_audit.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    root = Path(__file__).parent
+
+    def slowness(item: pytest.Item) -> int:
+        return rank.get(item.path.relative_to(root).as_posix(), len(SLOW_FIRST))
+
+    items.sort(key=slowness)  # stable: files and tests keep their order otherwise
+
 
 def _libpq(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)

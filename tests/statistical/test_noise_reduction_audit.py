@@ -344,16 +344,17 @@ def test_shared_coin_variant_is_caught() -> None:
     pass. d = 4, ε = (0.5, 1.5), Δ = 1 (D: v = 0, D′: v = e_1)."""
     eps = (0.5, 1.5)
     d = 4
+    runs = AUDIT_RUNS // 4  # ample: the broken variant's bound is ≈ 0.99 against ε_0 = 0.5 at this size
     v, vp = np.zeros(d, dtype=np.int64), np.eye(d, dtype=np.int64)[0]
     broken = _log_ratio_lower_bounds(
-        _box_event(_level0(v, eps, AUDIT_RUNS, 71, True)),
-        _box_event(_level0(vp, eps, AUDIT_RUNS, 72, True)),
+        _box_event(_level0(v, eps, runs, 71, True)),
+        _box_event(_level0(vp, eps, runs, 72, True)),
         2,
     )
     assert broken[1] > eps[0], broken
     correct = _log_ratio_lower_bounds(
-        _box_event(_level0(v, eps, AUDIT_RUNS, 73, False)),
-        _box_event(_level0(vp, eps, AUDIT_RUNS, 74, False)),
+        _box_event(_level0(v, eps, runs, 73, False)),
+        _box_event(_level0(vp, eps, runs, 74, False)),
         2,
     )
     assert np.all(correct <= eps[0]), correct

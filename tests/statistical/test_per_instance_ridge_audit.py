@@ -129,9 +129,10 @@ def _audit(
         pdp_rows["outsider"].append((float(mu_o[0]), float(r_o[0]), gamma, rep[1]["outsider"]["pdp_epsilon"]))
     for side, rows in (pdp_rows.items() if pdp else ()):
         mu, r, gammas, reported = (np.array(col) for col in zip(*rows, strict=True))
-        exact = np.array(
-            [R.ops_epsilon(g, mu[j : j + 1], r[j : j + 1], pl.delta_post)[0] for j, g in enumerate(gammas)]
-        )
+        exact = np.empty_like(mu)
+        for g in np.unique(gammas):  # one vectorised bisection per distinct γ (a few), not one per trial
+            same = gammas == g
+            exact[same] = R.ops_epsilon(float(g), mu[same], r[same], pl.delta_post)
         fails[f"{side}_pdp"] = int(np.sum(reported < exact))
     return {key: value / TRIALS for key, value in fails.items()}
 
