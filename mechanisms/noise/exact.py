@@ -81,9 +81,11 @@ class Noise:
     @classmethod
     def system(cls) -> Noise:
         """Bits from the operating system's CSPRNG (``os.urandom``): what the service uses, always. Small
-        first buffers (4 KiB, 256 scalar words): a service request builds one per release and a scalar
-        draw needs a few words, so reading 64 KiB up front cost more than the rest of the draw."""
-        return cls(_system_bytes, block=1 << 12, pool=256)
+        first buffers (512 bytes, 64 scalar words): a service request builds one per release and a scalar
+        draw needs a dozen words, and ``os.urandom`` costs about its size (4 KiB: 24 µs, 512 B: 3 µs), so a
+        scalar discrete Laplace draw costs 28 µs instead of 62 µs (4 KiB) and a 60-row draw 381 µs
+        instead of 585 µs on the benchmark machine. Larger draws read what they need in one call."""
+        return cls(_system_bytes, block=1 << 9, pool=64)
 
     @classmethod
     def seeded(cls, seed: int) -> Noise:

@@ -155,10 +155,9 @@ def release_interval(
     so the half-width is γ·(k + 1), which covers the exact answer on the clipped data as well.
     """
     steps = quantile.units + (0 if plan.exact else 1)
-    units = np.asarray(noisy_units).astype(object)
-    lower = plan.grid.from_units(units - steps)
-    upper = plan.grid.from_units(units + steps)
-    half_width = float(plan.grid.from_units(np.array([steps], dtype=object))[0])
+    units = np.asarray(noisy_units).astype(object).ravel()
+    ends = plan.grid.from_units(np.concatenate([units - steps, units + steps, [steps]]))  # one conversion
+    lower, upper, half_width = ends[: units.size], ends[units.size : 2 * units.size], float(ends[-1])
     if labels is None:
         return {"level": level, "half_width": half_width, "lower": float(lower[0]), "upper": float(upper[0])}
     return {

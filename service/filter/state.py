@@ -86,7 +86,7 @@ class FilterState:
         return delta == 0 or (self.delta_capacity is not None and delta <= self.delta_capacity)
 
     def reserve(self, charge: UnitsVector, delta: int = 0) -> FilterState:
-        return replace(self, reserved=self.reserved + charge, delta_reserved=self.delta_reserved + delta)
+        return self._with(self.spent, self.reserved + charge, self.delta_spent, self.delta_reserved + delta)
 
     def settle(self, reservation: UnitsVector, realized: UnitsVector | None, delta: int = 0) -> FilterState:
         """Replace ``reservation`` by ``realized`` (commit), or drop it when ``realized`` is None (abort).
@@ -95,14 +95,17 @@ class FilterState:
             raise ValueError("settling more δ than is reserved")
         reserved = self.reserved - reservation
         if realized is None:
-            return replace(self, reserved=reserved, delta_reserved=self.delta_reserved - delta)
-        return replace(
-            self,
-            spent=self.spent + realized,
-            reserved=reserved,
-            delta_spent=self.delta_spent + delta,
-            delta_reserved=self.delta_reserved - delta,
+            return self._with(self.spent, reserved, self.delta_spent, self.delta_reserved - delta)
+        return self._with(
+            self.spent + realized, reserved, self.delta_spent + delta, self.delta_reserved - delta
         )
+
+    def _with(
+        self, spent: UnitsVector, reserved: UnitsVector, delta_spent: int, delta_reserved: int
+    ) -> FilterState:
+        """This filter with new totals (``dataclasses.replace`` without its per-field introspection: the
+        batch path applies two of these per filter and request)."""
+        return FilterState(self.capacity, spent, reserved, self.delta_capacity, delta_spent, delta_reserved)
 
     def with_capacity(self, capacity: Sequence[int | None], delta_capacity: int | None = None) -> FilterState:
         return replace(self, capacity=_slots(capacity), delta_capacity=delta_capacity)

@@ -88,8 +88,10 @@ class WriteBatcher:
     def admit(
         self, principal: Principal, v: admission.Validated, key: str | None, lease: float
     ) -> tuple[AnalysisRequest, bool]:
+        draft = admission.Draft.of(principal, v, key, lease)
+
         def apply(batch: RequestBatch, filters: list[FilterRow]) -> Any:
-            return admission.admit_batched(batch, filters, principal, v, key, lease)
+            return admission.admit_batched(batch, filters, principal, v, key, draft)
 
         def alone() -> Any:
             return admission.admit_or_replay(
@@ -134,8 +136,10 @@ class WriteBatcher:
     def _one_transaction(
         self, principal: Principal, v: admission.Validated, key: str | None, lease: float, run: RunFn
     ) -> Job:
+        draft = admission.Draft.of(principal, v, key, lease)
+
         def apply(batch: RequestBatch, filters: list[FilterRow]) -> Any:
-            request, created = admission.admit_batched(batch, filters, principal, v, key, lease)
+            request, created = admission.admit_batched(batch, filters, principal, v, key, draft)
             if created:  # settle_batched checks the release storable (settlement.settlement_of)
                 settlement.settle_batched(batch, filters, request, *_guarded(run))
             return request, created
