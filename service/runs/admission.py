@@ -351,9 +351,9 @@ class RequestBatch:
         if dataset_id in self.archived or unknown:
             check_admissible(self.session, principal, dataset_id)
 
-    def add(self, request: AnalysisRequest, values: dict[str, Any]) -> AnalysisRequest:
-        """Insert ``request`` (built from ``values``) with the batch."""
-        self.inserts[request.id] = dict(values)
+    def add(self, values: dict[str, Any]) -> AnalysisRequest:
+        request = AnalysisRequest(**values)
+        self.inserts[request.id] = values
         if request.idempotency_key is not None:
             self.keyed[(request.analyst, request.idempotency_key)] = request
         return request
@@ -383,37 +383,17 @@ class RequestBatch:
         self.inserts, self.updates = {}, {}
 
 
-@dataclass(frozen=True)
-class Draft:
-    """What an admission would insert, built by the caller before its writer job is queued (the writer
-    holds the batch's filter locks while it works; none of this depends on what they protect): the
-    request's fingerprint, its row (values and the transient object the writer settles: one admission
-    only) and the details its ledger entries carry."""
-
-    fingerprint: str
-    values: dict[str, Any]
-    details: dict[str, Any]
-    request: AnalysisRequest
-
-    @classmethod
-    def of(cls, principal: Principal, v: Validated, key: str | None, lease: float) -> Draft:
-        fp = fingerprint(v.dataset.id, v.mechanism.name, v.params)
-        values = new_request(principal, v, fp, key, lease)
-        details = {"scopes": values["scopes"], "mechanism": values["mechanism"], "params": values["params"]}
-        return cls(fp, values, details, AnalysisRequest(**values))
-
-
 def admit_batched(
     batch: RequestBatch,
     filters: list[FilterRow],
     principal: Principal,
     v: Validated,
     key: str | None,
-    draft: Draft,
+    lease: float,
 ) -> tuple[AnalysisRequest, bool]:
     """:func:`admit_locked` on a writer batch: the same steps in the same order (replay by
     Idempotency-Key, admissible, limits, the filter rule, the row, the reservation)."""
-    fp = draft.fingerprint
+    fp = fingerprint(v.dataset.id, v.mechanism.name, v.params)
     if key is not None:
         existing = batch.keyed.get((principal.name, key))
         if existing is not None:
@@ -427,10 +407,9 @@ def admit_batched(
         batch.write()  # the counts below must see the rows admitted earlier in this batch
         check_limits(batch.session, principal.name, v)
     batch.filters.check(filters, v.charge, v.delta)
-    request = batch.add(draft.request, draft.values)
-    batch.filters.reserve(
-        filters, v.charge, principal.name, draft.details, request.id, v.delta, request.created_at
-    )
+    request = batch.add(new_request(principal, v, fp, key, lease))
+    details = {"scopes": request.scopes, "mechanism": request.mechanism, "params": request.params}
+    batch.filters.reserve(filters, v.charge, principal.name, details, request.id, v.delta, request.created_at)
     return request, True
 
 

@@ -88,10 +88,8 @@ class WriteBatcher:
     def admit(
         self, principal: Principal, v: admission.Validated, key: str | None, lease: float
     ) -> tuple[AnalysisRequest, bool]:
-        draft = admission.Draft.of(principal, v, key, lease)
-
         def apply(batch: RequestBatch, filters: list[FilterRow]) -> Any:
-            return admission.admit_batched(batch, filters, principal, v, key, draft)
+            return admission.admit_batched(batch, filters, principal, v, key, lease)
 
         def alone() -> Any:
             return admission.admit_or_replay(
@@ -136,10 +134,8 @@ class WriteBatcher:
     def _one_transaction(
         self, principal: Principal, v: admission.Validated, key: str | None, lease: float, run: RunFn
     ) -> Job:
-        draft = admission.Draft.of(principal, v, key, lease)
-
         def apply(batch: RequestBatch, filters: list[FilterRow]) -> Any:
-            request, created = admission.admit_batched(batch, filters, principal, v, key, draft)
+            request, created = admission.admit_batched(batch, filters, principal, v, key, lease)
             if created:  # settle_batched checks the release storable (settlement.settlement_of)
                 settlement.settle_batched(batch, filters, request, *_guarded(run))
             return request, created
