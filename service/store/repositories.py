@@ -63,6 +63,8 @@ class KeyRepository:
         )
 
     def by_name(self, name: str) -> ApiKey | None:
+        if not _storable(name):
+            return None
         return self.session.scalar(select(ApiKey).where(ApiKey.name == name))
 
     def add(self, key: ApiKey) -> None:
@@ -94,6 +96,8 @@ class DatasetRepository:
         return self.session.scalars(query).all()
 
     def is_granted(self, dataset_id: str, analyst: str) -> bool:
+        if not (_storable(dataset_id) and _storable(analyst)):
+            return False
         found = self.session.scalar(
             select(Grant.id).where(Grant.dataset_id == dataset_id, Grant.analyst == analyst)
         )
@@ -119,6 +123,8 @@ class DatasetRepository:
 
     def archived_at(self, dataset_id: str) -> datetime | None:
         """When the dataset was archived (None: open, or no such dataset), read from the database now."""
+        if not _storable(dataset_id):
+            return None
         return self.session.scalar(select(Dataset.archived_at).where(Dataset.id == dataset_id))
 
     def admissible_many(

@@ -540,6 +540,20 @@ def test_an_id_with_a_nul_character_names_nothing(live_server: LiveServer) -> No
     body = {"mechanism": "laplace", "params": {"query": {"kind": "count"}, "epsilon": 0.1}}
     refused = world.analyst.post(f"/v1/datasets/%00{world.dataset_id}/requests", json=body)
     assert_problem(refused, 404, "/problems/not-found")
+    for who in (world.admin, world.analyst):  # the dry run checked archived/granted before visibility
+        estimated = who.post("/v1/datasets/ds_%00/requests:estimate", json=body)
+        assert_problem(estimated, 404, "/problems/not-found")
+    dataset = f"/v1/datasets/{world.dataset_id}"
+    for response in (
+        world.admin.delete(f"{dataset}/grants/an%00alyst"),
+        world.admin.get(f"{dataset}/analysts/an%00alyst/budget"),
+        world.admin.put(f"{dataset}/analysts/an%00alyst/budget", json={"epsilon": 1.0, "delta": 1e-6}),
+        world.admin.delete("/v1/keys/k%00ey"),
+        world.admin.get("/v1/analysts/an%00alyst/limits"),
+        world.admin.put("/v1/analysts/an%00alyst/limits", json={"max_running_requests": 2}),
+        world.admin.post(f"{dataset}/grants", json={"analyst": "an\x00alyst"}),
+    ):
+        assert response.status_code < 500, (response.request.url, response.text)
 
 
 def test_a_dataset_name_with_a_nul_character_is_bad_input(live_server: LiveServer) -> None:
