@@ -1291,10 +1291,10 @@ def test_baseline_sigma_satisfies_the_sigma_condition_at_every_order() -> None:
         sens = relative_sensitivity(
             model, n, float(10 ** rng.uniform(-4, 4)), float(10 ** rng.uniform(-2, 2))
         )
-        for gamma in 10 ** rng.uniform(-8, 12, size=20):
-            sigma = baseline_sigma(float(gamma), sens)
+        for gamma in (10 ** rng.uniform(-8, 12, size=20)).tolist():
+            sigma = baseline_sigma(gamma, sens)
             assert sigma * sigma * sens.eta**2 >= gamma * sens.r_rel**2
-            assert alpha_lo(sens.eta, float(gamma), sigma, sens.r_rel) == 1.0
+            assert alpha_lo(sens.eta, gamma, sigma, sens.r_rel) == 1.0
 
 
 def _gaussian_renyi(m1: np.ndarray, v1: float, m2: np.ndarray, v2: float, alpha: float) -> float:
