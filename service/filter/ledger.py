@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+import orjson
 from sqlalchemy.orm import Session
 
 from mechanisms.accounting import UnitsVector
@@ -40,6 +41,19 @@ class LedgerEvent(StrEnum):
 
 
 def canonical_json(data: Any) -> str:
+    """Deterministic JSON (keys sorted, no spaces, UTF-8): orjson, or the standard library's strict form for
+    what orjson does not take (integers beyond 64 bits). ``verify`` hashes the stored text, so entries
+    written in either form verify. orjson writes a non-finite float as ``null``; no ledger body holds one
+    (charges are integer units, budgets are validated finite, and request parameters passed the strict
+    :func:`strict_canonical_json` of their fingerprint at admission)."""
+    try:
+        return orjson.dumps(data, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:  # orjson.JSONEncodeError
+        return strict_canonical_json(data)
+
+
+def strict_canonical_json(data: Any) -> str:
+    """The standard library's canonical JSON: raises ``ValueError`` on a NaN or an infinity."""
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 

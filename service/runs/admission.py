@@ -46,10 +46,17 @@ from service.filter import admission as filter_admission
 from service.filter import budget
 from service.filter.admission import Refused, check_admission, lock_filters, reserve
 from service.filter.batch import FilterBatch, FilterRow
-from service.filter.ledger import canonical_json
+from service.filter.ledger import strict_canonical_json
 from service.filter.state import snapshot
 from service.runs.leases import worker_id
-from service.store.models import DATASET_SCOPE, AnalysisRequest, Dataset, PrivacyFilter, RequestState
+from service.store.models import (
+    DATASET_SCOPE,
+    AnalysisRequest,
+    Dataset,
+    PrivacyFilter,
+    RequestState,
+    detached_request,
+)
 from service.store.repositories import (
     DatasetRepository,
     FilterRepository,
@@ -121,14 +128,18 @@ def validated_for(
     return Validated(dataset, mechanism, params, context, worst, UnitsVector.charge(worst), kind, delta=delta)
 
 def fingerprint(dataset_id: str, mechanism: str, params: BaseModel) -> str:
-    canonical = canonical_json(
+    """The request's identity for Idempotency-Key replays (the standard library's form, stable across
+    versions: a retry after an upgrade still matches its stored fingerprint)."""
+    canonical = strict_canonical_json(
         {"dataset": dataset_id, "mechanism": mechanism, "params": params.model_dump(mode="json")}
     )
     return hashlib.sha256(canonical.encode()).hexdigest()
 
-def curve_record(curve: RdpCurve, delta: int = 0) -> dict[str, Any]:
-    """A stored charge: the curve, its fixed-point units and, for an approximate request, its δ units."""
-    record = {"curve": curve.as_dict(), "units": UnitsVector.charge(curve).to_json()}
+def curve_record(curve: RdpCurve, delta: int = 0, charge: UnitsVector | None = None) -> dict[str, Any]:
+    """A stored charge: the curve, its fixed-point units (``charge``, when the caller has them already:
+    ``UnitsVector.charge(curve)``) and, for an approximate request, its δ units."""
+    units = UnitsVector.charge(curve) if charge is None else charge
+    record = {"curve": curve.as_dict(), "units": units.to_json()}
     return record | {"delta_units": delta} if delta else record
 
 def refusal(v: Validated, refused: Refused) -> BudgetExhausted:
@@ -286,7 +297,7 @@ def new_request(
         "idempotency_key": key,
         "state": RequestState.RUNNING.value,
         "scopes": [DATASET_SCOPE, principal.name],
-        "worst_case": curve_record(v.worst_case, v.delta),
+        "worst_case": curve_record(v.worst_case, v.delta, v.charge),
         "realized": None,
         "release": None,
         "error": None,
@@ -337,8 +348,8 @@ class RequestBatch:
         requests = RequestRepository(session)
         batch = cls(session, filters)
         for row in requests.by_keys(keys):
-            batch.keyed[(row["analyst"], row["idempotency_key"])] = AnalysisRequest(**row)
-        batch.fresh = {row["id"]: AnalysisRequest(**row) for row in requests.rows(settles)}
+            batch.keyed[(row["analyst"], row["idempotency_key"])] = detached_request(row)
+        batch.fresh = {row["id"]: detached_request(row) for row in requests.rows(settles)}
         batch.archived, batch.granted = DatasetRepository(session).admissible_many(
             sorted(scopes), sorted({a for _, a in analysts})
         )
@@ -352,7 +363,7 @@ class RequestBatch:
             check_admissible(self.session, principal, dataset_id)
 
     def add(self, values: dict[str, Any]) -> AnalysisRequest:
-        request = AnalysisRequest(**values)
+        request = detached_request(values)
         self.inserts[request.id] = values
         if request.idempotency_key is not None:
             self.keyed[(request.analyst, request.idempotency_key)] = request

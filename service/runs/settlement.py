@@ -58,7 +58,7 @@ def settle_locked(
     error: str | None,
 ) -> None:
     """Replace the reservation by the realized charge (or the worst case on error); store the release."""
-    record, charge, release, error = settlement_of(request, realized, release, error)
+    record, charge, _, release, error = settlement_of(request, realized, release, error)
     outcome = {"realized": charge.to_json(), "outcome": "released" if error is None else "failed"}
     end_reservation(session, filters, request, charge, outcome)
     request.state = RequestState.COMMITTED if error is None else RequestState.FAILED_CHARGED
@@ -70,9 +70,10 @@ def settlement_of(
     realized: RdpCurve | None,
     release: dict[str, Any] | None,
     error: str | None,
-) -> tuple[dict[str, Any], UnitsVector, dict[str, Any] | None, str | None]:
-    """(stored charge record, charge, release, error) of a settlement: the realized charge, or the worst
-    case on error or when the realized charge is not below the reservation (then nothing is released)."""
+) -> tuple[dict[str, Any], UnitsVector, UnitsVector, dict[str, Any] | None, str | None]:
+    """(stored charge record, charge, reservation, release, error) of a settlement: the realized charge, or
+    the worst case on error or when the realized charge is not below the reservation (then nothing is
+    released)."""
     reservation = UnitsVector.from_json(request.worst_case["units"])
     delta = reserved_delta(request)  # an approximate request's δ is always spent once it ran
     if error is None and not storable(release):
@@ -81,12 +82,15 @@ def settlement_of(
         # mechanism failure charged its worst case: the failure is a function of the output only.
         log.error("release is not storable JSON; charging the worst case", request_id=request.id)
         realized, release, error = None, None, UNSTORABLE
-    record = request.worst_case if realized is None else curve_record(realized, delta)
-    charge = UnitsVector.from_json(record["units"])
+    if realized is None:
+        record, charge = request.worst_case, reservation
+    else:
+        charge = UnitsVector.charge(realized)
+        record = curve_record(realized, delta, charge)
     if not charge <= reservation:  # a mechanism bug: never commit more than was admitted
         log.error("realized charge above the reservation; committing the worst case", request_id=request.id)
         record, charge, release, error = request.worst_case, reservation, None, "internal accounting error"
-    return record, charge, release, error
+    return record, charge, reservation, release, error
 
 
 def settle_batched(
@@ -98,10 +102,9 @@ def settle_batched(
     error: str | None,
 ) -> None:
     """:func:`settle_locked` on a writer batch (the request's row is written with the batch)."""
-    record, charge, release, error = settlement_of(request, realized, release, error)
+    record, charge, reservation, release, error = settlement_of(request, realized, release, error)
     label = "released" if error is None else "failed"
     outcome = {"realized": charge.to_json(), "outcome": label}
-    reservation = UnitsVector.from_json(request.worst_case["units"])
     now = datetime.now(UTC)
     batch.filters.settle(
         filters, request.scopes, reservation, charge, request.analyst, outcome, request.id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -21,7 +22,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, configure_mappers, mapped_column
+from sqlalchemy.orm.attributes import manager_of_class
 from sqlalchemy.types import TypeDecorator
 
 NAMING = {
@@ -189,6 +191,17 @@ class AnalysisRequest(Base):
     def queued(self) -> bool:
         """Admitted and reserved, waiting for a worker: no worker has claimed it, so no data was read."""
         return self.kind == "request" and self.state == RequestState.RUNNING and self.lease_owner is None
+
+
+def detached_request(values: Mapping[Any, Any]) -> AnalysisRequest:
+    """An ``AnalysisRequest`` holding ``values`` (every column), built as SQLAlchemy builds a loaded
+    object: its attributes set at once, without the constructor's per-attribute events (≈ 3 µs instead of
+    ≈ 40 µs on the writer's hot path). For objects never added to a session: the writer's batch writes its
+    rows with plain statements (``service.runs.admission.RequestBatch``)."""
+    configure_mappers()  # a no-op once the mappers are configured
+    request: AnalysisRequest = manager_of_class(AnalysisRequest).new_instance()
+    request.__dict__.update(values)
+    return request
 
 
 class AnalystLimit(Base):
