@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Select, Table, bindparam, func, insert, select, tuple_, update
+import orjson
+from sqlalchemy import Select, Table, TextClause, bindparam, func, insert, select, text, tuple_, update
 from sqlalchemy.engine import CursorResult, RowMapping
 from sqlalchemy.orm import Session
 
@@ -38,6 +41,65 @@ def _storable(key: str) -> bool:
     """No stored id contains NUL, and PostgreSQL cannot even compare text with one (an error, not a
     mismatch): a lookup by such an id finds nothing, on every backend."""
     return "\x00" not in key
+
+
+def _set_based(session: Session) -> bool:
+    """On PostgreSQL a batch's rows travel as one JSON parameter (``json_populate_recordset``): one
+    statement whatever the batch size, and one C-level JSON encoding instead of the driver converting every
+    column of every row. Elsewhere (SQLite, in process) the batch is an executemany."""
+    return session.connection().dialect.name == "postgresql"
+
+
+def _records_json(rows: Sequence[dict[str, Any]]) -> str:
+    """Rows as a JSON array (datetimes as ISO 8601 strings, which PostgreSQL parses back exactly): orjson,
+    or the standard library for what orjson does not take (integers beyond 64 bits)."""
+    try:
+        return orjson.dumps(list(rows)).decode()
+    except TypeError:  # orjson.JSONEncodeError
+        return json.dumps(list(rows), default=_iso)
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+@lru_cache(maxsize=64)
+def _recordset_statement(table: str, columns: tuple[str, ...], key: str | None) -> TextClause:
+    """``INSERT`` (``key`` None) or ``UPDATE … WHERE key`` of ``table`` from the rows of one JSON array
+    parameter ``:rows``. Names come from the models (lower case, never from input); quoted all the same."""
+
+    def quote(name: str) -> str:
+        return f'"{name}"'
+
+    names = [quote(c) for c in columns]
+    source = f"json_populate_recordset(NULL::{quote(table)}, CAST(:rows AS json))"
+    if key is None:
+        listed = ", ".join(names)
+        return text(f"INSERT INTO {quote(table)} ({listed}) SELECT {listed} FROM {source}")
+    sets = ", ".join(f"{n} = v.{n}" for n in names)
+    return text(f"UPDATE {quote(table)} AS t SET {sets} FROM {source} AS v WHERE t.{key} = v.{key}")
+
+
+def _insert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]]) -> None:
+    """One INSERT of ``rows`` (column dicts, the same keys in every row)."""
+    if _set_based(session):
+        statement = _recordset_statement(table.name, tuple(rows[0]), None)
+        session.execute(statement, {"rows": _records_json(rows)})
+    else:
+        session.execute(insert(table), list(rows))
+
+
+def _update_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]]) -> None:
+    """One UPDATE of the rows whose ``id`` is each row's ``_id``, setting its other keys (the same in
+    every row)."""
+    if _set_based(session):
+        columns = tuple(c for c in rows[0] if c != "_id")
+        records = [{"id": row["_id"], **{c: row[c] for c in columns}} for row in rows]
+        session.execute(_recordset_statement(table.name, columns, "id"), {"rows": _records_json(records)})
+    else:
+        session.execute(update(table).where(table.c.id == bindparam("_id")), list(rows))
 
 
 @contextmanager
@@ -196,11 +258,10 @@ class FilterRepository:
         return self.session.execute(query).mappings().all()
 
     def write_totals(self, rows: Sequence[dict[str, Any]]) -> None:
-        """One executemany UPDATE of the totals and chain heads of locked filter rows (key ``_id``)."""
+        """One UPDATE of the totals and chain heads of locked filter rows (key ``_id``)."""
         if not rows:
             return
-        t = _table(PrivacyFilter)  # SET: the other keys of the rows (the same in every row)
-        self.session.execute(update(t).where(t.c.id == bindparam("_id")), list(rows))
+        _update_rows(self.session, _table(PrivacyFilter), rows)
 
     def add(self, privacy_filter: PrivacyFilter) -> None:
         self.session.add(privacy_filter)
@@ -222,9 +283,9 @@ class LedgerRepository:
         self.session.add(entry)
 
     def insert_many(self, entries: Sequence[dict[str, Any]]) -> None:
-        """Append entries (column dicts, chain already computed) in one executemany INSERT."""
+        """Append entries (column dicts, chain already computed) in one INSERT."""
         if entries:
-            self.session.execute(insert(_table(LedgerEntry)), list(entries))
+            _insert_rows(self.session, _table(LedgerEntry), entries)
 
     def page(
         self, dataset_id: str, after_seq: int, limit: int, analyst: str | None = None
@@ -301,17 +362,15 @@ class RequestRepository:
         ).mappings().all()
 
     def insert_many(self, rows: Sequence[dict[str, Any]]) -> None:
-        """New request rows (every column given) in one executemany INSERT."""
+        """New request rows (every column given) in one INSERT."""
         if rows:
-            self.session.execute(insert(_table(AnalysisRequest)), list(rows))
+            _insert_rows(self.session, _table(AnalysisRequest), rows)
 
     def update_many(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Settlements of requests (key ``_id``): state, charge, release, error and lease in one executemany
-        UPDATE."""
+        """Settlements of requests (key ``_id``): state, charge, release, error and lease in one UPDATE."""
         if not rows:
             return
-        t = _table(AnalysisRequest)  # SET: the other keys of the rows (the same in every row)
-        self.session.execute(update(t).where(t.c.id == bindparam("_id")), list(rows))
+        _update_rows(self.session, _table(AnalysisRequest), rows)
 
     def by_idempotency_key(self, analyst: str, key: str) -> AnalysisRequest | None:
         return self.session.scalar(
