@@ -17,6 +17,7 @@ blanks any event field whose *name* says it holds one.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -25,6 +26,7 @@ from collections.abc import Callable, MutableMapping
 from contextvars import ContextVar
 from typing import Any, TextIO
 
+import orjson
 import structlog
 
 # Event fields that must never reach a log line, whatever a caller passes (matched case-insensitively).
@@ -108,10 +110,22 @@ def _shared_processors() -> list[structlog.types.Processor]:
 def _renderer(as_json: bool) -> list[structlog.types.Processor]:
     """The last processors of every line: JSON (the traceback as a string field) or the console format."""
     if as_json:
-        return [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+        json_renderer = structlog.processors.JSONRenderer(serializer=_json_line)
+        return [structlog.processors.format_exc_info, json_renderer]
     # plain tracebacks: rich's (the default when rich is installed) prints every frame's local variables,
     # which in mechanism code are the data and the secret state
     return [structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)]
+
+
+def _json_line(event: Any, **kwargs: Any) -> str:
+    """One log line's JSON: orjson (a few times faster than ``json.dumps`` on every request's two lines),
+    with structlog's fallback (``repr``) for what neither knows; the standard library for what orjson
+    does not take (integers beyond 64 bits)."""
+    fallback = kwargs.get("default")
+    try:
+        return orjson.dumps(event, default=fallback).decode()
+    except TypeError:  # orjson.JSONEncodeError
+        return json.dumps(event, **kwargs)
 
 
 def formatter(as_json: bool) -> logging.Formatter:
