@@ -33,7 +33,9 @@ SelectT = TypeVar("SelectT", bound=Select[Any])
 
 
 def _table(model: Any) -> Table:
-    """A model's table, for plain (Core) statements on the hot path: no ORM objects, no unit of work."""
+    """A model's table, for plain (Core) statements on the hot path: no ORM objects, no unit of work. The
+    writer's batch statements run on ``session.connection()`` (in the session's transaction), skipping the
+    ORM's execution layer and its autoflush: the batch path never adds ORM objects to its session."""
     return cast(Table, model.__table__)
 
 
@@ -86,9 +88,9 @@ def _insert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]])
     """One INSERT of ``rows`` (column dicts, the same keys in every row)."""
     if _set_based(session):
         statement = _recordset_statement(table.name, tuple(rows[0]), None)
-        session.execute(statement, {"rows": _records_json(rows)})
+        session.connection().execute(statement, {"rows": _records_json(rows)})
     else:
-        session.execute(insert(table), list(rows))
+        session.connection().execute(insert(table), list(rows))
 
 
 def _update_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]]) -> None:
@@ -97,9 +99,10 @@ def _update_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]])
     if _set_based(session):
         columns = tuple(c for c in rows[0] if c != "_id")
         records = [{"id": row["_id"], **{c: row[c] for c in columns}} for row in rows]
-        session.execute(_recordset_statement(table.name, columns, "id"), {"rows": _records_json(records)})
+        statement = _recordset_statement(table.name, columns, "id")
+        session.connection().execute(statement, {"rows": _records_json(records)})
     else:
-        session.execute(update(table).where(table.c.id == bindparam("_id")), list(rows))
+        session.connection().execute(update(table).where(table.c.id == bindparam("_id")), list(rows))
 
 
 @contextmanager
@@ -198,7 +201,7 @@ class DatasetRepository:
         joined = Dataset.__table__.outerjoin(
             grants, (Grant.dataset_id == Dataset.id) & Grant.analyst.in_(list(analysts))
         )
-        rows = self.session.execute(
+        rows = self.session.connection().execute(
             select(Dataset.id, Dataset.archived_at, Grant.analyst)
             .select_from(joined)
             .where(Dataset.id.in_(list(dataset_ids)))
@@ -255,7 +258,7 @@ class FilterRepository:
             .order_by(t.c.dataset_id, t.c.id)
             .with_for_update()
         )
-        return self.session.execute(query).mappings().all()
+        return self.session.connection().execute(query).mappings().all()
 
     def write_totals(self, rows: Sequence[dict[str, Any]]) -> None:
         """One UPDATE of the totals and chain heads of locked filter rows (key ``_id``)."""
@@ -350,14 +353,14 @@ class RequestRepository:
         if not request_ids:
             return []
         t = _table(AnalysisRequest)
-        return self.session.execute(select(t).where(t.c.id.in_(request_ids))).mappings().all()
+        return self.session.connection().execute(select(t).where(t.c.id.in_(request_ids))).mappings().all()
 
     def by_keys(self, pairs: Sequence[tuple[str, str]]) -> Sequence[RowMapping]:
         """Plain rows of the requests stored under any (analyst, Idempotency-Key) of ``pairs``."""
         if not pairs:
             return []
         t = _table(AnalysisRequest)
-        return self.session.execute(
+        return self.session.connection().execute(
             select(t).where(tuple_(t.c.analyst, t.c.idempotency_key).in_(list(pairs)))
         ).mappings().all()
 
