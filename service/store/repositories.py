@@ -172,12 +172,16 @@ class DatasetRepository:
         self.session.add(grant)
 
     def grants(self, dataset_id: str) -> Sequence[str]:
+        if not _storable(dataset_id):
+            return []
         return self.session.scalars(
             select(Grant.analyst).where(Grant.dataset_id == dataset_id).order_by(Grant.analyst)
         ).all()
 
     def delete_grant(self, dataset_id: str, analyst: str) -> bool:
         """Remove the grant; False if there was none."""
+        if not (_storable(dataset_id) and _storable(analyst)):
+            return False
         grant = self.session.scalar(
             select(Grant).where(Grant.dataset_id == dataset_id, Grant.analyst == analyst)
         )
@@ -197,6 +201,8 @@ class DatasetRepository:
     ) -> tuple[set[str], set[tuple[str, str]]]:
         """(archived datasets of ``dataset_ids``, their (dataset id, analyst) grants of ``analysts``),
         read now in one statement."""
+        dataset_ids = [d for d in dataset_ids if _storable(d)]
+        analysts = [a for a in analysts if _storable(a)]
         grants = Grant.__table__
         joined = Dataset.__table__.outerjoin(
             grants, (Grant.dataset_id == Dataset.id) & Grant.analyst.in_(list(analysts))
@@ -498,6 +504,8 @@ class RequestRepository:
     def active_counts(self, analyst: str, not_counted: Sequence[str]) -> tuple[int, int]:
         """(requests queued or running on workers, open sessions) of ``analyst``; requests of the
         mechanisms in ``not_counted`` (run inline by the API) do not count."""
+        if not _storable(analyst):
+            return 0, 0
         rows: dict[str, int] = dict(
             self.session.execute(
                 select(AnalysisRequest.kind, func.count())

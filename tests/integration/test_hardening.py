@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import Engine, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from service.auth import Role
 from service.store.engine import make_engine
@@ -391,3 +391,20 @@ class TestLedgerViews:
         assert all("params" not in e for e in ledger_items(world.viewer, world.dataset_id))
         # an analyst without a grant sees neither the entry nor the dataset
         assert stranger.get(f"/v1/datasets/{world.dataset_id}/ledger").status_code == 404
+
+
+def test_every_lookup_by_a_name_with_a_nul_character_finds_nothing(
+    sessions: sessionmaker[Session],
+) -> None:
+    """PostgreSQL cannot compare text with a NUL (an error, not a mismatch): the repositories' lookups by
+    dataset id or analyst answer "nothing" for one, on both backends, instead of failing the request."""
+    from service.store.repositories import DatasetRepository, RequestRepository
+
+    nul = "ds_\x00"
+    with sessions() as session:
+        datasets = DatasetRepository(session)
+        assert datasets.grants(nul) == []
+        assert datasets.delete_grant(nul, "alice") is False
+        assert datasets.delete_grant("ds_x", "al\x00ice") is False
+        assert datasets.admissible_many([nul], ["al\x00ice"]) == (set(), set())
+        assert RequestRepository(session).active_counts("al\x00ice", ["laplace"]) == (0, 0)
