@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-import orjson
 from sqlalchemy.orm import Session
 
 from mechanisms.accounting import UnitsVector
@@ -41,19 +40,10 @@ class LedgerEvent(StrEnum):
 
 
 def canonical_json(data: Any) -> str:
-    """Deterministic JSON (keys sorted, no spaces, UTF-8): orjson, or the standard library's strict form for
-    what orjson does not take (integers beyond 64 bits). ``verify`` hashes the stored text, so entries
-    written in either form verify. orjson writes a non-finite float as ``null``; no ledger body holds one
-    (charges are integer units, budgets are validated finite, and request parameters passed the strict
-    :func:`strict_canonical_json` of their fingerprint at admission)."""
-    try:
-        return orjson.dumps(data, option=orjson.OPT_SORT_KEYS).decode()
-    except TypeError:  # orjson.JSONEncodeError
-        return strict_canonical_json(data)
-
-
-def strict_canonical_json(data: Any) -> str:
-    """The standard library's canonical JSON: raises ``ValueError`` on a NaN or an infinity."""
+    """The hashed body's text: ``json.dumps`` with sorted keys, no spaces, UTF-8 and no NaN. A public
+    recipe: clients verify the chain from ``GET …/ledger`` by re-encoding each parsed body this way, so
+    the form must not change (orjson, several times faster, writes floats differently: ``1e-6``, not
+    ``1e-06``)."""
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 

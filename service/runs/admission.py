@@ -46,7 +46,7 @@ from service.filter import admission as filter_admission
 from service.filter import budget
 from service.filter.admission import Refused, check_admission, lock_filters, reserve
 from service.filter.batch import FilterBatch, FilterRow
-from service.filter.ledger import strict_canonical_json
+from service.filter.ledger import canonical_json
 from service.filter.state import snapshot
 from service.runs.leases import worker_id
 from service.store.models import (
@@ -128,9 +128,7 @@ def validated_for(
     return Validated(dataset, mechanism, params, context, worst, UnitsVector.charge(worst), kind, delta=delta)
 
 def fingerprint(dataset_id: str, mechanism: str, params: BaseModel) -> str:
-    """The request's identity for Idempotency-Key replays (the standard library's form, stable across
-    versions: a retry after an upgrade still matches its stored fingerprint)."""
-    canonical = strict_canonical_json(
+    canonical = canonical_json(
         {"dataset": dataset_id, "mechanism": mechanism, "params": params.model_dump(mode="json")}
     )
     return hashlib.sha256(canonical.encode()).hexdigest()

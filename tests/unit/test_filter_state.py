@@ -89,3 +89,14 @@ def test_admitted_requests_never_overspend_delta(steps: list[tuple[int, int, str
         flt = flt.settle(charge(units), realized, delta)
         committed += delta if outcome == "commit" else 0
     assert (flt.delta_spent, flt.delta_reserved) == (committed, 0)
+
+
+def test_a_ledger_body_is_encoded_by_the_published_recipe() -> None:
+    """Clients verify the chain by re-encoding each parsed body with ``json.dumps(sort_keys=True,
+    separators=(",", ":"), ensure_ascii=False)``: the body's text must be exactly that (a faster encoder
+    writing ``1e-6`` for ``1e-06`` would break every client's verification)."""
+    from service.filter.ledger import canonical_json
+
+    body = {"params": {"epsilon": 1e-06, "scale": 2.5e16}, "actor": "anaïs", "at": "2026-12-02T01:00Z"}
+    expected = '{"actor":"anaïs","at":"2026-12-02T01:00Z","params":{"epsilon":1e-06,"scale":2.5e+16}}'
+    assert canonical_json(body) == expected
