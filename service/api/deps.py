@@ -18,7 +18,7 @@ from service.auth import KeyCache, Principal, Role
 from service.errors import Forbidden, Unauthenticated
 from service.runs.runtime import Runtime
 
-bearer = HTTPBearer(auto_error=False, description="an API key: `Authorization: Bearer xp_…`")
+BEARER_DESCRIPTION = "an API key: `Authorization: Bearer xp_…`"
 
 
 async def get_runtime(request: Request) -> Runtime:
@@ -51,21 +51,29 @@ async def authenticate(request: Request, credentials: HTTPAuthorizationCredentia
     return principal
 
 
-def require(*roles: Role) -> object:
-    """Authenticate and check the role at the route: one dependency (each level costs per request)."""
+class RoleBearer(HTTPBearer):
+    """A route's security dependency: the API key of ``Authorization: Bearer``, authenticated (401) and its
+    role checked at the route (403). An ``HTTPBearer``, so the OpenAPI document declares the bearer scheme
+    as before, and one dependency instead of three levels (the key, authentication, the role): FastAPI
+    resolves every level of every request's dependency tree."""
 
-    async def check(
-        request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
-    ) -> Principal:
-        principal = await authenticate(request, credentials)
-        if principal.role not in roles:
-            allowed = ", ".join(r.value for r in roles)
+    def __init__(self, roles: tuple[Role, ...]) -> None:
+        super().__init__(auto_error=False, scheme_name="HTTPBearer", description=BEARER_DESCRIPTION)
+        self.roles = roles
+
+    async def __call__(self, request: Request) -> Principal:  # type: ignore[override]
+        principal = await authenticate(request, await super().__call__(request))
+        if principal.role not in self.roles:
+            allowed = ", ".join(r.value for r in self.roles)
             raise Forbidden(
                 f"this endpoint needs one of the roles: {allowed}", your_role=principal.role.value
             )
         return principal
 
-    return Depends(check)
+
+def require(*roles: Role) -> object:
+    """Authenticate and check the role at the route: one dependency (each level costs per request)."""
+    return Depends(RoleBearer(roles))
 
 
 AnyRole = Annotated[Principal, require(Role.admin, Role.analyst, Role.viewer)]
