@@ -367,16 +367,11 @@ class RequestBatch:
             self.keyed[(request.analyst, request.idempotency_key)] = request
         return request
 
-    def settled(self, request: AnalysisRequest) -> None:
-        """Record the settled columns of ``request`` (a new row of this batch is inserted settled)."""
-        columns = {
-            "state": request.state,
-            "realized": request.realized,
-            "release": request.release,
-            "error": request.error,
-            "updated_at": request.updated_at,
-            "lease_expires_at": request.lease_expires_at,
-        }
+    def settled(self, request: AnalysisRequest, columns: dict[str, Any]) -> None:
+        """Set the settled ``columns`` of ``request`` and record them (a new row of this batch is inserted
+        settled). The batch's request objects are detached (``detached_request``): set at once, without
+        the ORM's attribute events."""
+        request.__dict__.update(columns)
         if request.id in self.inserts:
             self.inserts[request.id].update(columns)
         else:

@@ -111,10 +111,9 @@ def settle_batched(
         reserved_delta(request), now,
     )
     metrics.ended(batch.session, request.dataset_id, request.kind, label, charge)
-    request.updated_at, request.lease_expires_at = now, None
-    request.state = RequestState.COMMITTED if error is None else RequestState.FAILED_CHARGED
-    request.realized, request.release, request.error = record, release, error
-    batch.settled(request)
+    state = RequestState.COMMITTED if error is None else RequestState.FAILED_CHARGED
+    columns = {"state": state, "realized": record, "release": release, "error": error}
+    batch.settled(request, columns | {"updated_at": now, "lease_expires_at": None})
 
 
 UNSTORABLE = "the mechanism failed; its worst case was charged"
