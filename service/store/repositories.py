@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from functools import lru_cache
 from typing import Any, TypeVar, cast
 
-import orjson
-from sqlalchemy import Select, Table, TextClause, bindparam, func, insert, select, text, tuple_, update
+from sqlalchemy import Select, Table, bindparam, func, insert, select, tuple_, update
 from sqlalchemy.engine import CursorResult, RowMapping
 from sqlalchemy.orm import Session
 
@@ -45,64 +42,15 @@ def _storable(key: str) -> bool:
     return "\x00" not in key
 
 
-def _set_based(session: Session) -> bool:
-    """On PostgreSQL a batch's rows travel as one JSON parameter (``json_populate_recordset``): one
-    statement whatever the batch size, and one C-level JSON encoding instead of the driver converting every
-    column of every row. Elsewhere (SQLite, in process) the batch is an executemany."""
-    return session.connection().dialect.name == "postgresql"
-
-
-def _records_json(rows: Sequence[dict[str, Any]]) -> str:
-    """Rows as a JSON array (datetimes as ISO 8601 strings, which PostgreSQL parses back exactly): orjson,
-    or the standard library for what orjson does not take (integers beyond 64 bits)."""
-    try:
-        return orjson.dumps(list(rows)).decode()
-    except TypeError:  # orjson.JSONEncodeError
-        return json.dumps(list(rows), default=_iso)
-
-
-def _iso(value: Any) -> str:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-@lru_cache(maxsize=64)
-def _recordset_statement(table: str, columns: tuple[str, ...], key: str | None) -> TextClause:
-    """``INSERT`` (``key`` None) or ``UPDATE … WHERE key`` of ``table`` from the rows of one JSON array
-    parameter ``:rows``. Names come from the models (lower case, never from input); quoted all the same."""
-
-    def quote(name: str) -> str:
-        return f'"{name}"'
-
-    names = [quote(c) for c in columns]
-    source = f"json_populate_recordset(NULL::{quote(table)}, CAST(:rows AS json))"
-    if key is None:
-        listed = ", ".join(names)
-        return text(f"INSERT INTO {quote(table)} ({listed}) SELECT {listed} FROM {source}")
-    sets = ", ".join(f"{n} = v.{n}" for n in names)
-    return text(f"UPDATE {quote(table)} AS t SET {sets} FROM {source} AS v WHERE t.{key} = v.{key}")
-
-
 def _insert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]]) -> None:
-    """One INSERT of ``rows`` (column dicts, the same keys in every row)."""
-    if _set_based(session):
-        statement = _recordset_statement(table.name, tuple(rows[0]), None)
-        session.connection().execute(statement, {"rows": _records_json(rows)})
-    else:
-        session.connection().execute(insert(table), list(rows))
+    """One executemany INSERT of ``rows`` (column dicts, the same keys in every row)."""
+    session.connection().execute(insert(table), list(rows))
 
 
 def _update_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]]) -> None:
-    """One UPDATE of the rows whose ``id`` is each row's ``_id``, setting its other keys (the same in
-    every row)."""
-    if _set_based(session):
-        columns = tuple(c for c in rows[0] if c != "_id")
-        records = [{"id": row["_id"], **{c: row[c] for c in columns}} for row in rows]
-        statement = _recordset_statement(table.name, columns, "id")
-        session.connection().execute(statement, {"rows": _records_json(records)})
-    else:
-        session.connection().execute(update(table).where(table.c.id == bindparam("_id")), list(rows))
+    """One executemany UPDATE of the rows whose ``id`` is each row's ``_id``, setting its other keys (the
+    same in every row)."""
+    session.connection().execute(update(table).where(table.c.id == bindparam("_id")), list(rows))
 
 
 @contextmanager
@@ -267,7 +215,7 @@ class FilterRepository:
         return self.session.connection().execute(query).mappings().all()
 
     def write_totals(self, rows: Sequence[dict[str, Any]]) -> None:
-        """One UPDATE of the totals and chain heads of locked filter rows (key ``_id``)."""
+        """One executemany UPDATE of the totals and chain heads of locked filter rows (key ``_id``)."""
         if not rows:
             return
         _update_rows(self.session, _table(PrivacyFilter), rows)
@@ -292,7 +240,7 @@ class LedgerRepository:
         self.session.add(entry)
 
     def insert_many(self, entries: Sequence[dict[str, Any]]) -> None:
-        """Append entries (column dicts, chain already computed) in one INSERT."""
+        """Append entries (column dicts, chain already computed) in one executemany INSERT."""
         if entries:
             _insert_rows(self.session, _table(LedgerEntry), entries)
 
@@ -371,12 +319,13 @@ class RequestRepository:
         ).mappings().all()
 
     def insert_many(self, rows: Sequence[dict[str, Any]]) -> None:
-        """New request rows (every column given) in one INSERT."""
+        """New request rows (every column given) in one executemany INSERT."""
         if rows:
             _insert_rows(self.session, _table(AnalysisRequest), rows)
 
     def update_many(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Settlements of requests (key ``_id``): state, charge, release, error and lease in one UPDATE."""
+        """Settlements of requests (key ``_id``): state, charge, release, error and lease in one executemany
+        UPDATE."""
         if not rows:
             return
         _update_rows(self.session, _table(AnalysisRequest), rows)
