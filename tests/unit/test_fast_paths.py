@@ -12,9 +12,11 @@ import math
 import random
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 import pytest
 import structlog
 
@@ -128,6 +130,22 @@ class TestLogs:
         assert line["logger"] == "expost.test"
         assert "sk-secret" not in buf.getvalue()
         assert "1.5" not in buf.getvalue()
+
+    def test_a_dataclass_is_logged_as_its_repr_and_numpy_scalars_as_numbers(self) -> None:
+        """A field hidden from ``repr`` stays out of the line (orjson would write every field)."""
+
+        @dataclass
+        class Handle:
+            name: str
+            secret_part: str = field(repr=False)
+
+        buf = io.StringIO()
+        logs.configure_logging("INFO", True, stream=buf)
+        structlog.get_logger("expost.test").info("handle", handle=Handle("h1", "s3cr3t"), n=np.float64(1.5))
+        (line,) = json_lines(buf)
+        assert "s3cr3t" not in buf.getvalue()
+        assert "h1" in line["handle"]
+        assert line["n"] == 1.5
 
     def test_a_stdlib_line_goes_to_the_same_stream_as_json(self) -> None:
         buf = io.StringIO()
