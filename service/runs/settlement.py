@@ -112,8 +112,10 @@ def settle_batched(
     )
     metrics.ended(batch.session, request.dataset_id, request.kind, label, charge)
     state = RequestState.COMMITTED if error is None else RequestState.FAILED_CHARGED
-    columns = {"state": state, "realized": record, "release": release, "error": error}
-    batch.settled(request, columns | {"updated_at": now, "lease_expires_at": None})
+    batch.settled(request, {
+        "state": state, "realized": record, "release": release, "error": error,
+        "updated_at": now, "lease_expires_at": None,
+    })
 
 
 UNSTORABLE = "the mechanism failed; its worst case was charged"

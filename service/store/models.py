@@ -195,10 +195,11 @@ class AnalysisRequest(Base):
 
 def detached_request(values: Mapping[Any, Any]) -> AnalysisRequest:
     """An ``AnalysisRequest`` holding ``values`` (every column), built as SQLAlchemy builds a loaded
-    object: its attributes set at once, without the constructor's per-attribute events (≈ 3 µs instead of
+    object: its attributes set at once, without the constructor's per-attribute events (≈ 1 µs instead of
     ≈ 40 µs on the writer's hot path). For objects never added to a session: the writer's batch writes its
     rows with plain statements (``service.runs.admission.RequestBatch``)."""
-    configure_mappers()  # a no-op once the mappers are configured
+    if not AnalysisRequest.__mapper__.configured:  # checked here: configure_mappers() itself costs ≈ 2 µs
+        configure_mappers()
     request: AnalysisRequest = manager_of_class(AnalysisRequest).new_instance()
     request.__dict__.update(values)
     return request
