@@ -5,6 +5,7 @@ everything below receives what it needs as arguments.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -107,6 +108,30 @@ def install_signal_handlers(runtime: Runtime) -> None:
         signal.signal(sig, handler)
 
 
+#: Allocations (net, of objects the cycle collector tracks) between young-generation collections;
+#: CPython's default is 700. Requests free almost everything by reference counting.
+YOUNG_COLLECTION_THRESHOLD = 5000
+_heap_frozen = threading.Lock()
+
+
+def freeze_startup_heap() -> None:
+    """Once per process, after start-up: move the ≈ 250 000 objects of the imported modules and the
+    runtime into the collector's permanent generation (``gc.freeze``), and collect the young generation
+    less often.
+
+    Measured under cheap-request load (benchmarks/service_load.py, 1 process): without it each full
+    collection walked the whole start-up heap (150-210 ms, one every ≈ 1.6 s of CPU, 12-14 % of the
+    process's CPU and its p99); with it, 1.6 %. Frozen objects are never collected, so a process freezes
+    once: in tests, where many apps start in one process, only the first start freezes.
+    """
+    if not _heap_frozen.acquire(blocking=False):
+        return
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, middle, old)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     configure_logging(settings.log_level, settings.log_json)
@@ -122,6 +147,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         start_reaper(runtime)
         install_signal_handlers(runtime)  # SIGTERM: drain at once, then uvicorn stops; close() ends the runs
         log.info("expost started", database=runtime.engine.url.render_as_string(hide_password=True))
+        freeze_startup_heap()
         try:
             yield
         finally:
