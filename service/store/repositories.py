@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
+from functools import cache
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Select, Table, bindparam, func, insert, select, tuple_, update
+from sqlalchemy import Insert, Select, Table, Update, bindparam, func, insert, select, tuple_, update
 from sqlalchemy.engine import CursorResult, RowMapping
 from sqlalchemy.orm import Session
 
@@ -42,15 +43,30 @@ def _storable(key: str) -> bool:
     return "\x00" not in key
 
 
+# The writer's per-batch statements are built once, with expanding IN parameters: building a statement
+# and deriving its cache key cost more CPU than executing it from SQLAlchemy's compiled cache (a fixed
+# cost of every batch; benchmarks/writer_cost.py).
+
+
+@cache
+def _insert(table: Table) -> Insert:
+    return insert(table)
+
+
+@cache
+def _update_by_id(table: Table) -> Update:
+    return update(table).where(table.c.id == bindparam("_id"))
+
+
 def _insert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]]) -> None:
     """One executemany INSERT of ``rows`` (column dicts, the same keys in every row)."""
-    session.connection().execute(insert(table), list(rows))
+    session.connection().execute(_insert(table), list(rows))
 
 
 def _update_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]]) -> None:
     """One executemany UPDATE of the rows whose ``id`` is each row's ``_id``, setting its other keys (the
     same in every row)."""
-    session.connection().execute(update(table).where(table.c.id == bindparam("_id")), list(rows))
+    session.connection().execute(_update_by_id(table), list(rows))
 
 
 @contextmanager
@@ -64,6 +80,47 @@ def pipelined(session: Session) -> Iterator[None]:
         return
     with pipeline():
         yield
+
+
+@cache
+def _admissible_statement() -> Select[Any]:
+    """Datasets (``dataset_ids``) with their archival time and their grants to any of ``analysts``."""
+    grants = Grant.__table__
+    joined = Dataset.__table__.outerjoin(
+        grants, (Grant.dataset_id == Dataset.id) & Grant.analyst.in_(bindparam("analysts", expanding=True))
+    )
+    return (
+        select(Dataset.id, Dataset.archived_at, Grant.analyst)
+        .select_from(joined)
+        .where(Dataset.id.in_(bindparam("dataset_ids", expanding=True)))
+    )
+
+
+@cache
+def _lock_statement() -> Select[Any]:
+    """The filter rows of (dataset id, scope) ``pairs`` under ``FOR UPDATE``, in the global lock order."""
+    t = _table(PrivacyFilter)
+    return (
+        select(
+            t.c.id, t.c.dataset_id, t.c.scope, t.c.capacity, t.c.spent, t.c.reserved,
+            t.c.delta_capacity, t.c.delta_spent, t.c.delta_reserved, t.c.last_seq, t.c.last_hash,
+        )
+        .where(tuple_(t.c.dataset_id, t.c.scope).in_(bindparam("pairs", expanding=True)))
+        .order_by(t.c.dataset_id, t.c.id)
+        .with_for_update()
+    )
+
+
+@cache
+def _requests_by_ids() -> Select[Any]:
+    t = _table(AnalysisRequest)
+    return select(t).where(t.c.id.in_(bindparam("ids", expanding=True)))
+
+
+@cache
+def _requests_by_keys() -> Select[Any]:
+    t = _table(AnalysisRequest)
+    return select(t).where(tuple_(t.c.analyst, t.c.idempotency_key).in_(bindparam("pairs", expanding=True)))
 
 
 class KeyRepository:
@@ -151,14 +208,8 @@ class DatasetRepository:
         read now in one statement."""
         dataset_ids = [d for d in dataset_ids if _storable(d)]
         analysts = [a for a in analysts if _storable(a)]
-        grants = Grant.__table__
-        joined = Dataset.__table__.outerjoin(
-            grants, (Grant.dataset_id == Dataset.id) & Grant.analyst.in_(list(analysts))
-        )
         rows = self.session.connection().execute(
-            select(Dataset.id, Dataset.archived_at, Grant.analyst)
-            .select_from(joined)
-            .where(Dataset.id.in_(list(dataset_ids)))
+            _admissible_statement(), {"dataset_ids": dataset_ids, "analysts": analysts}
         ).tuples()
         archived, granted = set(), set()
         for dataset_id, archived_at, analyst in rows:
@@ -201,18 +252,8 @@ class FilterRepository:
         """The filter rows of several datasets' scopes as plain rows (no ORM objects), in one
         ``SELECT … FOR UPDATE`` ordered by (dataset id, id): the global lock order of every locking path
         (datasets in id order, a dataset's filters in id order). SQLite holds BEGIN IMMEDIATE instead."""
-        t = _table(PrivacyFilter)
         pairs = [(d, s) for d in sorted(scopes) for s in scopes[d]]
-        query = (
-            select(
-                t.c.id, t.c.dataset_id, t.c.scope, t.c.capacity, t.c.spent, t.c.reserved,
-                t.c.delta_capacity, t.c.delta_spent, t.c.delta_reserved, t.c.last_seq, t.c.last_hash,
-            )
-            .where(tuple_(t.c.dataset_id, t.c.scope).in_(pairs))
-            .order_by(t.c.dataset_id, t.c.id)
-            .with_for_update()
-        )
-        return self.session.connection().execute(query).mappings().all()
+        return self.session.connection().execute(_lock_statement(), {"pairs": pairs}).mappings().all()
 
     def write_totals(self, rows: Sequence[dict[str, Any]]) -> None:
         """One executemany UPDATE of the totals and chain heads of locked filter rows (key ``_id``)."""
@@ -306,16 +347,15 @@ class RequestRepository:
         """Plain rows (all columns) of ``request_ids``, read now (the batch path: no ORM identity map)."""
         if not request_ids:
             return []
-        t = _table(AnalysisRequest)
-        return self.session.connection().execute(select(t).where(t.c.id.in_(request_ids))).mappings().all()
+        ids = list(request_ids)
+        return self.session.connection().execute(_requests_by_ids(), {"ids": ids}).mappings().all()
 
     def by_keys(self, pairs: Sequence[tuple[str, str]]) -> Sequence[RowMapping]:
         """Plain rows of the requests stored under any (analyst, Idempotency-Key) of ``pairs``."""
         if not pairs:
             return []
-        t = _table(AnalysisRequest)
         return self.session.connection().execute(
-            select(t).where(tuple_(t.c.analyst, t.c.idempotency_key).in_(list(pairs)))
+            _requests_by_keys(), {"pairs": list(pairs)}
         ).mappings().all()
 
     def insert_many(self, rows: Sequence[dict[str, Any]]) -> None:
