@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import Text, cast, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import UNITS_PER_EPSILON
@@ -235,3 +235,36 @@ class TestWriteBatcher:
             assert totals(sessions, dataset_id) == (0, UNITS_PER_EPSILON)
         with sessions() as session:
             assert verify(session).problems == []
+
+
+def test_the_batch_insert_stores_what_an_orm_insert_stores(
+    sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """The writer's batch INSERT (``COPY`` on PostgreSQL) binds every column as SQLAlchemy's INSERT does:
+    the same JSON text (``None`` in a JSON column as JSON null), timestamps, states, NULLs."""
+    dataset_id, (principal,) = world_in_db(sessions, tmp_path)
+    now = datetime.now(UTC)
+    columns: dict[str, Any] = {
+        "kind": "request", "dataset_id": dataset_id, "analyst": principal.name, "mechanism": "laplace",
+        "params": {"query": {"kind": "count"}, "epsilon": 0.25, "note": "ü\\\t\"x"}, "fingerprint": "f" * 64,
+        "state": "committed", "scopes": ["*", principal.name],
+        "worst_case": {"curve": [0.5, "inf"], "delta": "0"}, "realized": None,
+        "release": {"value": 1e-06, "big": 2**62}, "error": None, "created_at": now, "updated_at": now,
+        "lease_expires_at": None, "lease_owner": None, "started_at": now, "progress": 0.5,
+        "cancelled_by": None, "queue": None,
+    }
+    with sessions() as session, session.begin():
+        batched = {**columns, "id": "batched", "idempotency_key": "k\tey"}
+        RequestRepository(session).insert_many([batched])  # the writer's statement
+        session.add(AnalysisRequest(**columns, id="orm", idempotency_key="k\tey 2"))
+    with sessions() as session:
+        table = AnalysisRequest.__table__
+        compared = [c.name for c in table.columns if c.name not in ("id", "idempotency_key")]
+        stored = {
+            row.id: {name: getattr(row, name) for name in compared}
+            for row in session.execute(select(*(cast(c, Text) for c in table.columns))).all()
+        }
+    assert stored["batched"] == stored["orm"]
+    assert stored["batched"]["realized"] is not None  # JSON null, as SQLAlchemy writes a None
+    with sessions() as session:
+        assert RequestRepository(session).by_keys([(principal.name, "k\tey")])[0]["id"] == "batched"
