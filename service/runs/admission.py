@@ -85,6 +85,7 @@ class Validated:
     context: PublicContext
     worst_case: RdpCurve
     charge: UnitsVector
+    fingerprint: str  # of (dataset, mechanism, params): an Idempotency-Key's replay must match it
     kind: str = "request"
     inline: bool = False  # runs in the admitting thread: admitted already claimed by this process
     limits: Limits | None = None  # checked at admission (under the filter locks) when given
@@ -125,7 +126,8 @@ def validated_for(
     except ArithmeticError:  # an extreme but schema-valid value overflowed a public computation
         reason = "the parameters are numerically out of range (a computation overflowed); use milder values"
         raise InvalidInput("params", reason) from None
-    return Validated(dataset, mechanism, params, context, worst, UnitsVector.charge(worst), kind, delta=delta)
+    charge, fp = UnitsVector.charge(worst), fingerprint(dataset.id, mechanism.name, params)
+    return Validated(dataset, mechanism, params, context, worst, charge, fp, kind, delta=delta)
 
 def fingerprint(dataset_id: str, mechanism: str, params: BaseModel) -> str:
     canonical = canonical_json(
@@ -255,7 +257,7 @@ def admit_locked(
     lease: float,
 ) -> tuple[AnalysisRequest, bool]:
     """Inside a transaction holding ``filters``' locks: replay by Idempotency-Key, or admit + reserve."""
-    fp = fingerprint(v.dataset.id, v.mechanism.name, v.params)
+    fp = v.fingerprint
     if key is not None:
         existing = RequestRepository(session).by_idempotency_key(principal.name, key)
         if existing is not None:
@@ -399,7 +401,7 @@ def admit_batched(
 ) -> tuple[AnalysisRequest, bool]:
     """:func:`admit_locked` on a writer batch: the same steps in the same order (replay by
     Idempotency-Key, admissible, limits, the filter rule, the row, the reservation)."""
-    fp = fingerprint(v.dataset.id, v.mechanism.name, v.params)
+    fp = v.fingerprint
     if key is not None:
         existing = batch.keyed.get((principal.name, key))
         if existing is not None:
@@ -473,6 +475,6 @@ def admit_or_replay(
             existing = RequestRepository(session).by_idempotency_key(principal.name, key or "")
             if existing is None:
                 raise
-            if existing.fingerprint != fingerprint(v.dataset.id, v.mechanism.name, v.params):
+            if existing.fingerprint != v.fingerprint:
                 raise IdempotencyKeyReused("this Idempotency-Key was used for a different request") from None
             return existing, False

@@ -9,6 +9,7 @@ run then stops at its next heartbeat).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -167,7 +168,28 @@ def _cached_validation(
     dataset = cached_visible_dataset(principal, dataset_id)
     if dataset is None:
         return None
-    return _placed(runtime, validated_for(dataset, MECHANISMS[mechanism], params))
+    # The standard library's JSON, not orjson's: orjson writes NaN and ±∞ as null, so two different
+    # parameter values would share a key.
+    try:
+        key = (dataset.id, mechanism, json.dumps(params, sort_keys=True))
+    except (TypeError, ValueError, RecursionError):  # nested too deep to encode: validated, not remembered
+        return _placed(runtime, validated_for(dataset, MECHANISMS[mechanism], params))
+    validated = _VALIDATED.get(key)
+    if validated is None or validated.dataset is not dataset:  # a dataset re-read since: validate again
+        validated = validated_for(dataset, MECHANISMS[mechanism], params)  # raises for bad parameters
+        if len(_VALIDATED) >= _VALIDATED_CAPACITY:
+            _VALIDATED.clear()
+        _VALIDATED[key] = validated
+    return _placed(runtime, validated)
+
+
+#: One-transaction requests validated by this process, by (dataset id, mechanism, parameters as sorted
+#: JSON): a dashboard or a client repeating one query is validated once. Sound because validation reads
+#: public information only, datasets are immutable (``public_context`` caches them the same way) and the
+#: parameter models are frozen; a dataset's access is still checked per request (cached_visible_dataset)
+#: and again under the filter locks.
+_VALIDATED: dict[tuple[str, str, str], Validated] = {}
+_VALIDATED_CAPACITY = 1024
 
 
 def _placed(runtime: Runtime, validated: Validated) -> Validated:
