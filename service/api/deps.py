@@ -21,9 +21,13 @@ from service.runs.runtime import Runtime
 BEARER_DESCRIPTION = "an API key: `Authorization: Bearer xp_…`"
 
 
-async def get_runtime(request: Request) -> Runtime:
+def runtime_of(request: Request) -> Runtime:
     runtime: Runtime = request.app.state.runtime
     return runtime
+
+
+async def get_runtime(request: Request) -> Runtime:
+    return runtime_of(request)
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]

@@ -4,18 +4,19 @@ import math
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from pydantic import AfterValidator
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import AdminOrAnalyst, Analyst, AnyRole, RuntimeDep, SessionDep
+from service.api.deps import AdminOrAnalyst, Analyst, AnyRole, RuntimeDep, SessionDep, runtime_of
 from service.api.schemas import CurveOut, EstimateOut, RequestIn, RequestOut, RequestPage, problem_doc
-from service.auth import NAME_PATTERN
+from service.auth import NAME_PATTERN, Principal
 from service.datasets import check_admissible
 from service.errors import BudgetExhausted, MechanismFailed
 from service.filter.refusals import record_refusal
 from service.runs import requests as lifecycle
 from service.runs.requests import HistoryQuery
+from service.runs.runtime import Runtime
 from service.store.models import AnalysisRequest, RequestState
 from service.store.repositories import RequestRepository
 
@@ -110,12 +111,26 @@ def estimate(dataset_id: str, body: RequestIn, session: SessionDep, who: AdminOr
 async def submit(
     dataset_id: str,
     body: RequestIn,
-    runtime: RuntimeDep,
+    http: Request,
     analyst: Analyst,
     response: Response,
     idempotency_key: IdempotencyKey = None,
     prefer: Prefer = None,
 ) -> RequestOut:
+    runtime = runtime_of(http)  # not a dependency: the busiest route resolves one less per request
+    return await submit_request(runtime, analyst, dataset_id, body, response, idempotency_key, prefer)
+
+
+async def submit_request(
+    runtime: Runtime,
+    analyst: Principal,
+    dataset_id: str,
+    body: RequestIn,
+    response: Response,
+    idempotency_key: str | None,
+    prefer: str | None,
+) -> RequestOut:
+    """Submit ``body`` (``POST …/requests``, and ``POST …/sql`` once translated)."""
     wait = 0.0 if prefer is not None and "respond-async" in prefer.lower() else None
     args = (runtime, analyst, dataset_id, body.mechanism, body.params, idempotency_key, wait)
     try:  # the cheapest requests on the event loop; the rest in the thread pool

@@ -357,12 +357,6 @@ async def submit_sql(
 ) -> RequestOut:
     translation = await run_in_threadpool(translate, body.sql, dataset_id, body)  # parsing: off the loop
     request = RequestIn(mechanism=translation.mechanism, params=translation.params)
-    return await requests_router.submit(
-        dataset_id=dataset_id,
-        body=request,
-        runtime=runtime,
-        analyst=analyst,
-        response=response,
-        idempotency_key=idempotency_key,
-        prefer=prefer,
+    return await requests_router.submit_request(
+        runtime, analyst, dataset_id, request, response, idempotency_key, prefer
     )
