@@ -168,13 +168,8 @@ class FilterBatch:
 
     # ----- write ---------------------------------------------------------------------------------------
 
-    def append_entries(self) -> None:
-        """Insert the batch's new ledger entries (one statement)."""
-        LedgerRepository(self.session).insert_many(self.entries)
-        self.entries = []
-
-    def write_totals(self) -> None:
-        """Write the changed filter rows' totals and chain heads (one executemany UPDATE)."""
+    def flush(self) -> None:
+        """Write the changed filter rows and the new ledger entries (two executemany statements)."""
         now = datetime.now(UTC)
         changed = [
             {
@@ -191,8 +186,10 @@ class FilterBatch:
             if f.dirty
         ]
         FilterRepository(self.session).write_totals(changed)
+        LedgerRepository(self.session).insert_many(self.entries)
         for f in self.rows.values():
             f.dirty = False
+        self.entries = []
 
 
 @dataclass(frozen=True)

@@ -380,14 +380,12 @@ class RequestBatch:
             self.updates[request.id] = {"_id": request.id, **columns}
 
     def write(self) -> None:
-        """The batch's writes: new request rows and ledger entries (on PostgreSQL each one ``COPY``, which
-        cannot run in a pipeline), then the request UPDATEs and filter totals in one round trip."""
+        """The batch's writes: request rows (INSERT, UPDATE), filter totals and ledger entries."""
         requests = RequestRepository(self.session)
-        requests.insert_many(list(self.inserts.values()))
-        self.filters.append_entries()
-        with pipelined(self.session):
+        with pipelined(self.session):  # one round trip on PostgreSQL
+            requests.insert_many(list(self.inserts.values()))
             requests.update_many(list(self.updates.values()))
-            self.filters.write_totals()
+            self.filters.flush()
         self.inserts, self.updates = {}, {}
 
 

@@ -6,10 +6,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from functools import cache
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import Insert, Select, Table, Update, bindparam, func, insert, select, tuple_, update
-from sqlalchemy.engine import CursorResult, Dialect, RowMapping
+from sqlalchemy.engine import CursorResult, RowMapping
 from sqlalchemy.orm import Session
 
 from service.store.models import (
@@ -26,9 +26,6 @@ from service.store.models import (
     RequestState,
     SecretState,
 )
-
-if TYPE_CHECKING:
-    import psycopg
 
 SelectT = TypeVar("SelectT", bound=Select[Any])
 
@@ -62,29 +59,8 @@ def _update_by_id(table: Table) -> Update:
 
 
 def _insert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]]) -> None:
-    """One executemany INSERT of ``rows`` (column dicts, the same keys in every row); on PostgreSQL one
-    ``COPY … FROM STDIN``, with each value bound as SQLAlchemy binds it (its column type's processor)."""
-    connection = session.connection()
-    if connection.dialect.name != "postgresql":
-        connection.execute(_insert(table), list(rows))
-        return
-    columns = tuple(rows[0])
-    statement, processors = _copy_plan(table, columns, connection.dialect)
-    cursor = cast("psycopg.Connection[Any]", connection.connection.dbapi_connection).cursor()
-    plan = list(zip(columns, processors, strict=True))
-    with cursor, cursor.copy(statement) as copy:
-        for row in rows:
-            copy.write_row([row[c] if p is None else p(row[c]) for c, p in plan])
-
-
-@cache
-def _copy_plan(table: Table, columns: tuple[str, ...], dialect: Dialect) -> tuple[str, list[Any]]:
-    """``COPY`` of ``columns`` into ``table`` and each column's bind processor (None: passed as is), as
-    SQLAlchemy's INSERT would apply them (JSON, ``None`` as JSON null included; aware timestamps)."""
-    quote = dialect.identifier_preparer.quote
-    names = ", ".join(quote(table.c[c].name) for c in columns)
-    processors = [table.c[c].type.bind_processor(dialect) for c in columns]
-    return f"COPY {quote(table.name)} ({names}) FROM STDIN", processors
+    """One executemany INSERT of ``rows`` (column dicts, the same keys in every row)."""
+    session.connection().execute(_insert(table), list(rows))
 
 
 def _update_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]]) -> None:
