@@ -240,8 +240,9 @@ class TestWriteBatcher:
 def test_the_batch_insert_stores_what_an_orm_insert_stores(
     sessions: sessionmaker[Session], tmp_path: Path
 ) -> None:
-    """The writer's batch INSERT (``COPY`` on PostgreSQL) binds every column as SQLAlchemy's INSERT does:
-    the same JSON text (``None`` in a JSON column as JSON null), timestamps, states, NULLs."""
+    """The writer's batch INSERT (one executemany statement on the connection, no ORM object) stores every
+    column as the ORM's INSERT does: the same JSON text (``None`` in a JSON column as JSON null),
+    timestamps, states, NULLs. (Kept from a tried ``COPY`` path, which had to pass it too.)"""
     dataset_id, (principal,) = world_in_db(sessions, tmp_path)
     now = datetime.now(UTC)
     columns: dict[str, Any] = {
