@@ -39,7 +39,7 @@ from service.errors import (
 )
 from service.filter.admission import Refused, lock_filters
 from service.logs import failure_fields
-from service.runs.admission import Validated, admit_locked, fingerprint, refusal, validated_for
+from service.runs.admission import Validated, admit_locked, refusal, validated_for
 from service.runs.requests import HistoryPage, HistoryQuery, history_owner, history_page
 from service.runs.runtime import Runtime
 from service.runs.settlement import settle_locked
@@ -126,9 +126,7 @@ def _replayed_open(
     with sessions() as session:
         request = RequestRepository(session).by_idempotency_key(principal.name, key or "")
         row = None if request is None else SessionRepository(session).by_request(request.id)
-        same = request is not None and request.fingerprint == fingerprint(
-            v.dataset.id, v.mechanism.name, v.params
-        )
+        same = request is not None and request.fingerprint == v.fingerprint
         if row is None or not same:
             raise IdempotencyKeyReused("this Idempotency-Key was used for a different request") from None
         return row
