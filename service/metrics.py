@@ -84,6 +84,12 @@ SESSIONS_CLOSED = Counter(
 
 # ----- HTTP --------------------------------------------------------------------------------------------
 
+DIRECT_SUBMIT_DECLINED = Counter(
+    "expost_direct_submit_declined_total",
+    "Submissions (POST …/requests) the direct route handed to the FastAPI route, by reason "
+    "(headers|content-type|body: input the FastAPI route answers with a 422, or another content type)",
+    ["reason"],
+)
 HTTP_LATENCY = Histogram(
     "expost_http_request_duration_seconds",
     "HTTP request latency by route template, method and status class (2xx, 4xx, …)",

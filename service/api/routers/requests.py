@@ -98,8 +98,12 @@ def estimate(dataset_id: str, body: RequestIn, session: SessionDep, who: AdminOr
     return lifecycle.dry_run(session, who, dataset_id, body.mechanism, body.params)
 
 
+#: Also bound directly (service/api/direct.py), for the submissions that need none of this route's errors.
+SUBMIT_PATH = "/v1/datasets/{dataset_id}/requests"
+
+
 @router.post(
-    "/v1/datasets/{dataset_id}/requests",
+    SUBMIT_PATH,
     operation_id="submitRequest",
     summary="Run a mechanism: 200 with the release and its realized charge, or 202 while running",
     responses={
