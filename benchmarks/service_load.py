@@ -410,9 +410,24 @@ def run_api_configuration(
             committed, args.clients, args.warmup, args.duration,
         ))
         releases = requests.total_sent - requests.failures
+        interleaved = []
+        for _ in range(args.ratio_rounds):  # short windows, alternated: both see the same machine speed
+            pair = [asyncio.run(run_load(
+                server, endpoint, method, path, headers, body, check, args.clients, 1.0, args.ratio_window,
+            )) for endpoint, method, path, headers, body, check in (
+                ("GET /healthz", "GET", "/healthz", {}, None, lambda r: r.status_code == 200),
+                ("POST /v1/datasets/{id}/requests", "POST", f"/v1/datasets/{dataset_id}/requests",
+                 {"Authorization": f"Bearer {keys['analyst']}"}, request_body("laplace"), committed),
+            )]
+            releases += pair[1].total_sent - pair[1].failures
+            interleaved.append({"healthz_per_s": pair[0].requests_per_s,
+                                "requests_per_s": pair[1].requests_per_s,
+                                "failures": pair[0].failures + pair[1].failures})
         budget = check_budget(server.base_url, keys["admin"], dataset_id, releases)
+        ceilings, reals = (sum(r[key] for r in interleaved) for key in ("healthz_per_s", "requests_per_s"))
         check = {"section": "api", "processes": processes, "releases": releases, "budget": budget,
-                 "server_log_errors": server_errors(server.log_path)}
+                 "server_log_errors": server_errors(server.log_path), "interleaved_rounds": interleaved,
+                 "interleaved_ratio": reals / ceilings if ceilings else None}
         return [ceiling, requests], check
     finally:
         server.stop()
@@ -718,6 +733,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", type=int, default=16, help="datasets for the many-filters run")
     parser.add_argument("--sections", nargs="+", default=["api", "queue", "datasets"],
                         choices=["api", "queue", "datasets"])
+    parser.add_argument("--ratio-rounds", type=int, default=5,
+                        help="after the api section's windows: this many short healthz/request window pairs, "
+                             "alternated (the machine's speed drifts between two long windows)")
+    parser.add_argument("--ratio-window", type=float, default=3.0, help="seconds per interleaved window")
     parser.add_argument("--quick", action="store_true", help="a fast smoke run (seconds, not minutes)")
     parser.add_argument("--postgres-url", default=DEFAULT_URL, help="server to create the database on")
     parser.add_argument("--output", type=Path, default=None, help="JSON results")
@@ -725,6 +744,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.duration, args.warmup, args.clients, args.heavy_clients = 1.0, 0.5, 4, 2
         args.processes, args.workers, args.busy, args.datasets = [1], [1], 0.05, 2
+        args.ratio_rounds, args.ratio_window = 1, 0.5
     if args.output is None:
         args.output = DEFAULT_OUTPUT.with_name("service_load_quick.json") if args.quick else DEFAULT_OUTPUT
     if args.duration <= 0 or args.warmup < 0 or args.clients < 1 or min(args.processes) < 1:
@@ -802,7 +822,10 @@ def main(argv: list[str] | None = None) -> int:
             ceiling, real = by_endpoint["GET /healthz"], by_endpoint["POST /v1/datasets/{id}/requests"]
             ratios[str(processes)] = (real.requests_per_s / ceiling.requests_per_s
                                       if ceiling.requests_per_s else None)
+    api_checks = [c for c in checks if c["section"] == "api" and c["interleaved_ratio"] is not None]
+    interleaved = {str(c["processes"]): c["interleaved_ratio"] for c in api_checks}
     ok = (all(m.failures == 0 for m in results) and all(c["budget"]["ok"] for c in checks)
+          and all(r["failures"] == 0 for c in checks for r in c.get("interleaved_rounds", ()))
           and not any(c["server_log_errors"] for c in checks) and verify.returncode == 0
           and all(row["failures"] == 0 and row["budget"]["ok"] for row in filter_rows))
     report = {
@@ -822,6 +845,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": [asdict(m) for m in results],
         "scaling_efficiency": scaling,
         "ratio_requests_to_healthz": ratios,
+        "ratio_requests_to_healthz_interleaved": interleaved,
         "filter_row": filter_rows[0] if filter_rows else None,  # one process (as in earlier results)
         "filter_rows": filter_rows,
         "checks": checks,
@@ -839,6 +863,11 @@ def main(argv: list[str] | None = None) -> int:
         if values:
             shown = "  ".join(f"k={k}: {'n/a' if v is None else f'{v:.2f}'}" for k, v in values.items())
             print(f"scaling efficiency {name:20} {shown}")
+    for c in api_checks:
+        rounds = c["interleaved_rounds"]
+        shown = "  ".join(f"{r['requests_per_s']:.0f}/{r['healthz_per_s']:.0f}" for r in rounds)
+        print(f"requests/healthz, {c['processes']} process(es), {len(rounds)} interleaved "
+              f"{args.ratio_window:g} s pairs: {c['interleaved_ratio']:.2f}  ({shown})")
     for row in filter_rows:
         print(f"one filter row, {row['processes']} process(es), {row['tasks']} tasks, no HTTP: "
               f"{row['requests_per_s']:.1f} committed/s  p99 {row['p99_ms']:.1f} ms  "
