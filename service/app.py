@@ -174,7 +174,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(reports_router, responses=ERROR_RESPONSES)
     app.include_router(docs.router)
     if settings.direct_submit and not settings.opentelemetry:  # FastAPI's spans need its own route
-        app.router.routes.insert(0, DirectSubmitRoute())  # first: the busiest route, matched by one regex
+        app.router.routes.insert(0, DirectSubmitRoute(app))  # first: the busiest route, matched by one regex
     app.mount("/metrics", metrics.asgi_app(app))  # with PROMETHEUS_MULTIPROC_DIR: every process
     app.add_middleware(GuardMiddleware, settings=settings)  # per-key rate limits, body size limits
     app.add_middleware(ObservabilityMiddleware)  # request id, access log, HTTP latency

@@ -87,7 +87,7 @@ SESSIONS_CLOSED = Counter(
 DIRECT_SUBMIT_DECLINED = Counter(
     "expost_direct_submit_declined_total",
     "Submissions (POST …/requests) the direct route handed to the FastAPI route, by reason "
-    "(headers|content-type|body: input the FastAPI route answers with a 422, or another content type)",
+    "(headers|body: input the FastAPI route answers with a 400 or 422)",
     ["reason"],
 )
 HTTP_LATENCY = Histogram(

@@ -4,15 +4,19 @@ gets every submission too, and the two answers are compared.
 
 * valid submissions are served by the direct route (it declines none of them) and their responses are the
   same bytes as the FastAPI route's: a request submitted to one server and replayed (same Idempotency-Key) on
-  the other returns an identical body, status and content headers, in both directions;
-* what the FastAPI route answers with a 422 for its headers or body, or another content type, is declined
-  (counted by reason in ``expost_direct_submit_declined_total``) and answered by the FastAPI route itself;
+  the other returns an identical body, status and content headers, in both directions; a 202 carries the
+  same Location and Retry-After;
+* what the FastAPI route answers with a 400 or 422 for its headers or body is declined (counted by reason
+  in ``expost_direct_submit_declined_total``) and answered by the FastAPI route itself; another content
+  type or a body over ``MAX_DIRECT_BODY`` never matches the direct route;
 * what the direct route answers itself (authentication, unknown dataset or mechanism, invalid parameters,
-  a refusal) is the FastAPI route's problem, member for member.
+  a refusal) is the FastAPI route's problem, member for member;
+* an app mounted under a prefix hands what its direct route declines to its own router.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -20,16 +24,22 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
+from mechanisms.catalog import MECHANISMS
+from service.api.direct import MAX_DIRECT_BODY
+from service.app import create_app
 from service.auth import Role
 from tests.conftest import LiveServer, running_server
-from tests.integration.helpers import World, make_world
+from tests.integration.helpers import make_world
+from tests.integration.scale_out_support import GatedCount
 from tests.integration.test_observability import scrape, value
 
 DECLINED = "expost_direct_submit_declined_total"
 COUNT = {"mechanism": "laplace", "params": {"query": {"kind": "count"}, "epsilon": 0.01}}
 JSON = {"content-type": "application/json"}
-QUANTILE = {"mechanism": "quantile", "params": {"column": "age", "quantiles": [0.5], "epsilon": 0.01}}
+KEY = "Idempotency-Key"
 
 
 @pytest.fixture
@@ -42,13 +52,21 @@ def fastapi_only(live_server: LiveServer) -> Iterator[LiveServer]:
         yield server
 
 
+@pytest.fixture
+def gated(monkeypatch: pytest.MonkeyPatch) -> Iterator[GatedCount]:
+    mechanism = GatedCount()
+    monkeypatch.setitem(MECHANISMS, mechanism.name, mechanism)
+    yield mechanism
+    mechanism.gate.set()
+
+
 def declined(client: httpx.Client) -> dict[str, float]:
     _, metrics = scrape(client)
-    return {reason: value(metrics, DECLINED, reason=reason) for reason in ("headers", "content-type", "body")}
+    return {reason: value(metrics, DECLINED, reason=reason) for reason in ("headers", "body")}
 
 
 def test_valid_submissions_are_served_directly_with_the_fastapi_routes_bytes(
-    live_server: LiveServer, fastapi_only: LiveServer
+    live_server: LiveServer, fastapi_only: LiveServer, gated: GatedCount
 ) -> None:
     world = make_world(live_server)
     direct, fastapi = world.analyst, fastapi_only.client(world.analyst.headers["Authorization"][7:])
@@ -66,43 +84,51 @@ def test_valid_submissions_are_served_directly_with_the_fastapi_routes_bytes(
             assert replayed.headers[header] == submitted.headers[header], header
     inline = direct.post(url, json=COUNT, headers={"Prefer": "respond-async"})
     assert inline.status_code == 200, inline.text  # an inline run is done before the reply
-    for client in (direct, fastapi):  # on the executor: 202 at once, with where and when to poll
-        queued = client.post(url, json=QUANTILE, headers={"Prefer": "respond-async"})
-        assert queued.status_code == 202, queued.text
-        assert queued.headers["Location"] == f"/v1/requests/{queued.json()['id']}"
-        assert 1 <= int(queued.headers["Retry-After"]) <= 10
+    running = []
+    for client in (direct, fastapi):  # held running by its gate: 202 at once, with where and when to poll
+        body = {"mechanism": gated.name, "params": COUNT["params"]}
+        running.append(client.post(url, json=body, headers={"Prefer": "respond-async"}))
+    gated.gate.set()
+    for answer in running:
+        assert answer.status_code == 202, answer.text
+        assert answer.headers["Location"] == f"/v1/requests/{answer.json()['id']}"
+        assert 1 <= int(answer.headers["Retry-After"]) <= 10
+    assert running[0].headers["content-type"] == running[1].headers["content-type"]
 
     assert declined(direct) == before  # each one was served by the direct route (it matches: see below)
 
 
-def _cases(world: World) -> list[tuple[str, dict[str, Any], str | None]]:
-    """(what, httpx arguments, the reason the direct route declines it or None if it answers itself)."""
-    json_header = JSON
+def _cases() -> list[tuple[str, dict[str, Any], str | None, int]]:
+    """(what, httpx arguments, why the direct route declines it — None if it answers itself or never
+    matches —, the status both routes answer)."""
     body = json.dumps(COUNT)
+    epsilon = {"json": {"mechanism": "laplace", "params": {"query": {"kind": "count"}, "epsilon": -1.0}}}
+    huge = {"json": {"mechanism": "laplace", "params": {"query": {"kind": "count"}, "epsilon": 50.0}}}
     return [
-        ("Idempotency-Key too long", {"json": COUNT, "headers": {"Idempotency-Key": "k" * 201}}, "headers"),
-        ("empty Idempotency-Key", {"json": COUNT, "headers": {"Idempotency-Key": ""}}, "headers"),
-        ("Idempotency-Key not ASCII", {"json": COUNT, "headers": {"Idempotency-Key": "k\xe9".encode("latin-1")}},
-         "headers"),
-        ("Prefer too long", {"json": COUNT, "headers": {"Prefer": "respond-async;" + "x" * 200}}, "headers"),
-        ("text body", {"content": body, "headers": {"content-type": "text/plain"}}, "content-type"),
-        ("form body", {"data": {"mechanism": "laplace"}}, "content-type"),
-        ("malformed JSON", {"content": body[:-1], "headers": json_header}, "body"),
-        ("empty body", {"content": b"", "headers": json_header}, "body"),
-        ("not UTF-8", {"content": b'{"mechanism": "\xff"}', "headers": json_header}, "body"),
-        ("nested too deeply", {"content": "[" * 100_000 + "]" * 100_000, "headers": json_header}, "body"),
-        ("an integer of 5000 digits", {"content": '{"mechanism": ' + "9" * 5000 + "}", "headers": json_header},
-         "body"),
-        ("JSON array", {"json": [COUNT]}, "body"),
-        ("no mechanism", {"json": {"params": COUNT["params"]}}, "body"),
-        ("an extra member", {"json": {**COUNT, "priority": 1}}, "body"),
-        ("params not an object", {"json": {"mechanism": "laplace", "params": [1]}}, "body"),
-        ("unknown mechanism", {"json": {"mechanism": "nope", "params": {}}}, None),
-        ("negative epsilon", {"json": {"mechanism": "laplace", "params": {"query": {"kind": "count"},
-                                                                        "epsilon": -1.0}}}, None),
-        ("NaN epsilon", {"content": body.replace("0.01", "NaN"), "headers": json_header}, None),
-        ("over the budget", {"json": {"mechanism": "laplace", "params": {"query": {"kind": "count"},
-                                                                       "epsilon": 1e6}}}, None),
+        ("Idempotency-Key too long", {"json": COUNT, "headers": {KEY: "k" * 201}}, "headers", 422),
+        ("empty Idempotency-Key", {"json": COUNT, "headers": {KEY: ""}}, "headers", 422),
+        ("Idempotency-Key not ASCII", {"json": COUNT, "headers": {KEY: "k\xe9".encode("latin-1")}}, "headers",
+         422),
+        ("Prefer too long", {"json": COUNT, "headers": {"Prefer": "async;" + "x" * 200}}, "headers", 422),
+        ("text body", {"content": body, "headers": {"content-type": "text/plain"}}, None, 422),
+        ("form body", {"data": {"mechanism": "laplace"}}, None, 422),
+        ("JSON with an empty content type", {"content": body, "headers": {"content-type": ""}}, None, 422),
+        ("over the direct route's bound", {"json": {**COUNT, "pad": "x" * MAX_DIRECT_BODY}}, None, 422),
+        ("malformed JSON", {"content": body[:-1], "headers": JSON}, "body", 422),
+        ("empty body", {"content": b"", "headers": JSON}, "body", 422),
+        ("not UTF-8", {"content": b'{"mechanism": "\xff"}', "headers": JSON}, "body", 422),
+        ("nested too deeply", {"content": "[" * 100_000 + "]" * 100_000, "headers": JSON}, None, 422),
+        ("nested within the bound", {"content": "[" * 500 + "]" * 500, "headers": JSON}, "body", 422),
+        ("an integer of 5000 digits", {"content": '{"mechanism": ' + "9" * 5000 + "}", "headers": JSON},
+         None, 422),
+        ("JSON array", {"json": [COUNT]}, "body", 422),
+        ("no mechanism", {"json": {"params": COUNT["params"]}}, "body", 422),
+        ("an extra member", {"json": {**COUNT, "priority": 1}}, "body", 422),
+        ("params not an object", {"json": {"mechanism": "laplace", "params": [1]}}, "body", 422),
+        ("unknown mechanism", {"json": {"mechanism": "nope", "params": {}}}, None, 422),
+        ("negative epsilon", epsilon, None, 422),
+        ("NaN epsilon", {"content": body.replace("0.01", "NaN"), "headers": JSON}, None, 422),
+        ("over the budget", huge, None, 409),
     ]
 
 
@@ -118,11 +144,11 @@ def test_what_the_direct_route_does_not_serve_gets_the_fastapi_routes_answer(
     key = world.analyst.headers["Authorization"][7:]
     direct, fastapi = world.analyst, fastapi_only.client(key)
     url = f"/v1/datasets/{world.dataset_id}/requests"
-    for what, arguments, reason in _cases(world):
+    for what, arguments, reason, status in _cases():
         before = declined(direct)
         answers = [_problem(client.post(url, **arguments)) for client in (direct, fastapi)]
         assert answers[0] == answers[1], what
-        assert answers[0][0] in (404, 409, 422), (what, answers[0])
+        assert answers[0][0] == status, (what, answers[0])
         expected = dict(before)
         if reason is not None:
             expected[reason] += 1
@@ -146,3 +172,29 @@ def test_what_the_direct_route_does_not_serve_gets_the_fastapi_routes_answer(
     methods = [direct.get(url), fastapi.get(url)]  # other methods never match the direct route
     assert [m.status_code for m in methods] == [405, 405]
     assert methods[0].headers["allow"] == methods[1].headers["allow"]
+
+
+def test_a_mounted_app_hands_what_it_declines_to_its_own_router(live_server: LiveServer) -> None:
+    """Under ``Mount("/api", app)`` the scope's router is the outer one: a declined submission must still
+    reach this app's FastAPI route (not the outer router, which would answer 404)."""
+    world = make_world(live_server)
+    path = f"/api/v1/datasets/{world.dataset_id}/requests"
+    declined_ones = [{"json": COUNT, "headers": {KEY: "k" * 201}}, {"content": "{", "headers": JSON},
+                     {"json": {**COUNT, "priority": 1}}]
+
+    async def answers(direct_submit: bool) -> list[tuple[int, str, Any]]:
+        inner = create_app(live_server.settings.model_copy(
+            update={"direct_submit": direct_submit, "queue_name": f"t{uuid.uuid4().hex[:12]}"}
+        ))
+        outer = Starlette(routes=[Mount("/api", app=inner)])
+        transport = httpx.ASGITransport(app=outer)
+        async with inner.router.lifespan_context(inner), httpx.AsyncClient(
+            transport=transport, base_url="http://test", headers=world.analyst.headers
+        ) as client:
+            served = await client.post(path, json=COUNT)
+            assert served.status_code == 200, served.text
+            return [_problem(await client.post(path, **arguments)) for arguments in declined_ones]
+
+    direct, fastapi = asyncio.run(answers(True)), asyncio.run(answers(False))
+    assert direct == fastapi
+    assert [answer[0] for answer in direct] == [422, 422, 422]
