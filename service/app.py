@@ -6,9 +6,7 @@ everything below receives what it needs as arguments.
 from __future__ import annotations
 
 import gc
-import os
 import signal
-import sys
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -138,8 +136,6 @@ def freeze_startup_heap() -> None:
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     configure_logging(settings.log_level, settings.log_json)
-    if os.environ.get("EXPOST_SWITCH"):
-        sys.setswitchinterval(float(os.environ["EXPOST_SWITCH"]))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
