@@ -400,25 +400,22 @@ def run_api_configuration(
     try:
         server.wait_ready()
         dataset_id = setup_dataset(server.base_url, keys["admin"], "load-analyst")
-        ceiling = asyncio.run(run_load(
-            server, "GET /healthz", "GET", "/healthz", {}, None, lambda r: r.status_code == 200,
-            args.clients, args.warmup, args.duration,
-        ))
-        requests = asyncio.run(run_load(
-            server, "POST /v1/datasets/{id}/requests", "POST", f"/v1/datasets/{dataset_id}/requests",
-            {"Authorization": f"Bearer {keys['analyst']}"}, request_body("laplace"),
-            committed, args.clients, args.warmup, args.duration,
-        ))
+        # (a) the no-op ceiling, (b) the cheap request: run_load's endpoint arguments
+        endpoints: list[tuple[str, str, str, dict[str, str], Any, Callable[[httpx.Response], bool]]] = [
+            ("GET /healthz", "GET", "/healthz", {}, None, lambda r: r.status_code == 200),
+            ("POST /v1/datasets/{id}/requests", "POST", f"/v1/datasets/{dataset_id}/requests",
+             {"Authorization": f"Bearer {keys['analyst']}"}, request_body("laplace"), committed),
+        ]
+
+        def windows(warmup: float, duration: float) -> list[Measurement]:
+            return [asyncio.run(run_load(server, *endpoint, args.clients, warmup, duration))
+                    for endpoint in endpoints]
+
+        ceiling, requests = windows(args.warmup, args.duration)
         releases = requests.total_sent - requests.failures
         interleaved = []
         for _ in range(args.ratio_rounds):  # short windows, alternated: both see the same machine speed
-            pair = [asyncio.run(run_load(
-                server, endpoint, method, path, headers, body, check, args.clients, 1.0, args.ratio_window,
-            )) for endpoint, method, path, headers, body, check in (
-                ("GET /healthz", "GET", "/healthz", {}, None, lambda r: r.status_code == 200),
-                ("POST /v1/datasets/{id}/requests", "POST", f"/v1/datasets/{dataset_id}/requests",
-                 {"Authorization": f"Bearer {keys['analyst']}"}, request_body("laplace"), committed),
-            )]
+            pair = windows(1.0, args.ratio_window)
             releases += pair[1].total_sent - pair[1].failures
             interleaved.append({"healthz_per_s": pair[0].requests_per_s,
                                 "requests_per_s": pair[1].requests_per_s,
