@@ -27,7 +27,6 @@ import pytest
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from mechanisms.catalog import MECHANISMS
 from service.api.direct import MAX_DIRECT_BODY
 from service.app import create_app
 from service.auth import Role
@@ -50,14 +49,6 @@ def fastapi_only(live_server: LiveServer) -> Iterator[LiveServer]:
     )
     with running_server(settings) as server:
         yield server
-
-
-@pytest.fixture
-def gated(monkeypatch: pytest.MonkeyPatch) -> Iterator[GatedCount]:
-    mechanism = GatedCount()
-    monkeypatch.setitem(MECHANISMS, mechanism.name, mechanism)
-    yield mechanism
-    mechanism.gate.set()
 
 
 def declined(client: httpx.Client) -> dict[str, float]:

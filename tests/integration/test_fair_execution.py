@@ -23,7 +23,6 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from mechanisms.catalog import MECHANISMS
 from service.auth import Principal, Role, create_key
 from service.datasets import create_dataset, grant
 from service.filter import budget
@@ -89,13 +88,6 @@ def test_the_claim_order_is_round_robin_across_analysts(
 
 
 # ----- HTTP: cancel, limits, Retry-After, phase and ETA -----------------------------------------------
-
-
-@pytest.fixture
-def gated(monkeypatch: pytest.MonkeyPatch) -> GatedCount:
-    mechanism = GatedCount()
-    monkeypatch.setitem(MECHANISMS, mechanism.name, mechanism)
-    return mechanism
 
 
 def ledger_events(database_url: str, request_id: str) -> list[str]:
