@@ -533,13 +533,14 @@ def _filter_row_process(
     start: float,
 ) -> dict[str, Any]:
     """One process of :func:`run_filter_row`: ``clients`` tasks on its event loop from ``start`` on."""
-    from service.app import build_runtime
+    from service.app import build_runtime, freeze_startup_heap
     from service.auth import Principal, Role
     from service.config import Settings
     from service.logs import configure_logging
     from service.runs.requests import submit, submit_one_transaction
 
     configure_logging("WARNING", True)
+    freeze_startup_heap()  # as every API process does at start-up, before its runtime (service.app)
     runtime = build_runtime(Settings(database_url=database_url, data_dir=Path(data_dir),
                                      pool_size=max(10, clients)))
     analyst = Principal("load-analyst", Role.analyst)
