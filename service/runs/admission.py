@@ -380,12 +380,23 @@ class RequestBatch:
             self.updates[request.id] = {"_id": request.id, **columns}
 
     def write(self) -> None:
-        """The batch's writes: request rows (INSERT, UPDATE), filter totals and ledger entries."""
-        requests = RequestRepository(self.session)
+        """The batch's writes so far: request rows (INSERT, UPDATE), filter totals and ledger entries."""
         with pipelined(self.session):  # one round trip on PostgreSQL
-            requests.insert_many(list(self.inserts.values()))
-            requests.update_many(list(self.updates.values()))
-            self.filters.flush()
+            self._send()
+
+    def commit(self) -> None:
+        """The batch's writes and its COMMIT, queued together: one round trip on PostgreSQL while the
+        batch holds its filter locks, not two. A failed statement fails the COMMIT (psycopg raises at the
+        pipeline's sync), so nothing of the batch is durable and the caller retries its jobs."""
+        with pipelined(self.session):
+            self._send()
+            self.session.commit()
+
+    def _send(self) -> None:
+        requests = RequestRepository(self.session)
+        requests.insert_many(list(self.inserts.values()))
+        requests.update_many(list(self.updates.values()))
+        self.filters.flush()
         self.inserts, self.updates = {}, {}
 
 

@@ -316,7 +316,8 @@ class WriteBatcher:
 
     def _apply(self, batch: list[Job]) -> list[tuple[Any, BaseException | None]]:
         outcomes: list[tuple[Any, BaseException | None]] = []
-        with self._session() as session, session.begin():
+        with self._session() as session:  # closing it uncommitted (an exception) rolls the batch back
+            session.begin()
             rows = _lock_all(session, batch)
             for job in batch:
                 filters = rows.filters.filters(job.dataset_id, job.analyst)
@@ -326,7 +327,7 @@ class WriteBatcher:
                     outcomes.append((job.apply(rows, filters), None))
                 except (ServiceError, Refused) as exc:  # raised before the job wrote anything
                     outcomes.append((None, exc))
-            rows.write()
+            rows.commit()
         return outcomes
 
 

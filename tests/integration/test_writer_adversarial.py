@@ -282,13 +282,13 @@ class TestNothingEscapesItsCharge:
         run's release is not strict JSON: charged w, failed, nothing reserved, no 500, no hung request."""
         dataset_id, principal = self.world(sessions, tmp_path)
         v = self.inline(sessions, principal, dataset_id)
-        original = writer.RequestBatch.write
+        original = writer.RequestBatch._send  # the batch's writes, sent before its COMMIT
 
-        def failing_write(self: writer.RequestBatch) -> None:
+        def failing_send(self: writer.RequestBatch) -> None:
             original(self)
             raise RuntimeError("the connection dropped before the commit")
 
-        monkeypatch.setattr(writer.RequestBatch, "write", failing_write)
+        monkeypatch.setattr(writer.RequestBatch, "_send", failing_send)
         request, created = batcher.admit_and_run(
             principal, v, "key", LEASE, lambda: (v.worst_case, {"value": bad}, None)
         )

@@ -117,13 +117,13 @@ class TestOneTransaction:
             runs.append(run())
             return runs[-1]
 
-        original = writer.RequestBatch.write
+        original = writer.RequestBatch._send  # the batch's writes, sent before its COMMIT
 
-        def failing_write(self: writer.RequestBatch) -> None:
+        def failing_send(self: writer.RequestBatch) -> None:
             original(self)
             raise RuntimeError("the database went away before the commit")
 
-        monkeypatch.setattr(writer.RequestBatch, "write", failing_write)
+        monkeypatch.setattr(writer.RequestBatch, "_send", failing_send)
         request, created = batcher.admit_and_run(principal, v, "key-1", 300.0, counted)
         assert created
         assert request.state == "committed"
@@ -135,5 +135,89 @@ class TestOneTransaction:
         assert not created_again  # replayed, not re-run
         assert replay.id == request.id
         assert len(runs) == 2
+        with sessions() as session:
+            assert verify(session).problems == []
+
+    def test_a_statement_failing_at_the_batch_commit_fails_the_whole_batch_and_it_is_retried(
+        self,
+        sessions: sessionmaker[Session],
+        batcher: writer.WriteBatcher,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """The batch's writes and its COMMIT are queued together (one round trip on PostgreSQL), so a
+        write the database refuses may surface at any point up to the COMMIT: nothing of the batch may
+        stay, and the request is retried alone. Here the batch's request row reuses a stored one's id."""
+        dataset_id, (principal,) = analysts_on_a_pure_budget(sessions, tmp_path, 1)
+        v = inline(sessions, principal, dataset_id)
+        tables = TableCache(tmp_path)
+        first, _ = batcher.admit_and_run(principal, v, "key-1", 300.0, real_run(v, tables))
+        runs: list[Any] = []
+        run = real_run(v, tables)
+
+        def counted() -> Any:
+            runs.append(run())
+            return runs[-1]
+
+        original = admission.new_request
+        taken: list[str] = []
+
+        def clashing(*args: Any) -> dict[str, Any]:
+            values = original(*args)
+            if not taken:  # the batch's row only: the retry gets a fresh id
+                taken.append(values["id"])
+                values["id"] = first.id
+            return values
+
+        monkeypatch.setattr(admission, "new_request", clashing)
+        request, created = batcher.admit_and_run(principal, v, "key-2", 300.0, counted)
+        assert created
+        assert taken
+        assert request.id not in (first.id, taken[0])
+        assert request.state == "committed"
+        assert len(runs) == 2  # the batch's draw was dropped unseen with its transaction
+        assert request.release == runs[1][1]
+        assert entries(sessions, first.id) == ["reserve", "commit"]  # the clash changed nothing stored
+        assert entries(sessions, request.id) == ["reserve", "commit"]
+        assert pure_totals(sessions, dataset_id) == (2 * (UNITS_PER_EPSILON // 10), 0)
+        with sessions() as session:
+            assert verify(session).problems == []
+
+    def test_a_refused_commit_fails_the_whole_batch_and_it_is_retried(
+        self,
+        sessions: sessionmaker[Session],
+        batcher: writer.WriteBatcher,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """The batch's COMMIT itself fails (after every write was sent): no release of the batch may
+        leave, and the request is retried alone."""
+        dataset_id, (principal,) = analysts_on_a_pure_budget(sessions, tmp_path, 1)
+        v = inline(sessions, principal, dataset_id)
+        runs: list[Any] = []
+        run = real_run(v, TableCache(tmp_path))
+
+        def counted() -> Any:
+            runs.append(run())
+            return runs[-1]
+
+        original = Session.commit
+        refused: list[Session] = []
+
+        def refusing(self: Session) -> None:
+            if not refused:  # the batch's COMMIT only: the retry's transactions commit
+                refused.append(self)
+                raise RuntimeError("the database refused the COMMIT")
+            original(self)
+
+        monkeypatch.setattr(Session, "commit", refusing)
+        request, created = batcher.admit_and_run(principal, v, "key-1", 300.0, counted)
+        assert created
+        assert refused
+        assert request.state == "committed"
+        assert len(runs) == 2  # the batch's draw was dropped unseen with its transaction
+        assert request.release == runs[1][1]
+        assert entries(sessions, request.id) == ["reserve", "commit"]
+        assert pure_totals(sessions, dataset_id) == (UNITS_PER_EPSILON // 10, 0)
         with sessions() as session:
             assert verify(session).problems == []
