@@ -717,7 +717,9 @@ def main(argv: list[str] | None = None) -> int:
         app(args=argv[1:], prog_name="expost")
         return 0
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from latency_proxy import LatencyProxy, proxied_url
     from pg_database import DEFAULT_URL, fresh_database
+    from sqlalchemy import make_url
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -730,7 +732,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--busy", type=float, default=0.2, help="seconds of work per heavy request")
     parser.add_argument("--datasets", type=int, default=16, help="datasets for the many-filters run")
     parser.add_argument("--sections", nargs="+", default=["api", "queue", "datasets"],
-                        choices=["api", "queue", "datasets"])
+                        choices=["api", "queue", "datasets", "filter_row"],
+                        help="filter_row: only the in-process filter-row runs of the datasets section")
+    parser.add_argument("--filter-row-runs", type=int, default=1,
+                        help="filter-row runs per process count (alternated: 1 process, then the most)")
+    parser.add_argument("--db-latency-ms", type=float, default=0.0,
+                        help="delay every byte between the services and PostgreSQL by this much each way "
+                             "(latency_proxy.py): a database on another host")
     parser.add_argument("--ratio-rounds", type=int, default=5,
                         help="after the api section's windows: this many short healthz/request window pairs, "
                              "alternated (the machine's speed drifts between two long windows)")
@@ -747,6 +755,8 @@ def main(argv: list[str] | None = None) -> int:
         args.output = DEFAULT_OUTPUT.with_name("service_load_quick.json") if args.quick else DEFAULT_OUTPUT
     if args.duration <= 0 or args.warmup < 0 or args.clients < 1 or min(args.processes) < 1:
         parser.error("need --duration > 0, --warmup ≥ 0, --clients ≥ 1 and --processes ≥ 1")
+    if args.filter_row_runs < 1 or args.db_latency_ms < 0:
+        parser.error("need --filter-row-runs ≥ 1 and --db-latency-ms ≥ 0")
 
     results: list[Measurement] = []
     checks: list[dict[str, Any]] = []
@@ -756,7 +766,15 @@ def main(argv: list[str] | None = None) -> int:
     if loadavg_before > 0.5 * (os.cpu_count() or 1):
         print(f"warning: 1-min load average is {loadavg_before:.2f} on {os.cpu_count()} CPUs before the run; "
               "other work on this machine will distort the numbers", file=sys.stderr)
-    with tempfile.TemporaryDirectory(prefix="expost-load-") as tmp, fresh_database(args.postgres_url) as url:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="expost-load-"))
+        url = stack.enter_context(fresh_database(args.postgres_url))
+        if args.db_latency_ms:
+            target = make_url(url)
+            proxy = stack.enter_context(
+                LatencyProxy(target.host or "127.0.0.1", target.port or 5432, args.db_latency_ms / 1000)
+            )
+            url = proxied_url(url, proxy.port)
         workdir = Path(tmp)
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("EXPOST_")},
@@ -795,11 +813,11 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(measured_d)
                     checks.append(check)
                     print(f"... {datasets} dataset(s) on {processes} process(es) done", file=sys.stderr)
-            filter_rows.append(run_filter_row(env, workdir, keys, args))
-            print("... one filter row in process done", file=sys.stderr)
-            if max(args.processes) > 1:
-                filter_rows.append(run_filter_row(env, workdir, keys, args, max(args.processes)))
-                print(f"... one filter row from {max(args.processes)} processes done", file=sys.stderr)
+        if "datasets" in args.sections or "filter_row" in args.sections:
+            for _ in range(args.filter_row_runs):
+                for processes in sorted({1, max(args.processes)}):
+                    filter_rows.append(run_filter_row(env, workdir, keys, args, processes))
+                    print(f"... one filter row from {processes} process(es) done", file=sys.stderr)
         verify = subprocess.run([EXPOST, "ledger", "verify"], env=env, cwd=workdir, capture_output=True,
                                 text=True, timeout=600, check=False)
 
@@ -838,7 +856,8 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"duration_s": args.duration, "warmup_s": args.warmup, "clients": args.clients,
                      "heavy_clients": args.heavy_clients, "processes": args.processes,
                      "workers": args.workers, "busy_s": args.busy, "datasets": args.datasets,
-                     "quick": args.quick, "database": "postgresql",
+                     "quick": args.quick, "database": "postgresql", "db_latency_ms": args.db_latency_ms,
+                     "filter_row_runs": args.filter_row_runs,
                      "request_epsilon": REQUEST_EPSILON, "budget_epsilon": 1e6},
         "results": [asdict(m) for m in results],
         "scaling_efficiency": scaling,
