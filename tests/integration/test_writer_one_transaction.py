@@ -55,6 +55,31 @@ def entries(sessions: sessionmaker[Session], request_id: str) -> list[str]:
         return [row.event for row in rows]
 
 
+
+def recorded(run: writer.RunFn) -> tuple[list[Any], writer.RunFn]:
+    """``run`` that also records each of its outcomes (the draws of every attempt)."""
+    runs: list[Any] = []
+
+    def counted() -> Any:
+        runs.append(run())
+        return runs[-1]
+
+    return runs, counted
+
+
+def assert_retried_alone(
+    sessions: sessionmaker[Session], dataset_id: str, request: Any, runs: list[Any], charges: int = 1
+) -> None:
+    """The failed batch's draw was dropped unseen; the retry's release is the one returned, charged once,
+    and nothing of the failed batch stayed."""
+    assert request.state == "committed"
+    assert len(runs) == 2
+    assert request.release == runs[1][1]
+    assert entries(sessions, request.id) == ["reserve", "commit"]
+    assert pure_totals(sessions, dataset_id) == (charges * (UNITS_PER_EPSILON // 10), 0)
+    with sessions() as session:
+        assert verify(session).problems == []
+
 class TestOneTransaction:
     def test_concurrent_requests_commit_exactly_what_fits_with_their_releases(
         self, sessions: sessionmaker[Session], batcher: writer.WriteBatcher, tmp_path: Path
@@ -109,14 +134,7 @@ class TestOneTransaction:
     ) -> None:
         dataset_id, (principal,) = analysts_on_a_pure_budget(sessions, tmp_path, 1)
         v = inline(sessions, principal, dataset_id)
-        tables = TableCache(tmp_path)
-        runs: list[Any] = []
-        run = real_run(v, tables)
-
-        def counted() -> Any:
-            runs.append(run())
-            return runs[-1]
-
+        runs, counted = recorded(real_run(v, TableCache(tmp_path)))
         original = writer.RequestBatch._send  # the batch's writes, sent before its COMMIT
 
         def failing_send(self: writer.RequestBatch) -> None:
@@ -126,17 +144,11 @@ class TestOneTransaction:
         monkeypatch.setattr(writer.RequestBatch, "_send", failing_send)
         request, created = batcher.admit_and_run(principal, v, "key-1", 300.0, counted)
         assert created
-        assert request.state == "committed"
-        assert len(runs) == 2  # the first draw was rolled back with its transaction and never returned
-        assert request.release == runs[1][1]
-        assert entries(sessions, request.id) == ["reserve", "commit"]  # nothing of the failed batch stayed
-        assert pure_totals(sessions, dataset_id) == (UNITS_PER_EPSILON // 10, 0)
+        assert_retried_alone(sessions, dataset_id, request, runs)
         replay, created_again = batcher.admit_and_run(principal, v, "key-1", 300.0, counted)
         assert not created_again  # replayed, not re-run
         assert replay.id == request.id
         assert len(runs) == 2
-        with sessions() as session:
-            assert verify(session).problems == []
 
     def test_a_statement_failing_at_the_batch_commit_fails_the_whole_batch_and_it_is_retried(
         self,
@@ -152,13 +164,7 @@ class TestOneTransaction:
         v = inline(sessions, principal, dataset_id)
         tables = TableCache(tmp_path)
         first, _ = batcher.admit_and_run(principal, v, "key-1", 300.0, real_run(v, tables))
-        runs: list[Any] = []
-        run = real_run(v, tables)
-
-        def counted() -> Any:
-            runs.append(run())
-            return runs[-1]
-
+        runs, counted = recorded(real_run(v, tables))
         original = admission.new_request
         taken: list[str] = []
 
@@ -174,14 +180,8 @@ class TestOneTransaction:
         assert created
         assert taken
         assert request.id not in (first.id, taken[0])
-        assert request.state == "committed"
-        assert len(runs) == 2  # the batch's draw was dropped unseen with its transaction
-        assert request.release == runs[1][1]
         assert entries(sessions, first.id) == ["reserve", "commit"]  # the clash changed nothing stored
-        assert entries(sessions, request.id) == ["reserve", "commit"]
-        assert pure_totals(sessions, dataset_id) == (2 * (UNITS_PER_EPSILON // 10), 0)
-        with sessions() as session:
-            assert verify(session).problems == []
+        assert_retried_alone(sessions, dataset_id, request, runs, charges=2)
 
     def test_a_refused_commit_fails_the_whole_batch_and_it_is_retried(
         self,
@@ -194,13 +194,7 @@ class TestOneTransaction:
         leave, and the request is retried alone."""
         dataset_id, (principal,) = analysts_on_a_pure_budget(sessions, tmp_path, 1)
         v = inline(sessions, principal, dataset_id)
-        runs: list[Any] = []
-        run = real_run(v, TableCache(tmp_path))
-
-        def counted() -> Any:
-            runs.append(run())
-            return runs[-1]
-
+        runs, counted = recorded(real_run(v, TableCache(tmp_path)))
         original = Session.commit
         refused: list[Session] = []
 
@@ -214,10 +208,4 @@ class TestOneTransaction:
         request, created = batcher.admit_and_run(principal, v, "key-1", 300.0, counted)
         assert created
         assert refused
-        assert request.state == "committed"
-        assert len(runs) == 2  # the batch's draw was dropped unseen with its transaction
-        assert request.release == runs[1][1]
-        assert entries(sessions, request.id) == ["reserve", "commit"]
-        assert pure_totals(sessions, dataset_id) == (UNITS_PER_EPSILON // 10, 0)
-        with sessions() as session:
-            assert verify(session).problems == []
+        assert_retried_alone(sessions, dataset_id, request, runs)
