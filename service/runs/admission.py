@@ -62,6 +62,7 @@ from service.store.repositories import (
     FilterRepository,
     LimitRepository,
     RequestRepository,
+    commit_pipelined,
     pipelined,
 )
 
@@ -385,12 +386,10 @@ class RequestBatch:
             self._send()
 
     def commit(self) -> None:
-        """The batch's writes and its COMMIT, queued together: one round trip on PostgreSQL while the
-        batch holds its filter locks, not two. A failed statement fails the COMMIT (psycopg raises at the
-        pipeline's sync), so nothing of the batch is durable and the caller retries its jobs."""
-        with pipelined(self.session):
-            self._send()
-            self.session.commit()
+        """The batch's writes and its COMMIT in one round trip on PostgreSQL (``commit_pipelined``). Any
+        failed statement fails the COMMIT, so nothing of the batch is durable and the caller retries its
+        jobs."""
+        commit_pipelined(self.session, self._send)
 
     def _send(self) -> None:
         requests = RequestRepository(self.session)

@@ -6,11 +6,12 @@ requests on a dataset queue behind it. The writer drains whatever is queued (up 
 every filter of the batch in one statement (datasets in id order, filters in id order: the global lock
 order), applies the jobs **in arrival order** on plain rows (``admission.admit_batched``,
 ``settlement.settle_batched``: the steps of the single-request code, the filter rule of
-``service.filter.state``), writes everything with a few set-based statements (``RequestBatch.write``,
-``FilterBatch.flush``) and commits once. Outcomes are identical to running the jobs one by one in that
-order: each admission sees every reservation and commit before it. A reservation is durable before its
-caller may read the data, as before. A refusal or error of one job writes nothing and does not affect
-the others; if the batch transaction itself fails, every job is retried alone (the ORM path).
+``service.filter.state``), writes everything with a few set-based statements and commits once, the
+writes and the ``COMMIT`` in one round trip (``RequestBatch.commit``, ``FilterBatch.flush``). Outcomes
+are identical to running the jobs one by one in that order: each admission sees every reservation and
+commit before it. A reservation is durable before its caller may read the data, as before. A refusal or
+error of one job writes nothing and does not affect the others; if the batch transaction itself fails,
+every job is retried alone (the ORM path).
 
 A cheap inline request can be one job (:meth:`WriteBatcher.admit_and_run`): admit + reserve, run the
 mechanism, commit its realized charge with the release, all in the batch's transaction: one commit instead

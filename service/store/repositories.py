@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from functools import cache
@@ -80,6 +80,31 @@ def pipelined(session: Session) -> Iterator[None]:
         return
     with pipeline():
         yield
+
+
+def commit_pipelined(session: Session, send: Callable[[], None]) -> None:
+    """Run ``send`` (statements) and commit the session's transaction, in one round trip on PostgreSQL.
+
+    In psycopg's pipeline mode the ``COMMIT`` is queued as a statement behind the statements of ``send``;
+    leaving the pipeline is its single sync, and it raises the first error of any of them (the ``COMMIT``
+    of a failed pipeline is not run). Nothing is sent after the ``COMMIT`` is confirmed, so a connection
+    lost after that point cannot make a durable transaction look failed (and its work be redone). The
+    session's own commit then finds the transaction ended (no I/O) and runs its after-commit hooks.
+    Elsewhere (SQLite): ``send``, then the session's commit.
+    """
+    raw = session.connection().connection.dbapi_connection
+    pipeline = getattr(raw, "pipeline", None)
+    if raw is None or pipeline is None:
+        send()
+        session.commit()
+        return
+    with pipeline():
+        send()
+        cursor = raw.cursor()
+        cursor.execute("COMMIT")
+    if cursor.statusmessage != "COMMIT":  # PostgreSQL answers ROLLBACK for a transaction that had failed
+        raise RuntimeError(f"the database did not commit the transaction ({cursor.statusmessage})")
+    session.commit()
 
 
 @cache

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import event, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import UNITS_PER_EPSILON
@@ -21,8 +23,11 @@ from service.errors import BudgetExhausted
 from service.filter.ledger import verify
 from service.runs import admission, writer
 from service.runs.worker import execute
-from service.store.models import LedgerEntry
+from service.store.engine import make_engine, make_sessionmaker
+from service.store.migrate import upgrade
+from service.store.models import AnalysisRequest, LedgerEntry
 from service.store.repositories import FilterRepository
+from tests.conftest import fresh_postgres_database
 from tests.integration.test_writer import analysts_on_a_pure_budget
 
 COUNT = {"query": {"kind": "count"}, "epsilon": 0.1}
@@ -55,7 +60,6 @@ def entries(sessions: sessionmaker[Session], request_id: str) -> list[str]:
         return [row.event for row in rows]
 
 
-
 def recorded(run: writer.RunFn) -> tuple[list[Any], writer.RunFn]:
     """``run`` that also records each of its outcomes (the draws of every attempt)."""
     runs: list[Any] = []
@@ -79,6 +83,7 @@ def assert_retried_alone(
     assert pure_totals(sessions, dataset_id) == (charges * (UNITS_PER_EPSILON // 10), 0)
     with sessions() as session:
         assert verify(session).problems == []
+
 
 class TestOneTransaction:
     def test_concurrent_requests_commit_exactly_what_fits_with_their_releases(
@@ -188,24 +193,119 @@ class TestOneTransaction:
         sessions: sessionmaker[Session],
         batcher: writer.WriteBatcher,
         tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch,
+        refuse_the_next_commit: Callable[[], Callable[[], int]],
     ) -> None:
-        """The batch's COMMIT itself fails (after every write was sent): no release of the batch may
-        leave, and the request is retried alone."""
+        """The database refuses the batch's COMMIT itself (after every write of it ran): no release of
+        the batch may leave, and the request is retried alone."""
         dataset_id, (principal,) = analysts_on_a_pure_budget(sessions, tmp_path, 1)
         v = inline(sessions, principal, dataset_id)
         runs, counted = recorded(real_run(v, TableCache(tmp_path)))
-        original = Session.commit
-        refused: list[Session] = []
-
-        def refusing(self: Session) -> None:
-            if not refused:  # the batch's COMMIT only: the retry's transactions commit
-                refused.append(self)
-                raise RuntimeError("the database refused the COMMIT")
-            original(self)
-
-        monkeypatch.setattr(Session, "commit", refusing)
+        refusals = refuse_the_next_commit()
         request, created = batcher.admit_and_run(principal, v, "key-1", 300.0, counted)
         assert created
-        assert refused
+        assert refusals() == 1
         assert_retried_alone(sessions, dataset_id, request, runs)
+
+
+@pytest.fixture
+def refuse_the_next_commit(
+    sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[], Callable[[], int]]]:
+    """Arms a refusal of the next COMMIT that appends to the ledger; the armed call returns how many
+    COMMITs were refused so far. PostgreSQL: a deferred constraint trigger, checked at COMMIT, after every
+    write of the transaction ran (a sequence counts its calls: it is not rolled back with the refused
+    transaction; all three are dropped afterwards, the database serves later tests). SQLite: its COMMIT
+    is the session's own, so the next one is refused there."""
+    with sessions() as session:
+        dialect = session.get_bind().dialect.name
+    armed: list[bool] = []
+
+    def arm() -> Callable[[], int]:
+        armed.append(True)
+        if dialect != "postgresql":
+            original, refused = Session.commit, []
+
+            def refusing(self: Session) -> None:
+                if not refused:
+                    refused.append(self)
+                    raise RuntimeError("the database refused the COMMIT")
+                original(self)
+
+            monkeypatch.setattr(Session, "commit", refusing)
+            return lambda: len(refused)
+        with sessions() as session, session.begin():
+            for statement in REFUSE_FIRST_COMMIT:
+                session.execute(text(statement))
+
+        def refused_commits() -> int:
+            with sessions() as session:
+                called = session.scalar(text("SELECT is_called FROM refused_commits"))
+                return 1 if called else 0  # only the trigger's first call refuses
+
+        return refused_commits
+
+    yield arm
+    if armed and dialect == "postgresql":
+        with sessions() as session, session.begin():
+            session.execute(text("DROP TRIGGER refuse_first_commit ON ledger"))
+            session.execute(text("DROP FUNCTION refuse_first_commit()"))
+            session.execute(text("DROP SEQUENCE refused_commits"))
+
+
+REFUSE_FIRST_COMMIT = (
+    "CREATE SEQUENCE refused_commits",
+    "CREATE FUNCTION refuse_first_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+    "IF nextval('refused_commits') = 1 THEN RAISE EXCEPTION 'the COMMIT is refused'; END IF; "
+    "RETURN NULL; END $$",
+    "CREATE CONSTRAINT TRIGGER refuse_first_commit AFTER INSERT ON ledger "
+    "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_first_commit()",
+)
+
+
+def test_a_connection_lost_after_the_batch_commit_does_not_redo_the_batch(tmp_path: Path) -> None:
+    """Nothing is sent after a batch's COMMIT is confirmed (``commit_pipelined``): if the connection is
+    lost right then, the batch still counts as committed, and its request is neither run nor charged
+    again (it was, when the pipeline's exit sent one more sync after the COMMIT). PostgreSQL only: the
+    writer's server process is ended from an after-commit hook."""
+    fresh = fresh_postgres_database()
+    try:
+        upgrade(fresh.url)
+        engine = make_engine(fresh.url)
+        sessions = make_sessionmaker(engine)
+        batcher = writer.WriteBatcher(sessions)
+        dataset_id, (principal,) = analysts_on_a_pure_budget(sessions, tmp_path, 1)
+        v = inline(sessions, principal, dataset_id)
+        runs, counted = recorded(real_run(v, TableCache(tmp_path)))
+        ended: list[int] = []
+
+        def end_the_writers_connection(session: Session) -> None:
+            if ended or threading.current_thread().name != "expost-writer":
+                return
+            connection = batcher._connection
+            assert connection is not None
+            pid = connection.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
+            with engine.connect() as admin:
+                admin.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid})
+            ended.append(pid)
+
+        event.listen(Session, "after_commit", end_the_writers_connection)
+        try:
+            request, created = batcher.admit_and_run(principal, v, None, 300.0, counted)
+        finally:
+            event.remove(Session, "after_commit", end_the_writers_connection)
+        assert ended
+        assert created
+        assert request.state == "committed"
+        assert len(runs) == 1
+        assert request.release == runs[0][1]
+        assert pure_totals(sessions, dataset_id) == (UNITS_PER_EPSILON // 10, 0)
+        with sessions() as session:
+            assert session.scalar(select(func.count()).select_from(AnalysisRequest)) == 1
+            assert verify(session).problems == []
+        again, _ = batcher.admit_and_run(principal, v, None, 300.0, counted)  # the writer reconnects
+        assert again.state == "committed"
+        assert pure_totals(sessions, dataset_id) == (2 * (UNITS_PER_EPSILON // 10), 0)
+        batcher.stop()
+        engine.dispose()
+    finally:
+        fresh.drop()
