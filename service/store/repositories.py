@@ -98,12 +98,16 @@ def commit_pipelined(session: Session, send: Callable[[], None]) -> None:
         send()
         session.commit()
         return
-    with pipeline():
-        send()
-        cursor = raw.cursor()
-        cursor.execute("COMMIT")
-    if cursor.statusmessage != "COMMIT":  # PostgreSQL answers ROLLBACK for a transaction that had failed
-        raise RuntimeError(f"the database did not commit the transaction ({cursor.statusmessage})")
+    cursor = raw.cursor()
+    try:
+        with pipeline():
+            send()
+            cursor.execute("COMMIT")
+        status = cursor.statusmessage
+    finally:
+        cursor.close()
+    if status != "COMMIT":  # PostgreSQL answers ROLLBACK for a transaction that had failed
+        raise RuntimeError(f"the database did not commit the transaction ({status})")
     session.commit()
 
 
