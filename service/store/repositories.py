@@ -1,4 +1,5 @@
-"""All SQL of the service. Repositories never commit: the domain's unit of work does."""
+"""All SQL of the service. Repositories never commit: the domain's unit of work does (a writer batch through
+``commit_pipelined``, which sends its COMMIT in the round trip of its last writes)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any, TypeVar, cast
 
+import psycopg
 from sqlalchemy import Insert, Select, Table, Update, bindparam, func, insert, select, tuple_, update
 from sqlalchemy.engine import CursorResult, RowMapping
 from sqlalchemy.orm import Session
@@ -69,16 +71,21 @@ def _update_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]])
     session.connection().execute(_update_by_id(table), list(rows))
 
 
+def _psycopg(session: Session) -> psycopg.Connection[Any] | None:
+    """The session's driver connection if it is psycopg's (PostgreSQL), else None (SQLite)."""
+    raw = session.connection().connection.dbapi_connection
+    return raw if isinstance(raw, psycopg.Connection) else None
+
+
 @contextmanager
 def pipelined(session: Session) -> Iterator[None]:
     """Send the statements executed inside in one round trip where the driver can (psycopg's pipeline
     mode on PostgreSQL: one sync at the end); elsewhere (SQLite, in process) a no-op."""
-    raw = session.connection().connection.dbapi_connection
-    pipeline = getattr(raw, "pipeline", None)
-    if pipeline is None:
+    raw = _psycopg(session)
+    if raw is None:
         yield
         return
-    with pipeline():
+    with raw.pipeline():
         yield
 
 
@@ -92,15 +99,14 @@ def commit_pipelined(session: Session, send: Callable[[], None]) -> None:
     session's own commit then finds the transaction ended (no I/O) and runs its after-commit hooks.
     Elsewhere (SQLite): ``send``, then the session's commit.
     """
-    raw = session.connection().connection.dbapi_connection
-    pipeline = getattr(raw, "pipeline", None)
-    if raw is None or pipeline is None:
+    raw = _psycopg(session)
+    if raw is None:
         send()
         session.commit()
         return
     cursor = raw.cursor()
     try:
-        with pipeline():
+        with raw.pipeline():
             send()
             cursor.execute("COMMIT")
         status = cursor.statusmessage
