@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, func, select, text
+from sqlalchemy import Engine, event, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import UNITS_PER_EPSILON
@@ -262,50 +262,60 @@ REFUSE_FIRST_COMMIT = (
 )
 
 
-def test_a_connection_lost_after_the_batch_commit_does_not_redo_the_batch(tmp_path: Path) -> None:
-    """Nothing is sent after a batch's COMMIT is confirmed (``commit_pipelined``): if the connection is
-    lost right then, the batch still counts as committed, and its request is neither run nor charged
-    again (it was, when the pipeline's exit sent one more sync after the COMMIT). PostgreSQL only: the
-    writer's server process is ended from an after-commit hook."""
+@pytest.fixture
+def postgres_writer() -> Iterator[tuple[Engine, sessionmaker[Session], writer.WriteBatcher]]:
+    """A fresh migrated PostgreSQL database of its own, with an engine and a writer on it."""
     fresh = fresh_postgres_database()
     try:
         upgrade(fresh.url)
         engine = make_engine(fresh.url)
-        sessions = make_sessionmaker(engine)
-        batcher = writer.WriteBatcher(sessions)
-        dataset_id, (principal,) = analysts_on_a_pure_budget(sessions, tmp_path, 1)
-        v = inline(sessions, principal, dataset_id)
-        runs, counted = recorded(real_run(v, TableCache(tmp_path)))
-        ended: list[int] = []
-
-        def end_the_writers_connection(session: Session) -> None:
-            if ended or threading.current_thread().name != "expost-writer":
-                return
-            connection = batcher._connection
-            assert connection is not None
-            pid = connection.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
-            with engine.connect() as admin:
-                admin.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid})
-            ended.append(pid)
-
-        event.listen(Session, "after_commit", end_the_writers_connection)
+        batcher = writer.WriteBatcher(make_sessionmaker(engine))
         try:
-            request, created = batcher.admit_and_run(principal, v, None, 300.0, counted)
+            yield engine, batcher.sessions, batcher
         finally:
-            event.remove(Session, "after_commit", end_the_writers_connection)
-        assert ended
-        assert created
-        assert request.state == "committed"
-        assert len(runs) == 1
-        assert request.release == runs[0][1]
-        assert pure_totals(sessions, dataset_id) == (UNITS_PER_EPSILON // 10, 0)
-        with sessions() as session:
-            assert session.scalar(select(func.count()).select_from(AnalysisRequest)) == 1
-            assert verify(session).problems == []
-        again, _ = batcher.admit_and_run(principal, v, None, 300.0, counted)  # the writer reconnects
-        assert again.state == "committed"
-        assert pure_totals(sessions, dataset_id) == (2 * (UNITS_PER_EPSILON // 10), 0)
-        batcher.stop()
-        engine.dispose()
+            batcher.stop()
+            engine.dispose()
     finally:
         fresh.drop()
+
+
+def test_a_connection_lost_after_the_batch_commit_does_not_redo_the_batch(
+    tmp_path: Path, postgres_writer: tuple[Engine, sessionmaker[Session], writer.WriteBatcher]
+) -> None:
+    """Nothing is sent after a batch's COMMIT is confirmed (``commit_pipelined``): if the connection is
+    lost right then, the batch still counts as committed, and its request is neither run nor charged
+    again (it was, when the pipeline's exit sent one more sync after the COMMIT). PostgreSQL only: the
+    writer's server process is ended from an after-commit hook."""
+    engine, sessions, batcher = postgres_writer
+    dataset_id, (principal,) = analysts_on_a_pure_budget(sessions, tmp_path, 1)
+    v = inline(sessions, principal, dataset_id)
+    runs, counted = recorded(real_run(v, TableCache(tmp_path)))
+    ended: list[int] = []
+
+    def end_the_writers_connection(session: Session) -> None:
+        if ended or threading.current_thread().name != "expost-writer":
+            return
+        connection = batcher._connection
+        assert connection is not None
+        pid = connection.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
+        with engine.connect() as admin:
+            admin.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid})
+        ended.append(pid)
+
+    event.listen(Session, "after_commit", end_the_writers_connection)
+    try:
+        request, created = batcher.admit_and_run(principal, v, None, 300.0, counted)
+    finally:
+        event.remove(Session, "after_commit", end_the_writers_connection)
+    assert ended
+    assert created
+    assert request.state == "committed"
+    assert len(runs) == 1
+    assert request.release == runs[0][1]
+    assert pure_totals(sessions, dataset_id) == (UNITS_PER_EPSILON // 10, 0)
+    with sessions() as session:
+        assert session.scalar(select(func.count()).select_from(AnalysisRequest)) == 1
+        assert verify(session).problems == []
+    again, _ = batcher.admit_and_run(principal, v, None, 300.0, counted)  # the writer reconnects
+    assert again.state == "committed"
+    assert pure_totals(sessions, dataset_id) == (2 * (UNITS_PER_EPSILON // 10), 0)
