@@ -13,7 +13,7 @@ can only add noise.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -22,7 +22,17 @@ from typing import Annotated, Any, Literal, Self
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
-from mechanisms.base import ParamsError, PublicContext
+from mechanisms.base import ParamsError, PublicContext, Table
+from mechanisms.data.plan import (
+    Aggregation,
+    Key,
+    Predicate,
+    Sum,
+    aggregate,
+    clip_bounds,
+    grid_bits,
+    normalise,
+)
 from mechanisms.data.schema import CategoricalColumn, FloatColumn, IntColumn
 from mechanisms.noise import Grid, dyadic_scale_up, float_up, laplace_grid
 
@@ -233,65 +243,115 @@ def l2(shift_values: Iterable[float]) -> float:
     return root if Fraction(root) ** 2 >= squares else math.nextafter(root, math.inf)
 
 
-# ----- evaluation --------------------------------------------------------------------------------------
-_COMPARISONS = {
-    "eq": np.equal,
-    "ne": np.not_equal,
-    "lt": np.less,
-    "le": np.less_equal,
-    "gt": np.greater,
-    "ge": np.greater_equal,
-}
+# ----- evaluation: one aggregation plan per query (mechanisms.data.plan) ------------------------------------
+def where_plan(where: tuple[Condition, ...], ctx: PublicContext) -> tuple[Predicate, ...]:
+    """The plan's predicates of a ``where`` (exact comparisons on the clipped columns)."""
+    return tuple(normalise(_column(ctx, c.column, "query.where"), c.op, c.values) for c in where)
 
 
-def _condition_mask(condition: Condition, column: AnyColumn, data: np.ndarray) -> np.ndarray:
-    targets: list[int | float | str] = list(condition.values)
-    if isinstance(column, CategoricalColumn):
-        targets = [column.values.index(str(v)) for v in targets]
-    if condition.op == "in":
-        return np.isin(data, np.asarray(targets))
-    return np.asarray(_COMPARISONS[condition.op](data, targets[0]), dtype=bool)
-
-
-def selection(query: AnyQuery, ctx: PublicContext, table: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Boolean mask of the rows selected by ``query.where`` (all rows when there is no condition)."""
-    n_rows = len(next(iter(table.values())))
-    mask = np.ones(n_rows, dtype=bool)
-    for condition in query.where:
-        column = _column(ctx, condition.column, "query.where")
-        mask &= _condition_mask(condition, column, table[condition.column])
-    return mask
-
-
-def _histogram(
-    query: HistogramQuery, ctx: PublicContext, table: Mapping[str, np.ndarray], mask: np.ndarray
-) -> tuple[np.ndarray, list[str]]:
+def _histogram_key(query: HistogramQuery, ctx: PublicContext) -> tuple[Key, list[str]]:
     column = _column(ctx, query.column, "query.column")
     if isinstance(column, CategoricalColumn):
-        counts = np.bincount(table[column.name][mask], minlength=len(column.values))
-        return counts.astype(np.float64), list(column.values)
+        return Key(column.name, len(column.values)), list(column.values)
     if isinstance(column, FloatColumn):
         raise ParamsError("query.column", f"{column.name!r} is float")
-    offsets = table[column.name][mask] - column.min
-    counts = np.bincount(offsets, minlength=column.max - column.min + 1)
-    return counts.astype(np.float64), [str(v) for v in range(column.min, column.max + 1)]
+    size = column.max - column.min + 1
+    return Key(column.name, size, offset=column.min), [str(v) for v in range(column.min, column.max + 1)]
 
 
-def evaluate(
-    query: AnyQuery, ctx: PublicContext, table: Mapping[str, np.ndarray]
-) -> tuple[np.ndarray, list[str] | None]:
-    """The true (noise-free) output vector and, for histograms, the bin labels."""
-    mask = selection(query, ctx, table)
+def center(column: FloatColumn | IntColumn) -> tuple[float, Fraction]:
+    """The float midpoint c of [min, max] and H ≥ |fl(x − c)| for every x in [min, max] (IEEE rounding is
+    monotone, so fl(x − c) lies between fl(min − c) and fl(max − c))."""
+    c = float((Fraction(column.min) + Fraction(column.max)) / 2)
+    h = max(abs(Fraction(column.min) - Fraction(c)), abs(Fraction(column.max) - Fraction(c)))
+    return c, Fraction(float_up(h))
+
+
+def real_sum_terms(column: FloatColumn | IntColumn, unit: Fraction, square: bool = False) -> tuple[Sum, ...]:
+    """The plan's sums whose exact combination is a real sum over a float column, with row units fine
+    enough for ``unit`` (the release grid divided by any later divisor): Σ x = c·count + 2^e·Σ u(x − c),
+    or, with ``square``, Σ (x − c)² ≈ 2^e·Σ u(fl(x − c)²) (``real_sum_value``)."""
+    c, h = center(column)
+    magnitude = Fraction(float_up(h * h)) if square else h
+    exponent = grid_bits(magnitude, unit)
+    terms = (Sum("grid_sum", column.name, center=c, square=square, exponent=exponent),)
+    return terms if square else (Sum("count"), *terms)
+
+
+def real_sum_value(terms: tuple[Sum, ...], values: tuple[int, ...]) -> Fraction:
+    """The exact rational a real sum's plan terms stand for: 2^e·Σ u(y), plus c·count when the terms
+    begin with the count (``real_sum_terms`` of a float sum; a centred block has no count term)."""
+    count = values[0] if terms[0].kind == "count" else 0
+    total = Fraction(0)
+    for term, value in zip(terms, values, strict=True):
+        if term.kind == "grid_sum":
+            total += Fraction(value) * Fraction(2) ** term.exponent + Fraction(term.center) * count
+    return total
+
+
+def query_plan(query: AnyQuery, ctx: PublicContext, grid: Grid) -> tuple[Aggregation, list[str] | None]:
+    """The aggregation plan of ``query`` for a release on ``grid`` (public parameters only), and the
+    histogram labels."""
+    where = where_plan(query.where, ctx)
     if isinstance(query, CountQuery):
-        return np.array([float(np.count_nonzero(mask))]), None
+        return Aggregation(where=where), None
     if isinstance(query, HistogramQuery):
-        return _histogram(query, ctx, table, mask)
-    total = float(np.sum(table[_numeric(query, ctx).name][mask], dtype=np.float64))
-    if isinstance(query, SumQuery):
-        return np.array([total]), None
-    if ctx.n_rows is None or ctx.n_rows != mask.size:
-        raise ValueError("the table does not have the public row count")
-    return np.array([total / ctx.n_rows]), None
+        key, labels = _histogram_key(query, ctx)
+        bounds = clip_bounds(ctx.schema, [c.column for c in query.where] + [key.column])
+        return Aggregation(where=where, keys=(key,), bounds=bounds), labels
+    column = _numeric(query, ctx)
+    bounds = clip_bounds(ctx.schema, [c.column for c in query.where] + [column.name])
+    if isinstance(column, IntColumn):
+        sums = (Sum("int_sum", column.name),)
+        if isinstance(query, MeanQuery):  # the count checks the table has the public row count
+            sums = (Sum("count"), *sums)
+        return Aggregation(where=where, sums=sums, bounds=bounds), None
+    unit = Fraction(grid.granularity)
+    if isinstance(query, MeanQuery):
+        unit = unit * _public_rows(ctx)
+    return Aggregation(where=where, sums=real_sum_terms(column, unit), bounds=bounds), None
+
+
+def _public_rows(ctx: PublicContext) -> int:
+    if ctx.n_rows is None or ctx.n_rows <= 0:
+        raise ParamsError("query.kind", MEAN_REFUSAL)
+    return ctx.n_rows
+
+
+def true_answer(
+    query: AnyQuery, ctx: PublicContext, table: Table, grid: Grid
+) -> tuple[list[Fraction], list[str] | None]:
+    """The exact answer of ``query`` per coordinate (rationals), computed by the table's engine with
+    the row units of ``grid`` (``query_plan``), and the histogram labels."""
+    plan, labels = query_plan(query, ctx, grid)
+    answer = aggregate(table, plan)
+    if isinstance(query, CountQuery | HistogramQuery):
+        return [Fraction(v) for v in answer[0]], labels
+    firsts = tuple(values[0] for values in answer)
+    if plan.sums[-1].kind == "int_sum":
+        total = Fraction(firsts[-1])
+    else:
+        total = real_sum_value(plan.sums, firsts)
+    if isinstance(query, MeanQuery):
+        if firsts[0] != _public_rows(ctx):
+            raise ValueError("the table does not have the public row count")
+        total = total / _public_rows(ctx)
+    return [total], None
+
+
+def evaluate(query: AnyQuery, ctx: PublicContext, table: Table) -> tuple[np.ndarray, list[str] | None]:
+    """The true (noise-free) output vector as floats, for post-processing and tests (row units 2^-40
+    times the sensitivity: the released mechanisms use ``evaluate_units`` on their own grid)."""
+    delta = l1(shifts(query, ctx))
+    grid = _grid_below_or_unit(delta)
+    values, labels = true_answer(query, ctx, table, grid)
+    return np.array([float(v) for v in values], dtype=np.float64), labels
+
+
+def _grid_below_or_unit(delta: float) -> Grid:
+    if not (delta > 0.0 and math.isfinite(delta)):
+        return Grid(0)
+    return Grid(math.frexp(delta)[1] - 41)
 
 
 def release_output(
@@ -320,11 +380,11 @@ MAX_SCALE_BITS = 40
 MIN_GRID_EXPONENT = -1000
 """γ ≥ 2^-1000 keeps every multiple u·γ (|u| < 2^53) a normal, exactly representable float."""
 FLOAT_SLACK = Fraction(1, 64)
-"""Bound on the float error of a computed real answer, in grid units, summed over two neighbours.
-
-A real answer (a sum over a float column, a mean) is computed with at most two correctly rounded steps
-(``math.fsum``, one division), so |computed − exact| ≤ 2^-51·|exact|; after the clamp to ±2^44 units the
-error is ≤ 2^-51·2^44 = 2^-7 units per dataset, 2^-6 for a pair (docs/privacy.md §10)."""
+"""Bound on how far a computed real answer's change between two neighbours may exceed the exact change of
+the answer, in grid units. A real answer is c·count + 2^e·Σ u(x − c) with row units 2^e ≤ γ·2^-7
+(``real_sum_terms``): each row's rounding is within ½ row unit, so a neighbour's change moves by at most
+one row unit, 2^-7 grid units, plus the double rounding of fl(x − c) (≤ 2^-53 relative) — below 1/64
+(docs/privacy.md Lemma ENGINE)."""
 
 
 def is_integer_valued(query: AnyQuery, ctx: PublicContext) -> bool:
@@ -421,56 +481,28 @@ def plan_grid(query: AnyQuery, ctx: PublicContext, coarsest_unit: float) -> Grid
     return GridPlan(grid, exact, tuple(unit_shift(s, grid, exact) for s in query_shifts))
 
 
-def _exact_int_sum(values: np.ndarray) -> int:
-    """The exact sum of an int64 array (int64 when it cannot overflow, else Python integers)."""
-    if values.size == 0:
-        return 0
-    largest = int(np.max(np.abs(values)))
-    if largest * values.size < 1 << 62:
-        return int(np.sum(values, dtype=np.int64))
-    return sum(int(v) for v in values)
-
-
 def evaluate_units(
-    query: AnyQuery, ctx: PublicContext, table: Mapping[str, np.ndarray], plan: GridPlan
+    query: AnyQuery, ctx: PublicContext, table: Table, plan: GridPlan
 ) -> tuple[np.ndarray, list[str] | None]:
-    """round(f(D)/γ) per coordinate (int64), clamped to ±2^44 units, and the histogram labels.
+    """round(f(D)/γ) per coordinate (int64, half up), clamped to ±2^44 units, and the histogram labels.
 
-    Integer answers are computed exactly (integer arithmetic); a real answer with at most two correctly
-    rounded float steps (``math.fsum`` for the sum), so FLOAT_SLACK covers its error.
-    """
-    limit = 1 << RANGE_BITS
-    grid = plan.grid
-    if isinstance(query, SumQuery | MeanQuery):
-        mask = selection(query, ctx, table)
-        column = _numeric(query, ctx)
-        data = table[column.name][mask]
-        if isinstance(column, IntColumn):
-            total_int = _exact_int_sum(np.asarray(data, dtype=np.int64))
-            if isinstance(query, SumQuery):
-                return _clamped_units(Fraction(total_int), grid, limit), None
-            if ctx.n_rows is None or ctx.n_rows != mask.size:
-                raise ValueError("the table does not have the public row count")
-            value = total_int / ctx.n_rows  # one correctly rounded division
-        else:
-            value = math.fsum(np.asarray(data, dtype=np.float64).tolist())
-            if isinstance(query, MeanQuery):
-                if ctx.n_rows is None or ctx.n_rows != mask.size:
-                    raise ValueError("the table does not have the public row count")
-                value = value / ctx.n_rows
-        return _clamped_units(Fraction(value), grid, limit), None
-    values, labels = evaluate(query, ctx, table)  # counts: exact integers in float64 (< 2^53)
-    if plan.exact and grid.exponent == 0:  # integers on γ = 1: clamp only (exact in float64)
-        return np.clip(values, -limit, limit).astype(np.int64), labels
-    units = np.array([_clamped_units(Fraction(float(v)), grid, limit)[0] for v in values], dtype=np.int64)
-    return units, labels
+    The answer comes from the table's engine as exact integers (``query_plan``): counts, histograms and int
+    sums exactly; a real answer as c·count + 2^e·Σ u(x − c) with row units 2^e ≤ γ·2^-7, whose rounding
+    moves a neighbour's change by at most 2^-7 < ``FLOAT_SLACK`` units (docs/privacy.md Lemma ENGINE)."""
+    values, labels = true_answer(query, ctx, table, plan.grid)
+    return answer_units(values, plan.grid), labels
 
 
-def _clamped_units(value: Fraction, grid: Grid, limit: int) -> np.ndarray:
-    """[round(clamp(value/γ, ±limit))] as int64: exact rational arithmetic, round half to even."""
+def answer_units(values: list[Fraction], grid: Grid) -> np.ndarray:
+    """⌊v/γ + ½⌋ of exact answers, clamped to ±2^44 units, as int64."""
+    return np.array([clamped_units(v, grid) for v in values], dtype=np.int64)
+
+
+def clamped_units(value: Fraction, grid: Grid, limit: int = 1 << RANGE_BITS) -> int:
+    """⌊clamp(value/γ, ±limit) + ½⌋ (round half up on the exact rational)."""
     scaled = value / Fraction(grid.granularity)
     clamped = min(max(scaled, Fraction(-limit)), Fraction(limit))
-    return np.array([round(clamped)], dtype=np.int64)
+    return math.floor(clamped + Fraction(1, 2))
 
 
 def charged_fraction(epsilon: float) -> Fraction:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -46,19 +45,22 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, model_validator
 
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import ParamsChecked, ParamsError, PublicContext, Release, Table
+from mechanisms.data.plan import Aggregation, Key, Sum, aggregate, clip_bounds, grid_bits
 from mechanisms.data.schema import CategoricalColumn, FloatColumn, IntColumn
 from mechanisms.noise import Grid, Noise, dyadic_scale_up, float_up, laplace_grid
 from mechanisms.queries.language import (
     MAX_SCALE_BITS,
     MIN_GRID_EXPONENT,
     RANGE_BITS,
-    CountQuery,
     Where,
     charged_fraction,
     check_where,
+    clamped_units,
     l2,
-    selection,
+    real_sum_terms,
+    real_sum_value,
     unit_shift,
+    where_plan,
 )
 
 MAX_MEASURES = 16
@@ -342,68 +344,63 @@ def gaussian_measures_curve(p: MeasuresGaussianParams, ctx: PublicContext) -> Rd
     return total
 
 
-# ----- evaluation ------------------------------------------------------------------------------------------
-def cell_index(columns: list[CategoricalColumn], table: Mapping[str, np.ndarray], n_rows: int) -> np.ndarray:
-    """The cell of every row: mixed-radix code over the group-by columns' declared values."""
-    index = np.zeros(n_rows, dtype=np.int64)
-    for column in columns:
-        index = index * len(column.values) + np.asarray(table[column.name], dtype=np.int64)
-    return index
-
-
-def row_values(block: Block, table: Mapping[str, np.ndarray], n_rows: int) -> np.ndarray:
-    """y per row (int64 for integer blocks, float64 otherwise), within [lo, hi] by construction."""
+# ----- evaluation: one aggregation plan for every block (mechanisms.data.plan) ---------------------------
+def block_terms(plan: BlockPlan, ctx: PublicContext) -> tuple[Sum, ...]:
+    """The plan's sums whose exact combination is the block's per-cell total (``block_total``)."""
+    block = plan.block
     if block.kind == "count":
-        return np.ones(n_rows, dtype=np.int64)
-    data = np.asarray(table[str(block.column)])
+        return (Sum("count"),)
+    column = _numeric(ctx, str(block.column), "measures")
+    unit = Fraction(plan.grid.granularity)
     if block.kind == "sum":
-        return data.astype(np.int64) if block.integer else data.astype(np.float64)
-    centered = data.astype(np.float64) - block.center
-    return centered if block.kind == "csum" else centered * centered
+        if isinstance(column, IntColumn):
+            return (Sum("int_sum", column.name),)
+        return real_sum_terms(column, unit)
+    magnitude = block.hi if block.kind == "csumsq" else max(abs(block.lo), abs(block.hi))
+    exponent = grid_bits(magnitude, unit)
+    return (Sum("grid_sum", column.name, block.center, block.kind == "csumsq", exponent),)
 
 
-def _exact_int_sum(values: np.ndarray) -> int:
-    """The exact sum of an int64 array (int64 when it cannot overflow, else Python integers)."""
-    if values.size == 0:
-        return 0
-    if int(np.max(np.abs(values))) * values.size < 1 << 62:
-        return int(np.sum(values, dtype=np.int64))
-    return sum(int(v) for v in values.tolist())
+def block_total(terms: tuple[Sum, ...], values: tuple[int, ...]) -> Fraction:
+    """The exact per-cell total a block's terms stand for: the count or int sum itself, else
+    c·count + 2^e·Σ u(x − c) (a float sum) or 2^e·Σ u(y) (csum, csumsq)."""
+    if len(terms) == 1 and terms[0].kind != "grid_sum":
+        return Fraction(values[0])
+    return real_sum_value(terms, values)
 
 
-def block_units(plan: BlockPlan, values: np.ndarray, cell: np.ndarray, n_cells: int) -> np.ndarray:
-    """round(clamp(Σ_{rows in cell} y / γ, ±2^44)) per cell (round half to even on the exact rational).
-
-    Integer blocks are summed exactly (Python integers per cell when int64 could overflow); real blocks with
-    ``math.fsum`` per cell (one correctly rounded sum: ``language.FLOAT_SLACK``)."""
-    order = np.argsort(cell, kind="stable")
-    bounds = np.searchsorted(cell[order], np.arange(n_cells + 1))
-    sorted_values = values[order]
-    limit = Fraction(1 << RANGE_BITS)
-    gamma = Fraction(plan.grid.granularity)
-    out = np.zeros(n_cells, dtype=np.int64)
-    for g in range(n_cells):  # one loop over the public cells, never over rows
-        chunk = sorted_values[bounds[g] : bounds[g + 1]]
-        if plan.block.integer:
-            total = Fraction(_exact_int_sum(chunk))
-        else:
-            total = Fraction(math.fsum(chunk.tolist()))
-        out[g] = round(min(max(total / gamma, -limit), limit))
-    return out
+def measures_plan(
+    p: _MeasuresBase, ctx: PublicContext, plans: list[BlockPlan]
+) -> tuple[Aggregation, list[tuple[int, ...]], list[CategoricalColumn]]:
+    """One aggregation for every block (each distinct term once), the positions of each block's terms
+    among the plan's sums, and the group-by columns."""
+    columns = cells(p, ctx)
+    sums: list[Sum] = []
+    positions = []
+    for plan in plans:
+        terms = block_terms(plan, ctx)
+        for term in terms:
+            if term not in sums:
+                sums.append(term)
+        positions.append(tuple(sums.index(term) for term in terms))
+    keys = tuple(Key(c.name, len(c.values)) for c in columns)
+    read = [c.column for c in p.where] + [str(s.column) for s in sums if s.column is not None]
+    aggregation = Aggregation(where_plan(p.where, ctx), keys, tuple(sums), clip_bounds(ctx.schema, read))
+    return aggregation, positions, columns
 
 
 def evaluate_blocks(
-    p: _MeasuresBase, ctx: PublicContext, table: Mapping[str, np.ndarray], plans: list[BlockPlan]
+    p: _MeasuresBase, ctx: PublicContext, table: Table, plans: list[BlockPlan]
 ) -> tuple[list[np.ndarray], list[CategoricalColumn]]:
-    """The exact (noise-free) grid units of every block, per cell."""
-    columns = cells(p, ctx)
-    n_cells = math.prod(len(c.values) for c in columns)
-    mask = selection(CountQuery(kind="count", where=p.where), ctx, table)
-    n_rows = int(mask.size)
-    if ctx.n_rows is not None and ctx.n_rows != n_rows:  # the free count / public N must be the public n
-        raise ValueError("the table does not have the public row count")
-    cell = cell_index(columns, table, n_rows)[mask]
-    units = [block_units(plan, row_values(plan.block, table, n_rows)[mask], cell, n_cells) for plan in plans]
+    """The exact (noise-free) grid units of every block, per cell: ⌊clamp(total/γ, ±2^44) + ½⌋."""
+    aggregation, positions, columns = measures_plan(p, ctx, plans)
+    answer = aggregate(table, aggregation)
+    units = []
+    for plan, where in zip(plans, positions, strict=True):
+        terms = tuple(aggregation.sums[i] for i in where)
+        per_cell = zip(*(answer[i] for i in where), strict=True)
+        totals = [block_total(terms, values) for values in per_cell]
+        units.append(np.array([clamped_units(t, plan.grid) for t in totals], dtype=np.int64))
     return units, columns
 
 

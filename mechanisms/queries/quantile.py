@@ -36,7 +36,6 @@ Accuracy: the winner's score exceeds the best one by at most max_c G_c < ln(K/β
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from fractions import Fraction
 from functools import lru_cache
 from typing import Annotated, ClassVar, Self
@@ -46,10 +45,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model
 
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import ParamsChecked, ParamsError, PublicContext, Release, Table
+from mechanisms.data.plan import Aggregation, Bucket, Key, aggregate, clip_bounds
 from mechanisms.data.schema import CategoricalColumn, FloatColumn, IntColumn
 from mechanisms.noise import Noise, float_up
 from mechanisms.noise.reduction import RATE_DENOMINATOR, geometric_rates
-from mechanisms.queries.language import CountQuery, Where, charged_fraction, check_where, selection
+from mechanisms.queries.language import Where, charged_fraction, check_where, where_plan
 
 MAX_CANDIDATES = 1 << 16
 MAX_QUANTILES = 32
@@ -176,12 +176,29 @@ def noisy_max_select(
     return chosen
 
 
-def _candidates_and_values(
-    p: QuantileParams, ctx: PublicContext, table: Mapping[str, np.ndarray]
-) -> tuple[np.ndarray, np.ndarray]:
+def candidate_bucket(column: FloatColumn | IntColumn, candidates: np.ndarray) -> Bucket:
+    """The plan's bucket key over the candidates (``mechanisms.data.plan.Bucket``): the approximate index
+    ⌈(x − min)·(K − 1)/(max − min)⌉ of evenly spaced candidates, corrected exactly by one step each side."""
+    k = int(candidates.size)
+    span = Fraction(column.max) - Fraction(column.min)
+    inverse = float(Fraction(k - 1) / span) if k > 1 and span > 0 else 0.0
+    return Bucket(float(column.min), inverse, tuple(float(c) for c in candidates.tolist()))
+
+
+def selected_rank_counts(
+    p: QuantileParams, ctx: PublicContext, table: Table
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The candidates, #{selected x ≤ c} per candidate c, and the number of selected rows, from one
+    aggregation (a histogram over the candidate buckets, summed cumulatively)."""
     column = _numeric_column(p, ctx)
-    mask = selection(CountQuery(kind="count", where=p.where), ctx, table)
-    return candidate_grid(column, p.candidates), np.asarray(table[column.name])[mask]
+    candidates = candidate_grid(column, p.candidates)
+    bucket = candidate_bucket(column, candidates)
+    bounds = clip_bounds(ctx.schema, [c.column for c in p.where] + [column.name])
+    key = Key(column.name, bucket.size, bucket=bucket)
+    plan = Aggregation(where=where_plan(p.where, ctx), keys=(key,), bounds=bounds)
+    histogram = np.asarray(aggregate(table, plan)[0], dtype=np.int64)
+    cumulative = np.cumsum(histogram)
+    return candidates, cumulative[:-1], int(cumulative[-1])
 
 
 def rank_error_bound(p: QuantileParams, size: int, beta: float = 0.05) -> float:
@@ -211,12 +228,11 @@ class Quantile(ParamsChecked):
     def run(self, p: QuantileParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         self.check(p, ctx)
         worst = quantile_curve(p, ctx.orders)
-        candidates, data = _candidates_and_values(p, ctx, table)
-        counts = rank_counts(data, candidates)
+        candidates, counts, selected = selected_rank_counts(p, ctx, table)
         rate = noise_rate(p)
         released: dict[str, float | int] = {}
         for q in p.quantiles:
-            chosen = int(noisy_max_select(noise, counts, int(data.size), q, rate)[0])
+            chosen = int(noisy_max_select(noise, counts, selected, q, rate)[0])
             released[repr(q)] = candidates[chosen].item()
         output = {
             "values": released,

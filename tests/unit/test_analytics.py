@@ -25,7 +25,6 @@ from mechanisms.base import ParamsError, PublicContext
 from mechanisms.catalog import MECHANISMS
 from mechanisms.data.schema import DatasetSchema
 from mechanisms.noise import Noise
-from mechanisms.queries.language import CountQuery, selection
 from mechanisms.queries.measures import (
     MeasuresGaussian,
     MeasuresGaussianParams,
@@ -42,6 +41,7 @@ from mechanisms.queries.quantile import (
     noisy_max_select,
     rank_counts,
     scores,
+    selected_rank_counts,
     selection_keys,
 )
 
@@ -102,13 +102,11 @@ def replace_one_neighbours(rows: list[Row]) -> list[list[Row]]:
 # ----- quantile: the score moves by at most 1 ----------------------------------------------------------
 def score_vector(rows: list[Row], column: str, q: float, where: list[dict[str, Any]]) -> np.ndarray:
     context = ctx("add_remove")
-    data = table(rows)
-    mask = selection(CountQuery.model_validate({"kind": "count", "where": where}), context, data)
-    col = context.schema.column(column)
-    assert col is not None
-    assert col.type != "categorical"
-    grid = candidate_grid(col, 64)  # type: ignore[arg-type]
-    values, index = scores(rank_counts(data[column][mask], grid), int(mask.sum()), q)
+    params = QuantileParams.model_validate(
+        {"column": column, "quantiles": [q], "epsilon": 1.0, "candidates": 64, "where": where}
+    )
+    _candidates, counts, selected = selected_rank_counts(params, context, table(rows))
+    values, index = scores(counts, selected, q)
     return np.array([float(values[i]) for i in index])
 
 

@@ -1,0 +1,328 @@
+"""One small aggregation plan, built from public parameters only, that every engine executes exactly.
+
+A mechanism never reads rows: it asks for an :class:`Aggregation` — a filter (``where``), a dense cell grid
+(``keys``) and a few per-cell **integer** sums (``sums``) — and gets back, per sum, one Python integer per
+cell. The plan is a function of the request's public parameters and the public schema, so building it reads
+no data; the engines (``evaluate_numpy`` below, the reference; DuckDB and Spark in ``service.engines``) must
+return **identical integers**, which is what lets docs/privacy.md's grid argument (Lemma ENGINE) hold for
+every engine at once.
+
+Per-row semantics (each is a deterministic function of one row, so between neighbouring datasets only the
+differing row's contribution changes — the stability the sensitivity proofs need):
+
+* Every numeric value is first clipped to its column's declared ``[low, high]`` (snapshots are already
+  clipped; clipping again in the plan is free and keeps a bad snapshot from widening a bound). Values are
+  never NaN (snapshots reject them).
+* ``count``: 1 per selected row. ``int_sum``: the clipped int64 value, summed exactly (unbounded integers).
+* ``grid_sum``: the row unit ``u(x) = round_half_up(fl(y)·2^-exponent)`` of ``y = x − center`` (or
+  ``(x − center)²`` when ``square``), every step an IEEE-754 double operation (subtraction, product,
+  multiplication by a power of two) that NumPy, DuckDB and Spark perform identically, then summed exactly.
+  round_half_up(s) = ⌊s⌋ + [s − ⌊s⌋ ≥ ½], exact in doubles for |s| < 2^52 (``grid_bits`` guarantees it).
+* Predicates compare clipped values with exact rational semantics, normalised by :func:`normalise` so that
+  every engine compares a double with a double (or an integer with an integer).
+* Keys: ``code`` (a categorical code or an int value minus ``offset``, in ``[0, size)``) or ``bucket``
+  (:class:`Bucket`: the number of public candidates strictly below the value, computed from an approximate
+  index and one exact correction on each side).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+from mechanisms.data.schema import CategoricalColumn, DatasetSchema, FloatColumn, IntColumn
+
+MAX_ROW_UNITS_BITS = 52
+"""|row units| < 2^52: the round-half-up of a double below 2^52 is exact (x − ⌊x⌋ is exact there)."""
+MIN_FINE_BITS = 7
+"""A grid sum's row units are at least 2^7 times finer than the release grid: the rounding of rows adds at
+most 2^-7 < 1/64 release units to a neighbour's change (docs/privacy.md Lemma ENGINE)."""
+MAX_FINE_BITS = 20
+
+Op = Literal["eq", "ne", "lt", "le", "gt", "ge", "in", "true", "false"]
+
+
+@dataclass(frozen=True)
+class Predicate:
+    """``column op values`` on the clipped column; ``values`` are codes (categorical), ints (int columns)
+    or doubles (float columns), already normalised (:func:`normalise`); ``true``/``false`` are constants."""
+
+    column: str
+    op: Op
+    values: tuple[int | float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Bucket of a numeric value among sorted public ``candidates`` (length K ≥ 1): an integer in [0, K].
+
+    j0 = min(max(⌈fl(fl(x − low)·inverse)⌉, 0), K) (double operations), then
+    b = j0 − [j0 ≥ 1 and x ≤ c[j0 − 1]] + [j0 ≤ K − 1 and c[j0] < x].
+    b equals #{j : c_j < x} whenever the approximate index j0 is within one of it (always, for candidates
+    evenly spaced well above the double resolution; docs/mechanisms/analytics.md). Either way it is a
+    function of the row alone, which is all the quantile's sensitivity argument needs.
+    """
+
+    low: float
+    inverse: float
+    candidates: tuple[float, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.candidates) + 1
+
+
+@dataclass(frozen=True)
+class Key:
+    """One group-by dimension: ``code`` (value − offset ∈ [0, size)) or ``bucket``."""
+
+    column: str
+    size: int
+    offset: int = 0
+    bucket: Bucket | None = None
+
+
+@dataclass(frozen=True)
+class Sum:
+    """One per-cell integer aggregate (module docstring)."""
+
+    kind: Literal["count", "int_sum", "grid_sum"]
+    column: str | None = None
+    center: float = 0.0
+    square: bool = False
+    exponent: int = 0
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """where → cells (the product of the keys, row-major) → per-cell integer sums."""
+
+    where: tuple[Predicate, ...] = ()
+    keys: tuple[Key, ...] = ()
+    sums: tuple[Sum, ...] = (Sum("count"),)
+    bounds: tuple[tuple[str, float, float], ...] = field(default=())
+    """(column, low, high) of every numeric column the plan reads: clipped to these in the plan."""
+
+    @property
+    def n_cells(self) -> int:
+        return math.prod(key.size for key in self.keys)
+
+    def columns(self) -> tuple[str, ...]:
+        """The columns the plan reads (projection)."""
+        names = [p.column for p in self.where if p.op not in ("true", "false")]
+        names += [k.column for k in self.keys] + [s.column for s in self.sums if s.column is not None]
+        return tuple(dict.fromkeys(names))
+
+    def bound(self, column: str) -> tuple[float, float] | None:
+        return next(((low, high) for name, low, high in self.bounds if name == column), None)
+
+
+Answer = tuple[tuple[int, ...], ...]
+"""Per sum of the plan, one exact integer per cell."""
+
+
+@runtime_checkable
+class Scanner(Protocol):
+    """A table that an engine scans: ``aggregate`` runs a plan where the data is."""
+
+    def aggregate(self, plan: Aggregation) -> Answer: ...
+
+
+# ----- building plans from the public schema --------------------------------------------------------------
+def clip_bounds(schema: DatasetSchema, names: Sequence[str]) -> tuple[tuple[str, float, float], ...]:
+    """(column, low, high) for the numeric columns among ``names``."""
+    out = []
+    for name in dict.fromkeys(names):
+        column = schema.column(name)
+        if isinstance(column, FloatColumn | IntColumn):
+            out.append((name, float(column.min), float(column.max)))
+    return tuple(out)
+
+
+def normalise(
+    column: FloatColumn | IntColumn | CategoricalColumn, op: str, values: Sequence[int | float | str]
+) -> Predicate:
+    """The predicate with exact semantics on the clipped column, in a form every engine evaluates alike.
+
+    Categorical: codes. Int columns (values within ±2^53): x op v with v rational becomes an integer
+    comparison (x < v ⟺ x < ⌈v⌉, x ≤ v ⟺ x ≤ ⌊v⌋, …; = and ∈ keep integral values only). Float columns: v
+    is a double already (the query model admits finite floats and ints; an int beyond the column's range
+    is replaced by a constant outcome, one inside it is an exact double since |bounds| ≤ 1e15)."""
+    if isinstance(column, CategoricalColumn):
+        codes = tuple(column.values.index(str(v)) for v in values)
+        return Predicate(column.name, "in" if op == "in" else op, codes)  # type: ignore[arg-type]
+    low, high = Fraction(column.min), Fraction(column.max)
+    exact = [Fraction(v) for v in values if not isinstance(v, str)]
+    integral = isinstance(column, IntColumn)
+    if op in ("eq", "in", "ne"):
+        kept = [v for v in exact if low <= v <= high and (not integral or v.denominator == 1)]
+        if not kept:
+            return Predicate(column.name, "true" if op == "ne" else "false")
+        converted = tuple(_as_value(column, v) for v in kept)
+        return Predicate(column.name, "ne" if op == "ne" else ("eq" if op == "eq" else "in"), converted)
+    v = exact[0]
+    if integral:
+        if op in ("lt", "ge"):
+            v = Fraction(math.ceil(v))
+        else:
+            v = Fraction(math.floor(v))
+    always = _constant_outcome(op, v, low, high)
+    if always is not None:
+        return Predicate(column.name, "true" if always else "false")
+    return Predicate(column.name, op, (_as_value(column, v),))  # type: ignore[arg-type]
+
+
+def _as_value(column: FloatColumn | IntColumn, v: Fraction) -> int | float:
+    if isinstance(column, IntColumn):
+        return int(v)
+    as_float = float(v)
+    if Fraction(as_float) != v:  # the query model only admits doubles and ints ≤ 2^53 in range
+        raise ValueError("a comparison value is not an exact double")
+    return as_float
+
+
+def _constant_outcome(op: str, v: Fraction, low: Fraction, high: Fraction) -> bool | None:
+    """The outcome of ``x op v`` for every x in [low, high] when it is the same for all, else None."""
+    outcomes = {
+        "lt": (low < v, high < v),
+        "le": (low <= v, high <= v),
+        "gt": (low > v, high > v),
+        "ge": (low >= v, high >= v),
+    }[op]
+    return outcomes[0] if outcomes[0] == outcomes[1] else None
+
+
+def floor_log2(value: Fraction) -> int:
+    """⌊log2(value)⌋ of a positive rational, exactly."""
+    exponent = value.numerator.bit_length() - value.denominator.bit_length()
+    if Fraction(2) ** exponent > value:
+        exponent -= 1
+    return exponent
+
+
+def grid_bits(magnitude: Fraction, unit: Fraction) -> int:
+    """The row-unit exponent e of a grid sum: 2^e ≤ unit·2^-7 (``MIN_FINE_BITS``), as fine as
+    ``MAX_FINE_BITS`` allows while |y|/2^e < 2^52 for every |y| ≤ magnitude.
+
+    ``unit`` is the release grid's size divided by what the sum is later divided by (the public n of a
+    mean), so the rounding of the rows moves a released coordinate by at most 2^-7 release units (Lemma
+    ENGINE). Raises ValueError when no such exponent exists (a bound too wide for its grid)."""
+    coarsest = floor_log2(unit) - MIN_FINE_BITS
+    exponent = coarsest - (MAX_FINE_BITS - MIN_FINE_BITS)
+    while magnitude >= Fraction(2) ** (exponent + MAX_ROW_UNITS_BITS):
+        exponent += 1
+    if exponent > coarsest:
+        raise ValueError("the declared bound is too wide for the release grid")
+    return exponent
+
+
+# ----- the reference engine: NumPy on columns in memory ---------------------------------------------------
+def round_half_up(scaled: np.ndarray) -> np.ndarray:
+    """⌊s⌋ + [s − ⌊s⌋ ≥ ½] as int64 (exact for |s| < 2^52)."""
+    whole = np.floor(scaled)
+    result: np.ndarray = whole.astype(np.int64) + ((scaled - whole) >= 0.5)
+    return result
+
+
+def _clipped(plan: Aggregation, table: Mapping[str, np.ndarray], name: str) -> np.ndarray:
+    data = np.asarray(table[name])
+    bound = plan.bound(name)
+    if bound is None:
+        return data
+    low, high = bound
+    if data.dtype.kind in "iu":
+        return np.clip(data.astype(np.int64), int(low), int(high))
+    return np.clip(data.astype(np.float64), low, high)
+
+
+def _mask(plan: Aggregation, table: Mapping[str, np.ndarray], n_rows: int) -> np.ndarray:
+    mask = np.ones(n_rows, dtype=bool)
+    for predicate in plan.where:
+        if predicate.op == "true":
+            continue
+        if predicate.op == "false":
+            return np.zeros(n_rows, dtype=bool)
+        data = _clipped(plan, table, predicate.column)
+        values = np.asarray(predicate.values)
+        if predicate.op == "in":
+            mask &= np.isin(data, values)
+        else:
+            compare = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+                       "gt": np.greater, "ge": np.greater_equal}[predicate.op]  # fmt: skip
+            mask &= compare(data, values[0])
+    return mask
+
+
+def bucket_of(bucket: Bucket, values: np.ndarray) -> np.ndarray:
+    """:class:`Bucket`'s index of every value (int64), with the double operations the engines use."""
+    x = np.asarray(values, dtype=np.float64)
+    k = len(bucket.candidates)
+    candidates = np.asarray(bucket.candidates, dtype=np.float64)
+    j0 = np.clip(np.ceil((x - bucket.low) * bucket.inverse), 0, k).astype(np.int64)
+    below = np.concatenate([[-np.inf], candidates])[j0]  # c[j0 − 1], −∞ for j0 = 0
+    at = np.concatenate([candidates, [np.inf]])[j0]  # c[j0], +∞ for j0 = K
+    result: np.ndarray = j0 - (x <= below) + (at < x)
+    return result
+
+
+def _cells(plan: Aggregation, table: Mapping[str, np.ndarray], n_rows: int) -> np.ndarray:
+    cell = np.zeros(n_rows, dtype=np.int64)
+    for key in plan.keys:
+        data = _clipped(plan, table, key.column)
+        index = bucket_of(key.bucket, data) if key.bucket is not None else data.astype(np.int64) - key.offset
+        cell = cell * key.size + index
+    return cell
+
+
+def _row_values(s: Sum, plan: Aggregation, table: Mapping[str, np.ndarray], n_rows: int) -> np.ndarray:
+    if s.kind == "count":
+        return np.ones(n_rows, dtype=np.int64)
+    data = _clipped(plan, table, str(s.column))
+    if s.kind == "int_sum":
+        return data.astype(np.int64)
+    y = data.astype(np.float64) - s.center
+    if s.square:
+        y = y * y
+    return round_half_up(np.ldexp(y, -s.exponent))
+
+
+def _exact_sums(values: np.ndarray, cell: np.ndarray, n_cells: int) -> tuple[int, ...]:
+    """Σ values per cell, exact: each int64 value is split into 32-bit halves, whose per-cell int64 sums
+    cannot overflow for fewer than 2^31 rows (the in-memory engine only serves small tables)."""
+    if values.size >= 1 << 31:
+        raise ValueError("too many rows for the in-memory engine")
+    low = values & 0xFFFFFFFF  # in [0, 2^32)
+    high = values >> 32  # values = high·2^32 + low (arithmetic shift), |high| < 2^31
+    sums_low = np.zeros(n_cells, dtype=np.int64)
+    sums_high = np.zeros(n_cells, dtype=np.int64)
+    np.add.at(sums_low, cell, low)
+    np.add.at(sums_high, cell, high)
+    return tuple(int(a) + (int(b) << 32) for a, b in zip(sums_low.tolist(), sums_high.tolist(), strict=True))
+
+
+def evaluate_numpy(plan: Aggregation, table: Mapping[str, np.ndarray]) -> Answer:
+    """The reference engine: the plan on columns in memory (vectorised; loops only over cells)."""
+    n_rows = len(next(iter(table.values()))) if table else 0
+    mask = _mask(plan, table, n_rows)
+    cell = _cells(plan, table, n_rows)[mask]
+    n_cells = plan.n_cells
+    answers = []
+    for s in plan.sums:
+        if s.kind == "count":
+            counts = np.bincount(cell, minlength=n_cells) if n_cells > 1 else np.array([cell.size])
+            answers.append(tuple(int(c) for c in counts))
+            continue
+        answers.append(_exact_sums(_row_values(s, plan, table, n_rows)[mask], cell, n_cells))
+    return tuple(answers)
+
+
+def aggregate(table: Mapping[str, np.ndarray], plan: Aggregation) -> Answer:
+    """Run ``plan`` where the table is: its engine when it has one (``Scanner``), else NumPy in memory."""
+    if isinstance(table, Scanner):
+        return table.aggregate(plan)
+    return evaluate_numpy(plan, table)
