@@ -164,8 +164,6 @@ def test_real_sums_move_by_at_most_the_shift_plus_the_slack(
 
     exact = sum((Fraction(x) for x in data), Fraction(0)) / gamma
     assert abs(value(data) - exact) <= len(data) * (Fraction(1, 2**7) + Fraction(1, 2**40))
-        len(data), 1
-    ) * len(data)
     moved = abs(value([*data, extra]) - value(data))
     assert moved <= abs(Fraction(extra)) / gamma + Fraction(1, 2**7) + Fraction(1, 2**40)
 
