@@ -68,3 +68,23 @@ INTERACTIVE: dict[str, InteractiveMechanism[Any, Any]] = {
     "noise_reduction.laplace": NR_LAPLACE_SESSION,
     "noise_reduction.gaussian": NR_GAUSSIAN_SESSION,
 }
+
+IN_ENGINE: frozenset[str] = frozenset(
+    {
+        "laplace",
+        "gaussian",
+        "quantile",
+        "measures.laplace",
+        "measures.gaussian",
+        "above_threshold.batch",
+        "above_threshold.dropping.batch",
+        "above_threshold.laplace.batch",
+        "accuracy_first.laplace",
+        "accuracy_first.gaussian",
+        "dp_gd",
+        *INTERACTIVE,
+    }
+)
+"""Mechanisms that read a table only through aggregation plans (``mechanisms.data.plan``) or streamed
+batches: they run on tables of any size. Every other mechanism holds the columns it reads in memory and is
+refused on a table larger than the deployment's learner row limit, before anything is reserved."""

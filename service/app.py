@@ -39,7 +39,7 @@ from service.api.routers.reports import router as reports_router
 from service.api.schemas import ERROR_RESPONSES
 from service.auth import KeyCache
 from service.config import Settings, get_settings
-from service.datasets import TableCache
+from service.datasets import build_tables
 from service.logs import configure_logging, failure_fields
 from service.runs.executor import Executor, InProcessExecutor
 from service.runs.queue import QueueExecutor
@@ -57,7 +57,7 @@ def build_runtime(settings: Settings) -> Runtime:
     """Engine, sessions, table cache, the executor of ``settings.executor`` and the group-commit writer."""
     engine = make_engine(settings.database_url, settings.pool_size)
     sessions = make_sessionmaker(engine)
-    tables = TableCache(settings.data_dir)
+    tables = build_tables(settings)
     executor: Executor
     if settings.executor == "queue":
         executor = QueueExecutor(settings)

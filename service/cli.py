@@ -246,19 +246,20 @@ def keys_create(
 
 @keys_app.command("revoke")
 def keys_revoke(name: Annotated[str, typer.Argument(help="the key's name")]) -> None:
-    """Revoke an API key in the database: servers refuse it within EXPOST_AUTH_CACHE_SECONDS."""
-    from service.auth import revoke_key
+    """Revoke an API key in the database and close its open sessions: every server refuses its new
+    requests and sessions at once (other requests within EXPOST_AUTH_CACHE_SECONDS)."""
     from service.errors import ServiceError
+    from service.runs.sessions import revoke_key
 
     sessions = _sessions()
     try:
-        with sessions() as session, session.begin():
-            key = revoke_key(session, name)
-            revoked_at = key.revoked_at
+        key, closed = revoke_key(sessions, name)
+        revoked_at = key.revoked_at
     except ServiceError as exc:
         typer.echo(f"error: {exc.detail}", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"revoked: {name} (at {revoked_at.isoformat() if revoked_at else '?'})")
+    typer.echo(f"{closed} open session{'' if closed == 1 else 's'} closed")
 
 
 @datasets_app.command("add")
@@ -270,7 +271,7 @@ def datasets_add(
 ) -> None:
     """Register a dataset from local files; prints its id (and, on stderr, how many values of each column
     lay outside the declared bounds and were clipped to them)."""
-    from service.datasets import create_dataset
+    from service.datasets import create_dataset, snapshot_store
     from service.errors import ServiceError
 
     sessions = _sessions()
@@ -283,6 +284,7 @@ def datasets_add(
                 file.read_bytes(),
                 json.loads(schema.read_text()),
                 actor,
+                store=snapshot_store(get_settings()),
             )
     except ServiceError as exc:
         typer.echo(f"error: {exc.detail}", err=True)
@@ -359,11 +361,12 @@ def demo(
 ) -> None:
     """Create two demo datasets with budgets (ε=1, δ=1e-6) and admin/analyst/viewer keys (idempotent)."""
     from service.auth import Role, create_key
-    from service.datasets import create_dataset, grant
+    from service.datasets import create_dataset, grant, snapshot_store
     from service.filter import budget
     from service.store.models import DATASET_SCOPE
 
     sessions = _sessions()
+    store = snapshot_store(get_settings())
     if keys_file.exists():
         info = json.loads(keys_file.read_text())
     else:
@@ -383,6 +386,7 @@ def demo(
                 demo_csv(),
                 DEMO_SCHEMA,
                 info["admin"]["name"],
+                store=store,
             )
             learning = create_dataset(
                 session,
@@ -391,6 +395,7 @@ def demo(
                 demo_learning_csv(),
                 DEMO_LEARNING_SCHEMA,
                 info["admin"]["name"],
+                store=store,
             )
             for each in (dataset, learning):
                 grant(session, each, info["analyst"]["name"], info["admin"]["name"])

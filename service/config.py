@@ -18,38 +18,75 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Field(Path("./var/data"), description="where uploaded datasets are stored")
     wait_seconds: float = Field(10.0, ge=0, description="how long a POST waits for its release before 202")
-    max_upload_bytes: int = Field(50 * 1024 * 1024, gt=0)
+    max_upload_bytes: int = Field(
+        8 * 1024**3, gt=0, description="largest CSV upload (streamed to disk and converted to Parquet)"
+    )
+    storage_url: str = Field(
+        "",
+        description="where dataset snapshots (Parquet) are stored: a folder, file:///path, or "
+        "s3://bucket/prefix "
+        "for an S3-compatible store shared by every host (empty: <data_dir>/snapshots)",
+    )
+    s3_endpoint_url: str | None = Field(
+        None, description="an S3-compatible server (default: AWS_ENDPOINT_URL)"
+    )
+    s3_region: str | None = Field(None, description="default: AWS_REGION")
+    s3_access_key: str | None = Field(None, description="default: AWS_ACCESS_KEY_ID")
+    s3_secret_key: str | None = Field(None, description="default: AWS_SECRET_ACCESS_KEY")
+    engine: Literal["duckdb", "spark"] = Field(
+        "duckdb",
+        description="the engine that scans tables above memory_max_rows: duckdb (embedded, out of core) or "
+        "spark (a cluster at spark_master)",
+    )
+    spark_master: str = Field("local[2]", description="Spark master URL when engine=spark")
+    engine_threads: int = Field(2, ge=1, description="DuckDB threads per process")
+    engine_memory_limit: str = Field("1GB", description="DuckDB memory limit per process (spills beyond)")
+    memory_max_rows: int = Field(
+        1_000_000,
+        ge=0,
+        description="tables with at most this many rows are kept in memory (NumPy, the reference engine) and "
+        "may run inline; larger ones are scanned by the engine on the executors, never on the writer",
+    )
+    learner_max_rows: int = Field(
+        20_000_000, ge=1, description="learners that hold their columns in memory refuse larger tables"
+    )
     max_body_bytes: int = Field(
         1024 * 1024, gt=0, description="largest non-upload (JSON) request body; larger ones get 413"
     )
     worker_threads: int = Field(4, ge=1, description="in-process executor pool size")
     lease_seconds: float = Field(
-        300.0, gt=0,
+        300.0,
+        gt=0,
         description="a claimed request whose worker sent no heartbeat for this long is reaped (worst case "
         "charged); the lease starts when a worker claims the request, never while it waits in the queue",
     )
     poll_seconds: float = Field(
-        1.0, gt=0,
+        1.0,
+        gt=0,
         description="an idle worker thread looks for queued requests in the database this often (wake-ups "
         "from the API make it react at once; the poll picks up work queued by other or restarted processes)",
     )
     max_queue_seconds: float = Field(
-        3600.0, gt=0,
+        3600.0,
+        gt=0,
         description="a request no worker claimed within this time is aborted without charge (its data was "
         "never read)",
     )
     max_running_requests_per_analyst: int = Field(
-        32, ge=1,
+        32,
+        ge=1,
         description="default limit on an analyst's requests queued or running on workers at once (admins "
         "set per-analyst limits); over it a submission gets 429",
     )
     max_open_sessions_per_analyst: int = Field(
-        16, ge=1,
+        16,
+        ge=1,
         description="default limit on an analyst's open interactive sessions (admins set per-analyst "
         "limits); over it an open gets 429",
     )
     shutdown_grace_seconds: float = Field(
-        30.0, ge=0,
+        30.0,
+        ge=0,
         description="on SIGTERM, running requests may finish for this long; then they are stopped and "
         "charged their worst case (their data was read), and the process exits",
     )
@@ -68,7 +105,8 @@ class Settings(BaseSettings):
     )
     broker_url: str = Field("redis://127.0.0.1:6379/0", description="the task queue's Redis URL")
     queue_name: str = Field(
-        "expost", pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        "expost",
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
         description="the deployment's queue: the Dramatiq queue name, and the requests in the database that "
         "its workers claim (requests admitted under another name are left to that deployment's workers)",
     )

@@ -2,25 +2,33 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
+import pyarrow.parquet as pq
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from mechanisms.accounting import DEFAULT_ORDERS
-from mechanisms.base import PublicContext
+from mechanisms.base import PublicContext, Table
+from mechanisms.catalog import IN_ENGINE
 from mechanisms.data.schema import CategoricalColumn, DatasetSchema
 from mechanisms.data.table import TableError, content_hash, load_csv
 from service.auth import Principal, Role, validate_name
-from service.errors import Conflict, InvalidInput, NotFound
+from service.config import Settings
+from service.data.errors import DataError, SourceError
+from service.data.ingest import Ingested, csv_to_parquet
+from service.data.storage import SnapshotStore
+from service.engines.duckdb_engine import DuckDBEngine
+from service.engines.table import Engine, ParquetTable
+from service.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable
 from service.filter import budget, ledger
 from service.filter.ledger import LedgerEvent
 from service.store.models import DATASET_SCOPE, Dataset, Grant
@@ -41,32 +49,100 @@ def parse_schema(raw: Any) -> DatasetSchema:
     return schema
 
 
-def create_dataset(
-    session: Session, data_dir: Path, name: str, csv_bytes: bytes, schema_raw: Any, actor: str
-) -> Dataset:
-    """Validate and store an upload, create its filter (no budget yet) and the first ledger entry."""
+def check_name(name: str) -> None:
     if not name.strip() or len(name) > 200:
         raise InvalidInput("name", "must be 1-200 characters")
     if "\x00" in name:  # PostgreSQL text cannot hold it
         raise InvalidInput("name", "must not contain a NUL character")
-    schema = parse_schema(schema_raw)
+
+
+def ingest(make: Callable[[], Ingested], store: SnapshotStore) -> Ingested:
+    """Run one ingestion (CSV, Parquet or PostgreSQL to a local Parquet file; long, outside any database
+    transaction) and put its snapshot in the store (content-addressed: a second copy is not uploaded)."""
     try:
-        loaded = load_csv(csv_bytes, schema)
+        ingested = make()
     except TableError as exc:
         raise InvalidInput(exc.field, exc.reason) from None
-    digest = content_hash(csv_bytes)
-    file_name = f"{digest}.csv"
-    _store(data_dir / file_name, csv_bytes)
+    except SourceError as exc:
+        raise InvalidInput(exc.field, exc.reason) from None
+    try:
+        digest = store.put(ingested.path)
+    except DataError as exc:
+        raise ServiceUnavailable(f"the snapshot store cannot be written now: {exc}") from None
+    finally:
+        ingested.path.unlink(missing_ok=True)
+    if digest != ingested.sha256:
+        raise RuntimeError("the stored snapshot does not match its digest")
+    return ingested
+
+
+def upload_csv(source: BinaryIO, limit: int, work_dir: Path) -> Path:
+    """Spool an uploaded CSV to a local file in chunks, refusing more than ``limit`` bytes."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    target = work_dir / f"{uuid.uuid4().hex}.csv"
+    written = 0
+    try:
+        with open(target, "wb") as out:
+            while chunk := source.read(UPLOAD_CHUNK):
+                written += len(chunk)
+                if written > limit:
+                    raise PayloadTooLarge("file", f"larger than the limit of {limit} bytes")
+                out.write(chunk)
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    return target
+
+
+UPLOAD_CHUNK = 1 << 20
+
+
+def create_dataset(
+    session: Session,
+    data_dir: Path,
+    name: str,
+    csv_bytes: bytes,
+    schema_raw: Any,
+    actor: str,
+    store: SnapshotStore | None = None,
+) -> Dataset:
+    """Validate a small CSV given in memory, store its snapshot (in ``store``, default the local store of
+    ``data_dir``) and record the dataset: for the CLI's demo and tests. The HTTP upload streams instead
+    (``upload_csv``)."""
+    check_name(name)
+    schema = parse_schema(schema_raw)
+    store = store or default_store(data_dir)
+    work = data_dir / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    source = work / f"{uuid.uuid4().hex}.csv"
+    source.write_bytes(csv_bytes)
+    try:
+        ingested = ingest(lambda: csv_to_parquet(source, schema, work), store)
+    finally:
+        source.unlink(missing_ok=True)
+    return record_dataset(session, name, schema, ingested, actor)
+
+
+def default_store(data_dir: Path) -> SnapshotStore:
+    """The embedded default: snapshots in ``<data_dir>/snapshots``."""
+    return SnapshotStore(str((data_dir / "snapshots").resolve()))
+
+
+def record_dataset(
+    session: Session, name: str, schema: DatasetSchema, ingested: Ingested, actor: str
+) -> Dataset:
+    """Record a stored snapshot as a dataset, create its filter (no budget yet) and the first ledger entry
+    (a short transaction: the snapshot was written before, by ``ingest``)."""
     dataset = Dataset(
         id="ds_" + uuid.uuid4().hex[:16],
         name=name,
         schema_json=schema.model_dump(mode="json"),
         neighboring=schema.neighboring,
-        n_rows=loaded.n_rows,
-        content_sha256=digest,
-        file_name=file_name,
+        n_rows=ingested.n_rows,
+        content_sha256=ingested.sha256,
+        file_name=f"{ingested.sha256}{SNAPSHOT_SUFFIX}",
         orders=list(DEFAULT_ORDERS),
-        clipped=dict(loaded.clipped),
+        clipped=dict(ingested.clipped),
         created_by=actor,
         created_at=datetime.now(UTC),
     )
@@ -84,18 +160,6 @@ def create_dataset(
         {"name": name, "orders": dataset.orders, "schema": dataset.schema_json},
     )
     return dataset
-
-
-def _store(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        return
-    tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 GRANT_CACHE_SECONDS = 5.0
@@ -251,30 +315,141 @@ def public_context(dataset: Dataset) -> PublicContext:
     return context
 
 
-class TableCache:
-    """Loaded tables by dataset id, least recently used evicted.
+SNAPSHOT_SUFFIX = ".parquet"
+"""A dataset's ``file_name`` is ``<sha256>.parquet``: a snapshot in the store. Datasets uploaded before
+snapshots existed keep ``<sha256>.csv`` in ``data_dir`` and are read as before."""
 
-    Keyed by dataset, never by file content: two datasets may share a CSV but clip it to different
+
+class TableCache:
+    """Where a request's table comes from (docs/operations.md "Data and engines").
+
+    * A snapshot of at most ``memory_max_rows`` rows is read once into NumPy columns (the reference engine,
+      ``mechanisms.data.plan.evaluate_numpy``) and kept, least recently used evicted.
+    * A larger snapshot is a ``ParquetTable``: every aggregate runs in the engine (DuckDB or Spark) on the
+      file, out of core; a learner's columns are read on demand, refused beyond ``learner_max_rows``.
+    * A legacy CSV dataset is parsed as before.
+
+    Keyed by dataset, never by file content: two datasets may share a file but clip it to different
     declared bounds, and each table must be clipped to its own dataset's schema.
     """
 
-    def __init__(self, data_dir: Path, capacity: int = 16) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        store: SnapshotStore | None = None,
+        engine: Engine | None = None,
+        memory_max_rows: int = 1_000_000,
+        learner_max_rows: int = 20_000_000,
+        capacity: int = 16,
+    ) -> None:
         self.data_dir = data_dir
+        self.store = store or default_store(data_dir)
+        self.engine = engine
+        self.memory_max_rows, self.learner_max_rows = memory_max_rows, learner_max_rows
         self.capacity = capacity
-        self._tables: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()
+        self._tables: OrderedDict[str, Table] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, dataset: Dataset, schema: DatasetSchema) -> dict[str, np.ndarray]:
+    def in_memory(self, dataset: Dataset) -> bool:
+        """Whether the dataset's table is served from memory: cheap to scan, may run inline."""
+        return dataset.file_name.endswith(".csv") or dataset.n_rows <= self.memory_max_rows
+
+    def loaded(self, dataset: Dataset) -> bool:
+        """Whether the dataset's table is in this process's memory already."""
+        return dataset.id in self._tables
+
+    def check_fits(self, dataset: Dataset, mechanism: str) -> None:
+        """Refuse (422, before anything is reserved) a mechanism that holds its columns in memory on a table
+        of more than ``learner_max_rows`` rows (docs/privacy.md §14.3: the size class is public)."""
+        if mechanism not in IN_ENGINE and dataset.n_rows > self.learner_max_rows:
+            raise InvalidInput(
+                "mechanism",
+                f"{mechanism} holds the columns it reads in memory and takes tables of at most "
+                f"{self.learner_max_rows} rows (EXPOST_LEARNER_MAX_ROWS); this dataset is larger. Mechanisms "
+                "that run in the engine on tables of any size: " + ", ".join(sorted(IN_ENGINE)),
+            )
+
+    def check_available(self, dataset: Dataset) -> None:
+        """Raise ``StorageUnavailable``/``SnapshotMissing`` (503) unless the snapshot can be read here: run
+        before a request is admitted, so a store that is down or a lost snapshot charges nothing."""
+        if dataset.file_name.endswith(SNAPSHOT_SUFFIX) and dataset.id not in self._tables:
+            try:
+                self.store.local_path(dataset.content_sha256)
+            except DataError as exc:  # nothing was read or reserved: a 503, charged nothing
+                raise ServiceUnavailable(
+                    f"the data of dataset {dataset.id} cannot be read now: {exc}"
+                ) from None
+
+    def get(self, dataset: Dataset, schema: DatasetSchema) -> Table:
         with self._lock:
             if dataset.id in self._tables:
                 self._tables.move_to_end(dataset.id)
                 return self._tables[dataset.id]
-        data = (self.data_dir / dataset.file_name).read_bytes()
-        if content_hash(data) != dataset.content_sha256:
-            raise RuntimeError(f"stored file of dataset {dataset.id} does not match its hash")
-        columns = load_csv(data, schema).columns
+        table = self._load(dataset, schema)
+        if not self.in_memory(dataset):
+            return table
         with self._lock:
-            self._tables[dataset.id] = columns
+            self._tables[dataset.id] = table
             while len(self._tables) > self.capacity:
                 self._tables.popitem(last=False)
-        return columns
+        return table
+
+    def _load(self, dataset: Dataset, schema: DatasetSchema) -> Table:
+        if dataset.file_name.endswith(".csv"):
+            data = (self.data_dir / dataset.file_name).read_bytes()
+            if content_hash(data) != dataset.content_sha256:
+                raise RuntimeError(f"stored file of dataset {dataset.id} does not match its hash")
+            return load_csv(data, schema).columns
+        path = self.store.local_path(dataset.content_sha256)
+        if self.in_memory(dataset):
+            return read_columns(path, schema)
+        if self.engine is None:
+            raise RuntimeError("no engine is configured for tables above memory_max_rows")
+        return ParquetTable(path, schema, self.engine, self.learner_max_rows)
+
+
+def read_columns(path: Path, schema: DatasetSchema) -> dict[str, np.ndarray]:
+    """A small snapshot's columns in memory, typed as the CSV loader types them (float64, int64, int64
+    codes)."""
+    table = pq.read_table(path, columns=list(schema.names))
+    columns: dict[str, np.ndarray] = {}
+    for column in schema.columns:
+        values = table.column(column.name).to_numpy()
+        columns[column.name] = values.astype(np.float64 if column.type == "float" else np.int64)
+    return columns
+
+
+def snapshot_store(settings: Settings) -> SnapshotStore:
+    """The deployment's snapshot store (``EXPOST_STORAGE_URL``; the local default under ``data_dir``)."""
+    if not settings.storage_url:
+        return default_store(settings.data_dir)
+    return SnapshotStore(
+        settings.storage_url,
+        cache_dir=settings.data_dir / "cache",
+        endpoint_url=settings.s3_endpoint_url,
+        region=settings.s3_region,
+        access_key=settings.s3_access_key,
+        secret_key=settings.s3_secret_key,
+    )
+
+
+def build_tables(settings: Settings) -> TableCache:
+    """The process's tables: its snapshot store and its engine (created on first use)."""
+    engine: Engine
+    if settings.engine == "spark":
+        from service.engines.spark_engine import (
+            SparkEngine,  # pyspark is optional: `pip install expost[spark]`
+        )
+
+        engine = SparkEngine(settings.spark_master)
+    else:
+        engine = DuckDBEngine(
+            settings.engine_threads, settings.engine_memory_limit, settings.data_dir / "engine-tmp"
+        )
+    return TableCache(
+        settings.data_dir,
+        snapshot_store(settings),
+        engine,
+        settings.memory_max_rows,
+        settings.learner_max_rows,
+    )

@@ -4,6 +4,8 @@ PostgreSQL: ``EXPOST_TEST_POSTGRES_URL`` (default: the local server, database ``
 create a throw-away database per test session. With ``CI=true`` an unreachable server is an error, never
 a skip.
 
+S3: ``s3_server`` is a real moto server on loopback (session-scoped, one bucket), for the snapshot store.
+
 Hypothesis: two profiles. ``dev`` (the default) keeps the property tests small so that the unit layer
 stays quick; ``ci`` runs them at full size (200 examples, 40 steps per stateful run). ``ci`` is chosen by
 ``CI=true`` or ``HYPOTHESIS_PROFILE=ci``; ``HYPOTHESIS_PROFILE`` names any registered profile. A test that
@@ -183,3 +185,37 @@ def live_server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> 
     """The shared test server of a backend (one per test session and backend)."""
     with running_server(server_settings(database_url, tmp_path_factory.mktemp("data"))) as server:
         yield server
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """An S3-compatible server (moto) on loopback, with one bucket; ``endpoint_url`` is ``http://…``."""
+
+    endpoint_url: str
+    bucket: str
+    access_key: str
+    secret_key: str
+    region: str
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real moto S3 server in this test process (one per session, shared): tests that share it use their
+    own key prefix in ``bucket``. No network: it listens on 127.0.0.1, on a free port."""
+    import boto3  # test-only: the service reaches S3 through pyarrow.fs
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    s3 = S3Server(f"http://{host}:{port}", "expost-test", "testing-key", "testing-secret", "us-east-1")
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3.endpoint_url,
+        aws_access_key_id=s3.access_key,
+        aws_secret_access_key=s3.secret_key,
+        region_name=s3.region,
+    )
+    client.create_bucket(Bucket=s3.bucket)
+    yield s3
+    server.stop()

@@ -302,7 +302,7 @@ def query_plan(query: AnyQuery, ctx: PublicContext, grid: Grid) -> tuple[Aggrega
     column = _numeric(query, ctx)
     bounds = clip_bounds(ctx.schema, [c.column for c in query.where] + [column.name])
     if isinstance(column, IntColumn):
-        sums = (Sum("int_sum", column.name),)
+        sums: tuple[Sum, ...] = (Sum("int_sum", column.name),)
         if isinstance(query, MeanQuery):  # the count checks the table has the public row count
             sums = (Sum("count"), *sums)
         return Aggregation(where=where, sums=sums, bounds=bounds), None

@@ -5,9 +5,17 @@ from __future__ import annotations
 import math
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    SecretStr,
+    model_validator,
+)
 
 from service.auth import Role
 from service.errors import PROBLEM_JSON
@@ -165,6 +173,40 @@ class RequestIn(StrictModel):
     params: dict[str, Any] = Field(examples=[{"query": {"kind": "count"}, "epsilon": 0.1}])
 
 
+class ParquetSourceIn(StrictModel):
+    kind: Literal["parquet"]
+    path: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="a Parquet file or folder: a path on the server host, or s3://bucket/key (read with the "
+        "server's S3 settings)",
+    )
+
+
+class PostgresSourceIn(StrictModel):
+    kind: Literal["postgres"]
+    dsn: SecretStr = Field(
+        description="libpq connection string, used once for the copy: never stored, logged or echoed"
+    )
+    table: str | None = Field(None, max_length=400, description="`name` or `schema.name`")
+    query: str | None = Field(None, max_length=100_000, description="a SELECT (instead of table)")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Self:
+        if (self.table is None) == (self.query is None):
+            raise ValueError("give exactly one of table and query")
+        return self
+
+
+class RegisterIn(StrictModel):
+    name: str = Field(min_length=1, max_length=200)
+    schema_: dict[str, Any] = Field(
+        alias="schema", description="columns with public bounds, neighbour relation"
+    )
+    source: Annotated[ParquetSourceIn | PostgresSourceIn, Field(discriminator="kind")]
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+
 class DatasetOut(BaseModel):
     id: str
     name: str
@@ -203,7 +245,10 @@ class SessionOut(BaseModel):
     mechanism: str
     params: dict[str, Any]
     state: str = Field(description="open or closed")
-    close_reason: str | None = Field(description="halted, max_queries, closed, expired or failed")
+    close_reason: str | None = Field(
+        description="halted, max_queries, closed (by its analyst), closed_by_admin, key_revoked (its key was "
+        "revoked), expired or failed"
+    )
     asked: int
     steps: list[dict[str, Any]] = Field(description="the public transcript: each query and its answer")
     worst_case: CurveOut = Field(description="reserved while open")
@@ -295,7 +340,8 @@ class SessionPage(BaseModel):
 
 
 class KeyRevokedOut(BaseModel):
-    """``DELETE /v1/keys/{name}``: the key is refused from now on (other processes: within the key cache)."""
+    """``DELETE /v1/keys/{name}``: every process refuses the key's new requests and sessions from now on (its
+    other calls: within the key cache), and its open sessions were closed at the charge of their outcome."""
 
     name: str
     role: str

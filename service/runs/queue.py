@@ -41,7 +41,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import RdpCurve
 from service.config import Settings
-from service.datasets import TableCache
+from service.datasets import build_tables
 from service.logs import failure_fields
 from service.runs import settlement
 from service.runs.executor import FairRunner
@@ -138,7 +138,7 @@ class QueueWorker:
         self.settings = settings
         self.engine = make_engine(settings.database_url, max(2, threads + 2))
         self.sessions = make_sessionmaker(self.engine)
-        self.tables = TableCache(settings.data_dir)
+        self.tables = build_tables(settings)
         settle = settle_with_retry(self.sessions)
         sessions, tables = self.sessions, self.tables
         self.runner = FairRunner(

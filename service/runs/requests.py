@@ -79,6 +79,8 @@ def submit(
         raise ServiceUnavailable("the service is shutting down; retry on another instance or later")
     with runtime.sessions() as session:
         v = _placed(runtime, validate(session, principal, dataset_id, mechanism, params))
+    runtime.tables.check_fits(v.dataset, v.mechanism.name)  # a learner's row limit, before any reservation
+    runtime.tables.check_available(v.dataset)  # a store that is down refuses before anything is reserved
     try:
         if v.inline:
             # One transaction: admit + reserve, run here (microseconds), commit the realized charge and
@@ -137,7 +139,7 @@ async def submit_one_transaction(
         return None
     started = time.monotonic()
     v = _cached_validation(runtime, principal, dataset_id, mechanism, params)
-    if v is None:
+    if v is None or not runtime.tables.loaded(v.dataset):  # loading a table is for a worker thread
         return None
     try:
         request, created = await runtime.writer.admit_and_run_async(
@@ -198,6 +200,7 @@ def _placed(runtime: Runtime, validated: Validated) -> Validated:
     inline = (
         validated.mechanism.name in runtime.settings.inline_mechanisms
         and not is_long_running(validated.mechanism)
+        and runtime.tables.in_memory(validated.dataset)  # a scan never runs on the writer thread
     )
     return replace(validated, inline=inline, limits=runtime.limits(), queue=runtime.settings.queue_name)
 

@@ -18,8 +18,11 @@ from service.api.schemas import (
     GrantOut,
     GrantRevokedOut,
     LedgerPage,
+    ParquetSourceIn,
+    RegisterIn,
 )
 from service.auth import Principal, Role, validate_name
+from service.data.ingest import csv_to_parquet, parquet_to_snapshot, postgres_to_snapshot
 from service.errors import Forbidden, InvalidInput, NotFound, PayloadTooLarge
 from service.filter import budget
 from service.filter.budget import budget_view
@@ -79,23 +82,56 @@ def create_dataset(
     name: Annotated[str | None, Form()] = None,
 ) -> DatasetOut:
     limit = runtime.settings.max_upload_bytes
-    data = file.file.read(limit + 1)
-    if len(data) > limit:
-        raise PayloadTooLarge("file", f"larger than the limit of {limit} bytes")
-    schema_text = _schema_text(schema_part, limit)
+    schema = datasets.parse_schema(_schema_json(schema_part))
+    name = name or file.filename or "dataset"
+    datasets.check_name(name)
+    work = runtime.settings.data_dir / "work"
+    source = datasets.upload_csv(file.file, limit, work)  # this route runs in a worker thread, not the loop
     try:
-        schema_raw = json.loads(schema_text)
+        ingested = datasets.ingest(lambda: csv_to_parquet(source, schema, work), runtime.tables.store)
+    finally:
+        source.unlink(missing_ok=True)
+    with runtime.sessions() as session, session.begin():
+        dataset = datasets.record_dataset(session, name, schema, ingested, admin.name)
+    return _out(dataset, admin)
+
+
+def _schema_json(schema_part: str | UploadFile) -> Any:
+    try:
+        return json.loads(_schema_text(schema_part, SCHEMA_LIMIT))
     except (ValueError, RecursionError) as exc:  # syntax, nesting depth, an integer of 4300+ digits
         raise InvalidInput("schema", json_failure(exc) or "not valid JSON") from None
-    with runtime.sessions() as session, session.begin():
-        dataset = datasets.create_dataset(
-            session,
-            runtime.settings.data_dir,
-            name or file.filename or "dataset",
-            data,
-            schema_raw,
-            admin.name,
+
+
+SCHEMA_LIMIT = 16 * 1024 * 1024
+"""Largest schema part of an upload."""
+
+
+@router.post(
+    "/register",
+    status_code=201,
+    operation_id="registerDataset",
+    summary="Register a dataset by reference (a Parquet file or folder, a PostgreSQL table or query): its "
+    "rows are validated, clipped and copied once into an immutable snapshot",
+)
+def register_dataset(body: RegisterIn, runtime: RuntimeDep, admin: Admin) -> DatasetOut:
+    schema = datasets.parse_schema(body.schema_)
+    datasets.check_name(body.name)
+    work = runtime.settings.data_dir / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    source = body.source
+    if isinstance(source, ParquetSourceIn):
+        ingested = datasets.ingest(
+            lambda: parquet_to_snapshot(source.path, schema, work), runtime.tables.store
         )
+    else:
+        dsn = source.dsn.get_secret_value()  # used for this copy only: never stored, logged or echoed
+        ingested = datasets.ingest(
+            lambda: postgres_to_snapshot(dsn, schema, work, table=source.table, query=source.query),
+            runtime.tables.store,
+        )
+    with runtime.sessions() as session, session.begin():
+        dataset = datasets.record_dataset(session, body.name, schema, ingested, admin.name)
     return _out(dataset, admin)
 
 

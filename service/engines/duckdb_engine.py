@@ -1,0 +1,58 @@
+"""The default engine: DuckDB, embedded and out of core, scanning one Parquet snapshot per call.
+
+One DuckDB database (in memory) per engine holds the settings (``threads``, ``memory_limit``,
+``temp_directory`` for spilling, ``preserve_insertion_order=false``); every :meth:`DuckDBEngine.aggregate`
+runs on its own cursor (a connection to that database), so several threads can scan at once and the small
+candidate tables each call registers are visible to that call only.
+
+Exactness: the query is :mod:`service.engines.compile`'s rendering for DuckDB (its module docstring has the
+argument); the path is the statement's one parameter (``read_parquet(?)``), and DuckDB reads only the
+columns the plan names. Sums come back as HUGEINT (Python ``int``), counts as BIGINT.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import duckdb
+
+from mechanisms.data.plan import Aggregation, Answer
+from service.engines.compile import compile_plan, snapshot_kinds
+
+
+class DuckDBEngine:
+    """Runs :class:`~mechanisms.data.plan.Aggregation` plans on Parquet snapshots with DuckDB."""
+
+    def __init__(self, threads: int, memory_limit: str, temp_dir: Path) -> None:
+        if threads < 1:
+            raise ValueError("threads must be at least 1")
+        temp_dir.mkdir(parents=True, exist_ok=True)
+        self._connection = duckdb.connect(":memory:")
+        self._connection.execute(f"SET threads = {int(threads)}")
+        self._connection.execute("SET memory_limit = ?", [memory_limit])
+        self._connection.execute("SET temp_directory = ?", [str(temp_dir)])
+        self._connection.execute("SET preserve_insertion_order = false")
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def aggregate(self, path: Path, plan: Aggregation) -> Answer:
+        """The plan's exact answer on the snapshot at ``path`` (thread-safe; one cursor per call)."""
+        compiled = compile_plan(plan, snapshot_kinds(path))
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the DuckDB engine is closed")
+            cursor = self._connection.cursor()
+        try:
+            for candidates in compiled.candidates:
+                cursor.register(candidates.name, candidates.table)
+            rows = cursor.execute(compiled.duckdb_sql, [str(path)]).fetchall()
+        finally:
+            cursor.close()
+        return compiled.answer(rows)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._connection.close()
