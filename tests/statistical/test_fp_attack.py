@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ from mechanisms.queries.gaussian import Gaussian, gaussian_plan
 from mechanisms.queries.language import GridPlan, evaluate_units, laplace_plan
 from mechanisms.queries.laplace import Laplace
 from mechanisms.threshold.above_threshold import DroppingAboveThresholdBatch
+from tests.engine_support import engine_table
 
 pytestmark = pytest.mark.statistical
 
@@ -191,11 +193,22 @@ CASES = [
 ]
 
 
+def on_engine(
+    engine: str, ctx: PublicContext, tables: tuple[dict[str, np.ndarray], ...], folder: Path
+) -> tuple[Any, ...]:
+    """The tables as they are (NumPy, the in-memory engine) or as DuckDB-scanned Parquet snapshots."""
+    if engine == "numpy":
+        return tables
+    return tuple(engine_table(table, ctx.schema, folder) for table in tables)
+
+
+@pytest.mark.parametrize("engine", ["numpy", "duckdb"])
 @pytest.mark.parametrize(("mechanism", "params", "context"), CASES)
 def test_new_releases_never_exclude_the_neighbour(
-    mechanism: Mechanism, params: dict[str, Any], context: Any
+    mechanism: Mechanism, params: dict[str, Any], context: Any, engine: str, tmp_path: Path
 ) -> None:
-    ctx, table, neighbour_table = context()
+    ctx, *tables = context()
+    table, neighbour_table = on_engine(engine, ctx, tuple(tables), tmp_path)
     outputs = _releases(mechanism, params, ctx, table)
     granularity = outputs[0]["noise"]["granularity"]
     assert all(o["noise"] == outputs[0]["noise"] for o in outputs)  # the grid is public and fixed
@@ -220,9 +233,11 @@ def test_new_releases_never_exclude_the_neighbour(
     assert len({int(u) for u in units}) > 10
 
 
-def test_above_threshold_answers_are_grid_releases() -> None:
+@pytest.mark.parametrize("engine", ["numpy", "duckdb"])
+def test_above_threshold_answers_are_grid_releases(engine: str, tmp_path: Path) -> None:
     """The dropping session's released candidate (a mean) and the geometric session's gap: grid values."""
-    ctx, table, neighbour_table = _mean_context()
+    ctx, *tables = _mean_context()
+    table, neighbour_table = on_engine(engine, ctx, tuple(tables), tmp_path)
     batch = DroppingAboveThresholdBatch()
     params: Any = batch.params_model.model_validate(
         {

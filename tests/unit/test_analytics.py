@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,7 @@ from mechanisms.queries.quantile import (
     selected_rank_counts,
     selection_keys,
 )
+from tests.engine_support import engine_table
 
 COLUMNS: list[dict[str, Any]] = [
     {"name": "x", "type": "float", "min": -0.1, "max": 0.3},
@@ -100,29 +102,38 @@ def replace_one_neighbours(rows: list[Row]) -> list[list[Row]]:
 
 
 # ----- quantile: the score moves by at most 1 ----------------------------------------------------------
-def score_vector(rows: list[Row], column: str, q: float, where: list[dict[str, Any]]) -> np.ndarray:
+def score_vector(
+    rows: list[Row], column: str, q: float, where: list[dict[str, Any]], folder: Path | None = None
+) -> np.ndarray:
     context = ctx("add_remove")
     params = QuantileParams.model_validate(
         {"column": column, "quantiles": [q], "epsilon": 1.0, "candidates": 64, "where": where}
     )
-    _candidates, counts, selected = selected_rank_counts(params, context, table(rows))
+    data = table(rows) if folder is None else engine_table(table(rows), context.schema, folder)
+    _candidates, counts, selected = selected_rank_counts(params, context, data)
     values, index = scores(counts, selected, q)
     return np.array([float(values[i]) for i in index])
 
 
-def assert_score_moves_by_at_most_one(a: list[Row], b: list[Row]) -> None:
+def assert_score_moves_by_at_most_one(a: list[Row], b: list[Row], folder: Path | None = None) -> None:
     for column in ("x", "k"):
         for q in (0.0, 0.1, 0.5, 0.9, 1.0):
             for where in WHERES:
-                moved = np.abs(score_vector(a, column, q, where) - score_vector(b, column, q, where))
+                moved = np.abs(
+                    score_vector(a, column, q, where, folder) - score_vector(b, column, q, where, folder)
+                )
                 assert moved.max() <= 1.0 + 1e-12, (column, q, where, moved.max())
 
 
+@pytest.mark.parametrize("engine", ["numpy", "duckdb"])
 @pytest.mark.parametrize(("a", "b"), ADVERSARIAL)
-def test_quantile_score_sensitivity_adversarial(a: list[Row], b: list[Row]) -> None:
-    assert_score_moves_by_at_most_one(a, b)
-    assert_score_moves_by_at_most_one(a, a[1:])  # add/remove: one row fewer
-    assert_score_moves_by_at_most_one(a, [*a, (X_HIGH, K_HIGH, 2, 1)])
+def test_quantile_score_sensitivity_adversarial(
+    a: list[Row], b: list[Row], engine: str, tmp_path: Path
+) -> None:
+    folder = tmp_path if engine == "duckdb" else None
+    assert_score_moves_by_at_most_one(a, b, folder)
+    assert_score_moves_by_at_most_one(a, a[1:], folder)  # add/remove: one row fewer
+    assert_score_moves_by_at_most_one(a, [*a, (X_HIGH, K_HIGH, 2, 1)], folder)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -277,9 +288,18 @@ def _plans(params: MeasuresLaplaceParams | MeasuresGaussianParams, context: Publ
     return [entry[0] for entry in gaussian_plans(params, context)]
 
 
-def assert_blocks_within_sensitivity(a: list[Row], b: list[Row], neighboring: str) -> None:
+def assert_blocks_within_sensitivity(
+    a: list[Row], b: list[Row], neighboring: str, folder: Path | None = None
+) -> None:
+    """Every block of every measure set moves by at most its grid sensitivity; with ``folder`` the tables
+    are DuckDB-scanned Parquet snapshots there (the engine path), else NumPy columns."""
     n = len(a) if neighboring == "replace_one" else None
     context = ctx(neighboring, n or 12)
+    table_a, table_b = (
+        (table(a), table(b))
+        if folder is None
+        else (engine_table(table(a), context.schema, folder), engine_table(table(b), context.schema, folder))
+    )
     for measures in MEASURE_SETS:
         for group_by in GROUPINGS:
             for where in WHERES:
@@ -289,8 +309,8 @@ def assert_blocks_within_sensitivity(a: list[Row], b: list[Row], neighboring: st
                     MeasuresGaussianParams.model_validate({**base, "noise_multiplier": 3.0}),
                 ):
                     plans = _plans(params, context)
-                    units_a, _ = evaluate_blocks(params, context, table(a), plans)
-                    units_b, _ = evaluate_blocks(params, context, table(b), plans)
+                    units_a, _ = evaluate_blocks(params, context, table_a, plans)
+                    units_b, _ = evaluate_blocks(params, context, table_b, plans)
                     for plan, ua, ub in zip(plans, units_a, units_b, strict=True):
                         moved = np.abs(ua.astype(np.int64) - ub.astype(np.int64))
                         label = (plan.block.label, group_by, where, neighboring)
@@ -298,11 +318,13 @@ def assert_blocks_within_sensitivity(a: list[Row], b: list[Row], neighboring: st
                         assert math.sqrt(float((moved.astype(float) ** 2).sum())) <= plan.l2_units, label
 
 
+@pytest.mark.parametrize("engine", ["numpy", "duckdb"])
 @pytest.mark.parametrize(("a", "b"), ADVERSARIAL)
-def test_measures_sensitivity_adversarial(a: list[Row], b: list[Row]) -> None:
-    assert_blocks_within_sensitivity(a, b, "replace_one")
-    assert_blocks_within_sensitivity(a, a[1:], "add_remove")
-    assert_blocks_within_sensitivity(a, [*a, (X_HIGH, K_HIGH, 2, 1)], "add_remove")
+def test_measures_sensitivity_adversarial(a: list[Row], b: list[Row], engine: str, tmp_path: Path) -> None:
+    folder = tmp_path if engine == "duckdb" else None
+    assert_blocks_within_sensitivity(a, b, "replace_one", folder)
+    assert_blocks_within_sensitivity(a, a[1:], "add_remove", folder)
+    assert_blocks_within_sensitivity(a, [*a, (X_HIGH, K_HIGH, 2, 1)], "add_remove", folder)
 
 
 def test_measures_sensitivity_is_attained() -> None:
