@@ -313,3 +313,14 @@ class SnapshotStore:
         """A local file holding the snapshot (the stored file, or a verified cached copy)."""
         snapshot_key(digest)
         return self._backend.local_path(digest)
+
+
+def s3_filesystem(
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    access_key: str | None = None,
+    secret_key: str | None = None,
+) -> pafs.S3FileSystem:
+    """An S3 filesystem with the store's conventions (the ``AWS_*`` variables as defaults, bounded
+    timeouts): for reading a Parquet source registered as ``s3://…``."""
+    return _s3_filesystem(endpoint_url, region, access_key, secret_key, (5.0, 30.0))

@@ -321,3 +321,27 @@ class TestSharedObjectStore:
         assert budget["epsilon_remaining"] == pytest.approx(BIG["epsilon"]), budget
         assert not [e for e in on_b.get(f"/v1/datasets/{dataset_id}/ledger").json()["items"]
                     if e["event"] in ("reserve", "commit")]  # fmt: skip
+
+    def test_a_parquet_source_in_the_object_store_is_registered_by_reference(
+        self, two_servers: tuple[LiveServer, str, str, str], s3_server: S3Server, tmp_path: Path
+    ) -> None:
+        import boto3
+
+        handle, base_a, _base_b, prefix = two_servers
+        key = handle.create_key(Role.admin)[1]
+        on_a = httpx.Client(base_url=base_a, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        local = tmp_path / "lake.parquet"
+        pq.write_table(pa.table(rows()), local)
+        s3 = boto3.client(
+            "s3", endpoint_url=s3_server.endpoint_url, aws_access_key_id=s3_server.access_key,
+            aws_secret_access_key=s3_server.secret_key, region_name=s3_server.region,
+        )  # fmt: skip
+        s3.upload_file(str(local), s3_server.bucket, f"{prefix}-lake/events.parquet")
+        registered = register(
+            on_a, {"kind": "parquet", "path": f"s3://{s3_server.bucket}/{prefix}-lake/events.parquet"}
+        )
+        assert registered.status_code == 201, registered.text
+        uploaded = upload(on_a, csv_of(rows()))
+        assert registered.json()["content_sha256"] == uploaded.json()["content_sha256"]
+        missing = register(on_a, {"kind": "parquet", "path": f"s3://{s3_server.bucket}/{prefix}-lake/none/"})
+        assert missing.status_code == 422, missing.text

@@ -36,6 +36,8 @@ LAYERS: list[tuple[str, int]] = [
     ("service.config", 10),
     ("service.logs", 10),
     ("service.errors", 10),
+    ("service.data", 10),
+    ("service.engines", 10),
     ("service.store", 11),
     ("service.auth", 12),
     ("service.metrics", 12),

@@ -23,6 +23,7 @@ from service.api.schemas import (
 )
 from service.auth import Principal, Role, validate_name
 from service.data.ingest import csv_to_parquet, parquet_to_snapshot, postgres_to_snapshot
+from service.data.storage import s3_filesystem
 from service.errors import Forbidden, InvalidInput, NotFound, PayloadTooLarge
 from service.filter import budget
 from service.filter.budget import budget_view
@@ -121,8 +122,15 @@ def register_dataset(body: RegisterIn, runtime: RuntimeDep, admin: Admin) -> Dat
     work.mkdir(parents=True, exist_ok=True)
     source = body.source
     if isinstance(source, ParquetSourceIn):
+        settings = runtime.settings
+        filesystem = (
+            s3_filesystem(settings.s3_endpoint_url, settings.s3_region, settings.s3_access_key,
+                          settings.s3_secret_key)
+            if source.path.startswith("s3://")
+            else None
+        )  # fmt: skip
         ingested = datasets.ingest(
-            lambda: parquet_to_snapshot(source.path, schema, work), runtime.tables.store
+            lambda: parquet_to_snapshot(source.path, schema, work, filesystem), runtime.tables.store
         )
     else:
         dsn = source.dsn.get_secret_value()  # used for this copy only: never stored, logged or echoed
