@@ -18,7 +18,8 @@ from sqlalchemy.orm import Session
 
 from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.base import PublicContext, Table
-from mechanisms.catalog import IN_ENGINE
+from mechanisms.catalog import IN_ENGINE, WITH_UNITS
+from mechanisms.data.plan import ORDER_COLUMN
 from mechanisms.data.schema import CategoricalColumn, DatasetSchema
 from mechanisms.data.table import TableError, content_hash, load_csv
 from service.auth import Principal, Role, validate_name
@@ -136,7 +137,7 @@ def record_dataset(
     dataset = Dataset(
         id="ds_" + uuid.uuid4().hex[:16],
         name=name,
-        schema_json=schema.model_dump(mode="json"),
+        schema_json=schema.model_dump(mode="json", exclude_none=True),
         neighboring=schema.neighboring,
         n_rows=ingested.n_rows,
         content_sha256=ingested.sha256,
@@ -309,7 +310,10 @@ def public_context(dataset: Dataset) -> PublicContext:
     context = _cache.contexts.get(dataset.id)
     if context is None:
         schema = DatasetSchema.model_validate(dataset.schema_json)
-        n_rows = dataset.n_rows if dataset.neighboring == "replace_one" else None
+        # the row count is public only when neighbours have the same rows count: replace one row (under
+        # replace-one-unit a unit's row count may change)
+        row_level = schema.privacy_unit is None
+        n_rows = dataset.n_rows if dataset.neighboring == "replace_one" and row_level else None
         context = PublicContext(schema=schema, n_rows=n_rows, orders=tuple(dataset.orders))
         _cache.contexts[dataset.id] = context
     return context
@@ -361,6 +365,14 @@ class TableCache:
     def check_fits(self, dataset: Dataset, mechanism: str) -> None:
         """Refuse (422, before anything is reserved) a mechanism that holds its columns in memory on a table
         of more than ``learner_max_rows`` rows (docs/privacy.md §14.3: the size class is public)."""
+        unit = public_context(dataset).schema.privacy_unit
+        if unit is not None and mechanism not in WITH_UNITS:
+            raise InvalidInput(
+                "mechanism",
+                f"{mechanism} has no analysis for privacy units yet: this dataset protects each "
+                f"{unit.column!r} with all its rows, and {mechanism} would charge per row. Mechanisms that "
+                "support privacy units: " + ", ".join(sorted(WITH_UNITS)),
+            )
         if mechanism not in IN_ENGINE and dataset.n_rows > self.learner_max_rows:
             raise InvalidInput(
                 "mechanism",
@@ -411,11 +423,14 @@ class TableCache:
 def read_columns(path: Path, schema: DatasetSchema) -> dict[str, np.ndarray]:
     """A small snapshot's columns in memory, typed as the CSV loader types them (float64, int64, int64
     codes)."""
-    table = pq.read_table(path, columns=list(schema.names))
+    names = [*schema.names, *([ORDER_COLUMN] if schema.privacy_unit is not None else [])]
+    table = pq.read_table(path, columns=names)
     columns: dict[str, np.ndarray] = {}
     for column in schema.columns:
         values = table.column(column.name).to_numpy()
         columns[column.name] = values.astype(np.float64 if column.type == "float" else np.int64)
+    if schema.privacy_unit is not None:
+        columns[ORDER_COLUMN] = table.column(ORDER_COLUMN).to_numpy()
     return columns
 
 

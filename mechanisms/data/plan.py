@@ -98,15 +98,34 @@ class Sum:
     exponent: int = 0
 
 
+ORDER_COLUMN = "__order"
+"""The snapshot column of a dataset with a privacy unit that orders each unit's rows for bounding: a keyed
+hash of the row's content under a secret drawn once at ingestion and then discarded (``service.data``)."""
+
+
+@dataclass(frozen=True)
+class UnitBound:
+    """Contribution bounding: after ``where``, each privacy unit (rows sharing ``column``) keeps its first
+    ``max_rows`` rows in the order of ``ORDER_COLUMN``, ties broken by the plan's other columns (rows equal
+    in all of them are interchangeable: every aggregate is the same whichever is kept). Which rows a unit
+    keeps depends on that unit's rows alone (and the secret), so bounding is a stable transformation: one
+    unit added or removed changes at most ``max_rows`` rows of the bounded table, all of that unit
+    (docs/privacy.md §15)."""
+
+    column: str
+    max_rows: int
+
+
 @dataclass(frozen=True)
 class Aggregation:
-    """where → cells (the product of the keys, row-major) → per-cell integer sums."""
+    """where → (unit bounding) → cells (the product of the keys, row-major) → per-cell integer sums."""
 
     where: tuple[Predicate, ...] = ()
     keys: tuple[Key, ...] = ()
     sums: tuple[Sum, ...] = (Sum("count"),)
     bounds: tuple[tuple[str, float, float], ...] = field(default=())
     """(column, low, high) of every numeric column the plan reads: clipped to these in the plan."""
+    unit: UnitBound | None = None
 
     @property
     def n_cells(self) -> int:
@@ -116,7 +135,14 @@ class Aggregation:
         """The columns the plan reads (projection)."""
         names = [p.column for p in self.where if p.op not in ("true", "false")]
         names += [k.column for k in self.keys] + [s.column for s in self.sums if s.column is not None]
+        if self.unit is not None:
+            names += [self.unit.column, ORDER_COLUMN]
         return tuple(dict.fromkeys(names))
+
+    def tie_columns(self) -> tuple[str, ...]:
+        """The columns that break ties of ``ORDER_COLUMN`` within a unit: the plan's other columns."""
+        skip = (ORDER_COLUMN,) if self.unit is None else (ORDER_COLUMN, self.unit.column)
+        return tuple(c for c in self.columns() if c not in skip)
 
     def bound(self, column: str) -> tuple[float, float] | None:
         return next(((low, high) for name, low, high in self.bounds if name == column), None)
@@ -305,10 +331,30 @@ def _exact_sums(values: np.ndarray, cell: np.ndarray, n_cells: int) -> tuple[int
     return tuple(int(a) + (int(b) << 32) for a, b in zip(sums_low.tolist(), sums_high.tolist(), strict=True))
 
 
+def _bounded(
+    plan: Aggregation, unit: UnitBound, table: Mapping[str, np.ndarray], mask: np.ndarray
+) -> np.ndarray:
+    """``mask`` restricted to each unit's first ``max_rows`` selected rows (``UnitBound``'s order)."""
+    selected = np.flatnonzero(mask)
+    ties = [np.asarray(table[c])[selected] for c in reversed(plan.tie_columns())]
+    order_key = np.asarray(table[ORDER_COLUMN])[selected]
+    units = np.asarray(table[unit.column])[selected]
+    order = np.lexsort([*ties, order_key, units])  # the last key is the primary one
+    units_sorted = units[order]
+    starts = np.flatnonzero(np.concatenate([[True], units_sorted[1:] != units_sorted[:-1]]))
+    sizes = np.diff(np.concatenate([starts, [units_sorted.size]]))
+    rank = np.arange(units_sorted.size) - np.repeat(starts, sizes)
+    kept = np.zeros(mask.size, dtype=bool)
+    kept[selected[order[rank < unit.max_rows]]] = True
+    return kept
+
+
 def evaluate_numpy(plan: Aggregation, table: Mapping[str, np.ndarray]) -> Answer:
     """The reference engine: the plan on columns in memory (vectorised; loops only over cells)."""
     n_rows = len(next(iter(table.values()))) if table else 0
     mask = _mask(plan, table, n_rows)
+    if plan.unit is not None:
+        mask = _bounded(plan, plan.unit, table, mask)
     cell = _cells(plan, table, n_rows)[mask]
     n_cells = plan.n_cells
     answers = []

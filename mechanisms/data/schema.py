@@ -12,15 +12,22 @@ JSON shape::
      "neighboring": "replace_one"}
 
 ``neighboring`` is ``replace_one`` (neighbours differ in one row's content; the row count is public) or
-``add_remove`` (neighbours differ by one row's presence; the row count is private).
+``add_remove`` (neighbours differ by one row's presence; the row count is private). A schema has 1 to
+``MAX_COLUMNS`` (1000) columns with unique names.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal, Self
+from collections import Counter
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_COLUMNS = 1000
+"""A schema (and so an upload's CSV header) has at most this many columns. Wider input is refused before any
+column is validated: a 422 naming ``schema.columns`` (a header wider than its schema is refused by the
+header check, ``mechanisms.data.table``). Every check over the columns is linear in their number."""
 
 MAX_EXACT_INT = 2**53 - 1
 """Int bounds must lie in ±(2⁵³ − 1) so that they and every parsed value up to them are exact in float64."""
@@ -91,19 +98,60 @@ Column = Annotated[FloatColumn | IntColumn | CategoricalColumn, Field(discrimina
 NumericColumn = FloatColumn | IntColumn
 
 
+MAX_ROWS_PER_UNIT = 1_000_000
+
+
+class PrivacyUnit(_Frozen):
+    """Who is protected: the rows sharing a value of ``column`` (an int or categorical column: a person, an
+    account) form one unit, and neighbouring datasets differ by one unit with all its rows. ``max_rows`` is
+    the public contribution bound: every query keeps at most that many of a unit's selected rows, chosen
+    by a keyed hash the analyst can neither steer nor predict (``mechanisms.data.plan.UnitBound``)."""
+
+    column: ColumnName
+    max_rows: int = Field(strict=True, ge=1, le=MAX_ROWS_PER_UNIT)
+
+
 class DatasetSchema(_Frozen):
     """The public description of a dataset (at least one column, unique names)."""
 
-    columns: tuple[Column, ...] = Field(min_length=1)
+    columns: tuple[Column, ...] = Field(min_length=1, max_length=MAX_COLUMNS)
     neighboring: Literal["replace_one", "add_remove"]
+    privacy_unit: PrivacyUnit | None = None
+
+    @field_validator("columns", mode="before")
+    @classmethod
+    def _at_most_max_columns(cls, value: Any) -> Any:
+        """Refuse a wide schema before validating any of its columns (validating 100 000 takes seconds)."""
+        if isinstance(value, list | tuple) and len(value) > MAX_COLUMNS:
+            raise ValueError(f"a schema has at most {MAX_COLUMNS} columns, this one has {len(value)}")
+        return value
 
     @model_validator(mode="after")
     def _names_unique(self) -> Self:
-        names = [c.name for c in self.columns]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        counts = Counter(c.name for c in self.columns)  # linear: no ``list.count`` per name
+        duplicates = sorted(n for n, k in counts.items() if k > 1)
         if duplicates:
             raise ValueError(f"duplicate column names: {', '.join(map(repr, duplicates))}")
         return self
+
+    @model_validator(mode="after")
+    def _unit_is_an_identifier(self) -> Self:
+        unit = self.privacy_unit
+        if unit is not None:
+            column = self.column(unit.column)
+            if column is None:
+                raise ValueError(f"privacy_unit.column: no column named {unit.column!r}")
+            if isinstance(column, FloatColumn):
+                raise ValueError(
+                    f"privacy_unit.column: {unit.column!r} is a float column; a unit is identified by an int "
+                    "or categorical column"
+                )
+        return self
+
+    @property
+    def unit_rows(self) -> int:
+        """How many rows one neighbour step may change: the unit's ``max_rows``, or 1 (a row is a unit)."""
+        return 1 if self.privacy_unit is None else self.privacy_unit.max_rows
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -28,6 +28,7 @@ from mechanisms.data.plan import (
     Key,
     Predicate,
     Sum,
+    UnitBound,
     aggregate,
     clip_bounds,
     grid_bits,
@@ -157,6 +158,9 @@ def _has_public_size(query: MeanQuery, ctx: PublicContext) -> bool:
 
 def check_query(query: AnyQuery, ctx: PublicContext) -> None:
     """Raise ``ParamsError`` (field relative to params) unless ``query`` can run on this schema."""
+    unit = ctx.schema.privacy_unit
+    if unit is not None and not isinstance(query, CountQuery) and query.column == unit.column:
+        raise ParamsError("query.column", f"{unit.column!r} identifies the privacy unit; it is not a measure")
     for index, condition in enumerate(query.where):
         _check_condition(condition, ctx, f"query.where.{index}")
     if not isinstance(query, CountQuery):
@@ -222,6 +226,8 @@ def shifts(query: AnyQuery, ctx: PublicContext) -> tuple[float, ...]:
     count: one row enters or leaves the selection (or the dataset), so one coordinate moves by 1 under both
     relations. sum, mean, histogram: see ``_sum_shift``, ``_mean_shift``, ``_histogram_shifts``.
     """
+    if ctx.schema.privacy_unit is not None:
+        return _unit_shifts(query, ctx, ctx.schema.privacy_unit.max_rows)
     if isinstance(query, CountQuery):
         return (1.0,)
     if isinstance(query, SumQuery):
@@ -229,6 +235,29 @@ def shifts(query: AnyQuery, ctx: PublicContext) -> tuple[float, ...]:
     if isinstance(query, MeanQuery):
         return (_mean_shift(query, ctx),)
     return _histogram_shifts(ctx)
+
+
+def _unit_shifts(query: AnyQuery, ctx: PublicContext, k: int) -> tuple[float, ...]:
+    """Shifts when neighbours differ by one privacy unit, of which every query keeps at most k selected rows
+    (``mechanisms.data.plan.UnitBound``; docs/privacy.md §15, Lemma UNIT).
+
+    count: the unit's kept rows, 0..k on each side: k. sum: the sum of ≤ k values in [min, max] lies in
+    [k·min(min, 0), k·max(max, 0)], so add/remove moves it by ≤ k·max(|min|, |max|) and replacing the unit's
+    rows by ≤ k·(max(max, 0) − min(min, 0)). histogram: add/remove moves bins by a total of ≤ k (ℓ2 ≤ k,
+    all in one bin); replacing removes ≤ k and adds ≤ k counts: ℓ1 ≤ 2k and, both parts non-negative,
+    ℓ2² ≤ k² + k² (two coordinates of k). mean: refused (the row count is not public; ``check_query``).
+    """
+    if isinstance(query, CountQuery):
+        return (float(k),)
+    if isinstance(query, HistogramQuery):
+        return (float(k),) if ctx.schema.neighboring == "add_remove" else (float(k), float(k))
+    if isinstance(query, MeanQuery):
+        raise ParamsError("query.kind", MEAN_REFUSAL)
+    column = _numeric(query, ctx)
+    low, high = Fraction(column.min), Fraction(column.max)
+    if ctx.schema.neighboring == "add_remove":
+        return (float_up(k * max(abs(low), abs(high))),)
+    return (float_up(k * (max(high, Fraction(0)) - min(low, Fraction(0)))),)
 
 
 def l1(shift_values: Iterable[float]) -> float:
@@ -289,27 +318,35 @@ def real_sum_value(terms: tuple[Sum, ...], values: tuple[int, ...]) -> Fraction:
     return total
 
 
+def unit_bound(ctx: PublicContext) -> UnitBound | None:
+    """The plan's contribution bounding of a dataset with a privacy unit (None: a row is a unit)."""
+    unit = ctx.schema.privacy_unit
+    return None if unit is None else UnitBound(unit.column, unit.max_rows)
+
+
 def query_plan(query: AnyQuery, ctx: PublicContext, grid: Grid) -> tuple[Aggregation, list[str] | None]:
     """The aggregation plan of ``query`` for a release on ``grid`` (public parameters only), and the
-    histogram labels."""
+    histogram labels. On a dataset with a privacy unit every plan bounds each unit to its ``max_rows``
+    selected rows, and real sums use row units k times finer (one neighbour step changes up to k rows)."""
     where = where_plan(query.where, ctx)
+    bounded = unit_bound(ctx)
     if isinstance(query, CountQuery):
-        return Aggregation(where=where), None
+        return Aggregation(where=where, unit=bounded), None
     if isinstance(query, HistogramQuery):
         key, labels = _histogram_key(query, ctx)
         bounds = clip_bounds(ctx.schema, [c.column for c in query.where] + [key.column])
-        return Aggregation(where=where, keys=(key,), bounds=bounds), labels
+        return Aggregation(where=where, keys=(key,), bounds=bounds, unit=bounded), labels
     column = _numeric(query, ctx)
     bounds = clip_bounds(ctx.schema, [c.column for c in query.where] + [column.name])
     if isinstance(column, IntColumn):
         sums: tuple[Sum, ...] = (Sum("int_sum", column.name),)
         if isinstance(query, MeanQuery):  # the count checks the table has the public row count
             sums = (Sum("count"), *sums)
-        return Aggregation(where=where, sums=sums, bounds=bounds), None
-    unit = Fraction(grid.granularity)
+        return Aggregation(where=where, sums=sums, bounds=bounds, unit=bounded), None
+    unit = Fraction(grid.granularity) / ctx.schema.unit_rows
     if isinstance(query, MeanQuery):
         unit = unit * _public_rows(ctx)
-    return Aggregation(where=where, sums=real_sum_terms(column, unit), bounds=bounds), None
+    return Aggregation(where=where, sums=real_sum_terms(column, unit), bounds=bounds, unit=bounded), None
 
 
 def _public_rows(ctx: PublicContext) -> int:

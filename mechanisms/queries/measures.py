@@ -49,6 +49,7 @@ from mechanisms.data.plan import Aggregation, Key, Sum, aggregate, clip_bounds, 
 from mechanisms.data.schema import CategoricalColumn, FloatColumn, IntColumn
 from mechanisms.noise import Grid, Noise, dyadic_scale_up, float_up, laplace_grid
 from mechanisms.queries.language import (
+    FLOAT_SLACK,
     MAX_SCALE_BITS,
     MIN_GRID_EXPONENT,
     RANGE_BITS,
@@ -59,6 +60,7 @@ from mechanisms.queries.language import (
     l2,
     real_sum_terms,
     real_sum_value,
+    unit_bound,
     unit_shift,
     where_plan,
 )
@@ -175,6 +177,10 @@ def blocks(p: _MeasuresBase, ctx: PublicContext) -> tuple[Block, ...]:
             add(Block("count", None, Fraction(1), Fraction(1), True))
             continue
         column = _numeric(ctx, measure.column, f"measures.{index}.column")
+        unit = ctx.schema.privacy_unit
+        if unit is not None and column.name == unit.column:
+            reason = f"{unit.column!r} identifies the privacy unit; it is not a measure"
+            raise ParamsError(f"measures.{index}.column", reason)
         integer = isinstance(column, IntColumn)
         if measure.kind == "sum":
             add(Block("sum", column.name, Fraction(column.min), Fraction(column.max), integer))
@@ -208,6 +214,14 @@ def block_cases(
     """The moving coordinates of one neighbour step (module docstring), as value shifts."""
     m = float_up(max(abs(block.lo), abs(block.hi)))
     r = float_up(block.hi - block.lo)
+    unit = ctx.schema.privacy_unit
+    if unit is not None:  # a unit's ≤ k kept rows, in any cells (docs/privacy.md §15, Lemma UNIT)
+        k = unit.max_rows
+        km = float_up(k * max(abs(block.lo), abs(block.hi)))
+        if ctx.schema.neighboring == "add_remove":
+            return ((km,),)  # ℓ1 and ℓ2 ≤ k·M: the most when all in one cell
+        same_sign = block.lo >= 0 or block.hi <= 0  # per-cell sums of each side share a sign: ℓ2² ≤ 2(kM)²
+        return ((km, km),) if same_sign else ((float_up(2 * k * max(abs(block.lo), abs(block.hi))),),)
     if ctx.schema.neighboring == "add_remove":
         return ((m,),)
     cases: list[tuple[float, ...]] = [(r,)]
@@ -224,13 +238,20 @@ class BlockPlan:
     grid: Grid
     exact: bool
     unit_cases: tuple[tuple[int, ...], ...]
+    spread: tuple[int, float] | None = None
+    """(ℓ1, ℓ2) in grid units of a real block on a dataset with a privacy unit, whose change may spread over
+    several cells, each rounded (``plan_block``); None: the cases' own sums."""
 
     @property
     def l1_units(self) -> int:
+        if self.spread is not None:
+            return self.spread[0]
         return max(sum(case) for case in self.unit_cases)
 
     @property
     def l2_units(self) -> float:
+        if self.spread is not None:
+            return self.spread[1]
         return max(l2(float(m) for m in case) for case in self.unit_cases)
 
     @property
@@ -265,7 +286,28 @@ def plan_block(block: Block, ctx: PublicContext, has_where: bool, n_cells: int, 
         raise ParamsError("measures", "the sensitivity is too small for an exact release grid (γ < 2^-1000)")
     exact = block.integer and grid.exponent <= 0
     units = tuple(tuple(unit_shift(s, grid, exact) for s in case) for case in cases)
-    return BlockPlan(block, grid, exact, units)
+    spread = None
+    if ctx.schema.privacy_unit is not None and not exact and l1_value > 0.0:
+        spread = unit_spread(cases, grid, ctx.schema.privacy_unit.max_rows, ctx.schema.neighboring, n_cells)
+    return BlockPlan(block, grid, exact, units, spread)
+
+
+def unit_spread(
+    cases: tuple[tuple[float, ...], ...], grid: Grid, k: int, neighboring: str, n_cells: int
+) -> tuple[int, float]:
+    """(ℓ1, ℓ2) in grid units of a real block when one unit's ≤ k rows (2k when replaced) may sit in c =
+    min(rows, cells) cells: each moved cell's computed value moves by its exact change plus the rows'
+    rounding (≤ 2^-7 in all, the row units being k times finer, ``query_plan``), and its rounding to the
+    grid adds < 1, so ℓ1 ≤ ⌊S₁/γ + 1/64⌋ + c and ℓ2 ≤ S₂/γ + 1/64 + √c, with S₁, S₂ the cases' ℓ1 and ℓ2
+    (docs/privacy.md §15, Lemma UNIT)."""
+    rows = k if neighboring == "add_remove" else 2 * k
+    moved = min(rows, n_cells)
+    gamma = Fraction(grid.granularity)
+    s1 = max(sum((Fraction(x) for x in case), Fraction(0)) for case in cases)
+    s2 = max(Fraction(l2(case)) for case in cases)
+    l1_units = math.floor(s1 / gamma + FLOAT_SLACK) + moved
+    l2_units = float_up(s2 / gamma + FLOAT_SLACK + Fraction(math.sqrt(moved)) * (1 + Fraction(1, 2**50)))
+    return l1_units, l2_units
 
 
 def _check(p: _MeasuresBase, ctx: PublicContext) -> tuple[tuple[Block, ...], list[CategoricalColumn]]:
@@ -351,7 +393,7 @@ def block_terms(plan: BlockPlan, ctx: PublicContext) -> tuple[Sum, ...]:
     if block.kind == "count":
         return (Sum("count"),)
     column = _numeric(ctx, str(block.column), "measures")
-    unit = Fraction(plan.grid.granularity)
+    unit = Fraction(plan.grid.granularity) / ctx.schema.unit_rows  # k rows may change: k times finer
     if block.kind == "sum":
         if isinstance(column, IntColumn):
             return (Sum("int_sum", column.name),)
@@ -385,7 +427,8 @@ def measures_plan(
         positions.append(tuple(sums.index(term) for term in terms))
     keys = tuple(Key(c.name, len(c.values)) for c in columns)
     read = [c.column for c in p.where] + [str(s.column) for s in sums if s.column is not None]
-    aggregation = Aggregation(where_plan(p.where, ctx), keys, tuple(sums), clip_bounds(ctx.schema, read))
+    bounds = clip_bounds(ctx.schema, read)
+    aggregation = Aggregation(where_plan(p.where, ctx), keys, tuple(sums), bounds, unit_bound(ctx))
     return aggregation, positions, columns
 
 

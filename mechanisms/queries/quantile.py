@@ -49,7 +49,7 @@ from mechanisms.data.plan import Aggregation, Bucket, Key, aggregate, clip_bound
 from mechanisms.data.schema import CategoricalColumn, FloatColumn, IntColumn
 from mechanisms.noise import Noise, float_up
 from mechanisms.noise.reduction import RATE_DENOMINATOR, geometric_rates
-from mechanisms.queries.language import Where, charged_fraction, check_where, where_plan
+from mechanisms.queries.language import Where, charged_fraction, check_where, unit_bound, where_plan
 
 MAX_CANDIDATES = 1 << 16
 MAX_QUANTILES = 32
@@ -133,9 +133,15 @@ def scores(counts: np.ndarray, n: int, q: float) -> tuple[list[Fraction], np.nda
     return [Fraction(abs(k * bottom - top), bottom) for k in distinct.tolist()], index.astype(np.int64)
 
 
-def noise_rate(p: QuantileParams) -> Fraction:
-    """r = ⌊(ε_q/2)·2^48⌋/2^48 ≤ ε_q/2: the geometric noise's rate per score unit (0 when ε_q < 2^-47)."""
-    return Fraction(math.floor(per_quantile_epsilon(p) / 2 * RATE_DENOMINATOR), RATE_DENOMINATOR)
+def noise_rate(p: QuantileParams, unit_rows: int = 1) -> Fraction:
+    """r = ⌊(ε_q/(2k))·2^48⌋/2^48 ≤ ε_q/(2k): the geometric noise's rate per score unit (0 when too small).
+
+    k = ``unit_rows`` is how many rows one neighbour step may change (a privacy unit's ``max_rows``; 1 when a
+    row is a unit): every rank count, and q·n, then moves by at most k, so |Δs| ≤ k and Lemma Q2′ needs
+    2·r·k ≤ ε_q (docs/privacy.md §15)."""
+    return Fraction(
+        math.floor(per_quantile_epsilon(p) / (2 * unit_rows) * RATE_DENOMINATOR), RATE_DENOMINATOR
+    )
 
 
 def selection_keys(counts: np.ndarray, n: int, q: float, noise_draws: np.ndarray) -> np.ndarray:
@@ -195,16 +201,16 @@ def selected_rank_counts(
     bucket = candidate_bucket(column, candidates)
     bounds = clip_bounds(ctx.schema, [c.column for c in p.where] + [column.name])
     key = Key(column.name, bucket.size, bucket=bucket)
-    plan = Aggregation(where=where_plan(p.where, ctx), keys=(key,), bounds=bounds)
+    plan = Aggregation(where=where_plan(p.where, ctx), keys=(key,), bounds=bounds, unit=unit_bound(ctx))
     histogram = np.asarray(aggregate(table, plan)[0], dtype=np.int64)
     cumulative = np.cumsum(histogram)
     return candidates, cumulative[:-1], int(cumulative[-1])
 
 
-def rank_error_bound(p: QuantileParams, size: int, beta: float = 0.05) -> float:
+def rank_error_bound(p: QuantileParams, size: int, beta: float = 0.05, unit_rows: int = 1) -> float:
     """With probability ≥ 1 − β, the released candidate's score is within ln(K/β)/r of the best candidate's
     (≈ 2·ln(K/β)/ε_q: max_c G_c < ln(K/β)/r, and the winner's G − s beats the best's): public, in rows."""
-    return math.log(size / beta) / float(noise_rate(p))
+    return math.log(size / beta) / float(noise_rate(p, unit_rows))
 
 
 class Quantile(ParamsChecked):
@@ -219,7 +225,10 @@ class Quantile(ParamsChecked):
     def check(self, p: QuantileParams, ctx: PublicContext) -> None:
         _numeric_column(p, ctx)
         check_where(p.where, ctx)
-        if noise_rate(p) <= 0:
+        unit = ctx.schema.privacy_unit
+        if unit is not None and p.column == unit.column:
+            raise ParamsError("column", f"{unit.column!r} identifies the privacy unit; it is not a measure")
+        if noise_rate(p, ctx.schema.unit_rows) <= 0:
             raise ParamsError("epsilon", "too small: ε per quantile must be at least 2^-47")
 
     def worst_case(self, p: QuantileParams, ctx: PublicContext) -> RdpCurve:
@@ -229,7 +238,7 @@ class Quantile(ParamsChecked):
         self.check(p, ctx)
         worst = quantile_curve(p, ctx.orders)
         candidates, counts, selected = selected_rank_counts(p, ctx, table)
-        rate = noise_rate(p)
+        rate = noise_rate(p, ctx.schema.unit_rows)
         released: dict[str, float | int] = {}
         for q in p.quantiles:
             chosen = int(noisy_max_select(noise, counts, selected, q, rate)[0])
@@ -241,7 +250,7 @@ class Quantile(ParamsChecked):
                 "noise_rate": float(rate),
                 "candidates": int(candidates.size),
                 "epsilon_each": float(per_quantile_epsilon(p)),
-                "rank_error_95": rank_error_bound(p, int(candidates.size)),
+                "rank_error_95": rank_error_bound(p, int(candidates.size), unit_rows=ctx.schema.unit_rows),
             },
         }
         return Release(output=output, realized=worst)

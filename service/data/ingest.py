@@ -39,6 +39,7 @@ import codecs
 import csv
 import io
 import re
+import secrets
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -59,6 +60,7 @@ import pyarrow.csv as pcsv
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from mechanisms.data.plan import ORDER_COLUMN
 from mechanisms.data.schema import CategoricalColumn, DatasetSchema, FloatColumn, IntColumn
 from mechanisms.data.table import QUOTE_CHARS, TableError
 from service.data.errors import SourceError
@@ -92,9 +94,41 @@ class Ingested:
 
 
 def snapshot_schema(schema: DatasetSchema) -> pa.Schema:
-    """The Arrow schema of a snapshot of ``schema``: float64 / int64 / int32 codes, in order, non-nullable."""
+    """The Arrow schema of a snapshot of ``schema``: float64 / int64 / int32 codes, in order, non-nullable;
+    with a privacy unit, then ``ORDER_COLUMN`` (int64, ``unit_order``)."""
     types = {"float": pa.float64(), "int": pa.int64(), "categorical": pa.int32()}
-    return pa.schema([pa.field(c.name, types[c.type], nullable=False) for c in schema.columns])
+    fields = [pa.field(c.name, types[c.type], nullable=False) for c in schema.columns]
+    if schema.privacy_unit is not None:
+        fields.append(pa.field(ORDER_COLUMN, pa.int64(), nullable=False))
+    return pa.schema(fields)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 (wrapping arithmetic)."""
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    result: np.ndarray = z ^ (z >> np.uint64(31))
+    return result
+
+
+def unit_order(arrays: Sequence[pa.Array], secret: int) -> pa.Array:
+    """Each row's bounding order (``mechanisms.data.plan.UnitBound``): a hash of the row's encoded values
+    keyed by ``secret`` (drawn from the OS CSPRNG once per snapshot and then discarded). A function of the row
+    alone, so the rows a unit keeps depend on that unit's rows only; unknown to everyone, so no analyst can
+    steer or predict which rows are kept."""
+    n = len(arrays[0]) if arrays else 0
+    state = np.full(n, np.uint64(secret), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for array in arrays:
+            values = array.to_numpy(zero_copy_only=False)
+            bits = (
+                values.view(np.uint64)
+                if values.dtype == np.float64
+                else values.astype(np.int64).view(np.uint64)
+            )
+            state = _mix(state ^ bits)
+    return pa.array(state.view(np.int64))
 
 
 # ----- writing ------------------------------------------------------------------------------------------
@@ -106,6 +140,7 @@ class _SnapshotWriter:
 
     def __init__(self, schema: DatasetSchema, work_dir: Path) -> None:
         self.schema = snapshot_schema(schema)
+        self._secret = secrets.randbits(64) if schema.privacy_unit is not None else None
         work_dir.mkdir(parents=True, exist_ok=True)
         self.path = work_dir / f"snapshot-{uuid.uuid4().hex}.parquet"
         dictionary = [c.name for c in schema.columns if not isinstance(c, FloatColumn)]
@@ -119,7 +154,10 @@ class _SnapshotWriter:
 
     def append(self, arrays: Sequence[pa.Array], clipped: Mapping[str, int]) -> None:
         """Add encoded columns (schema order) and their clip counts."""
-        batch = pa.RecordBatch.from_arrays(list(arrays), schema=self.schema)
+        columns = list(arrays)
+        if self._secret is not None:
+            columns.append(unit_order(columns, self._secret))
+        batch = pa.RecordBatch.from_arrays(columns, schema=self.schema)
         self._pending.append(batch)
         self._pending_rows += batch.num_rows
         self.n_rows += batch.num_rows
@@ -141,6 +179,7 @@ class _SnapshotWriter:
             raise empty_error
         self._flush(final=True)
         self._writer.close()
+        self._secret = None  # never stored: the order cannot be recomputed, or predicted
         return Ingested(self.path, self.n_rows, dict(self.clipped), file_sha256(self.path))
 
     def discard(self) -> None:

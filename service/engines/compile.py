@@ -2,9 +2,11 @@
 
 The plan is compiled **once** (cached per plan and column types) into a neutral sqlglot expression tree
 built with ``sqlglot.exp`` builders; :meth:`CompiledPlan.sql` renders it with sqlglot's generator for each
-dialect. The tree reads from a table called :data:`SOURCE` (the DuckDB engine swaps in
-``read_parquet(?)``, the Spark engine names a temp view so) and joins one small table per bucket key
-(:class:`CandidateTable`, registered by the engine).
+dialect. The tree reads from a table called :data:`SOURCE` (the DuckDB rendering reads
+``read_parquet($path)`` instead, the Spark engine names a temp view so) and joins one small table per bucket
+key whose corrections can matter (:class:`CandidateTable`; Spark registers it as a broadcast DataFrame; the
+DuckDB rendering replaces the join by ``list_extract`` on list parameters, a faster lookup of the same
+doubles).
 
 Why every engine returns exactly :func:`~mechanisms.data.plan.evaluate_numpy`'s integers (the exactness
 argument, step by step; each step names the NumPy operation it mirrors):
@@ -13,9 +15,12 @@ argument, step by step; each step names the NumPy operation it mirrors):
   ``repr`` is the shortest string that round-trips, and both engines parse it correctly rounded (DuckDB's
   fast_float, Java's ``Double.parseDouble``), so the constant is the very double NumPy uses. A bare ``0.5``
   would be a DECIMAL in DuckDB. Integers are integer literals (|v| ≤ 2^63).
-* **Clip** (``np.clip``): ``LEAST(GREATEST(x, low), high)`` returns one of its inputs (no rounding); int
-  columns are clipped in BIGINT with ``int(low)``, ``int(high)`` as NumPy does. Values are never NaN (the
-  snapshot rejects them); a ±0.0 sign difference after clipping changes no comparison and no integer below.
+* **Clip** (``np.clip``, i.e. min(max(x, low), high)): ``CASE WHEN x < low THEN low WHEN x > high THEN
+  high ELSE x END``, equal to ``LEAST(GREATEST(x, low), high)`` for every non-NaN x when low ≤ high (and
+  the constant ``high`` when low > high, as NumPy gives), but about twice as fast in DuckDB; it returns one
+  of its inputs (no rounding). Int columns are clipped in BIGINT with ``int(low)``, ``int(high)`` as NumPy
+  does. Values are never NaN (the snapshot rejects them); a ±0.0 sign difference after clipping changes no
+  comparison and no integer below.
 * **Comparisons** follow NumPy's type promotion (``np.asarray(values)``, NEP 50): all-integer values
   against an integer column compare as integers; otherwise both sides are doubles, an integer column going
   through ``CAST(x AS DOUBLE)`` (round-to-nearest-even in C, Java and DuckDB alike).
@@ -28,16 +33,25 @@ argument, step by step; each step names the NumPy operation it mirrors):
   way and exact for |s| < 2^63), ``s − FLOOR(s) ≥ 0.5`` in doubles (exact for |s| < 2^52, the plan's
   invariant), and ``CAST(FLOOR(s) AS BIGINT)`` of an integral double — never a rounding cast.
 * **Buckets** (:func:`~mechanisms.data.plan.bucket_of`): ``t = (x − low)·inverse`` in doubles; NumPy's
-  ``clip(ceil(t), 0, K)`` equals ``ceil(clip(t, 0, K))`` because the clip bounds are integers and ceil is
-  monotone, and clipping first keeps Spark's BIGINT ``CEIL`` from ever seeing ±inf. The two corrections
-  read ``c[j0 − 1]`` and ``c[j0]`` from a candidates table (j, c_prev, c_at) with −inf/+inf at the ends
-  (exactly NumPy's padded arrays) by an equi-join on j = j0, which matches exactly one row.
+  ``clip(ceil(t), 0, K)`` is ``CASE WHEN t <= 0 THEN 0 WHEN t >= K THEN K ELSE CAST(CEIL(t) AS BIGINT)
+  END`` (ceil is monotone and 0, K are integers; Spark's BIGINT ``CEIL`` never sees ±inf). The two
+  corrections read ``c[j0 − 1]`` and ``c[j0]`` from a candidates table (j, c_prev, c_at) with −inf/+inf at
+  the ends (exactly NumPy's padded arrays) by an equi-join on j = j0, which matches exactly one row.
+  **Which corrections can matter** is decided from public parameters only (:func:`bucket_corrections`):
+  ``t`` is monotone in x for inverse > 0 (IEEE rounding, subtraction of a constant and multiplication by a
+  positive constant are monotone), so is j0, and on the clipped domain [lo, hi] the lower correction can
+  fire at j0 = j only if j ≤ j0(min(c[j−1], hi)), the upper one only if j ≥ j0(max(next(c[j]), lo)); a
+  correction that can fire nowhere is left out. One that can is guarded: a row with j0 = j whose lower
+  correction fires has x ≤ min(c[j−1], hi), hence fl(t(x) − (j − 1)) ≤ fl(t(min(c[j−1], hi)) − (j − 1)) ≤
+  δ_L (the maximum over such j; fl(· − m) is monotone too), so rows with a larger fl(t − (j0 − 1)) skip
+  the lookup (and symmetrically fl(j0 − t) ≤ δ_U). A guard only decides where the exact comparison is
+  evaluated, never its result.
 * **Cells** are BIGINT ``Σ index_i·Π_{j>i} size_j`` as in ``_cells``.
 * **Sums** are exact integers: ``COUNT(*)`` (BIGINT), DuckDB ``SUM(BIGINT)`` → HUGEINT (128-bit, raises on
   overflow), Spark ``SUM(CAST(v AS DECIMAL(38, 0)))`` under ANSI mode (raises on overflow, never wraps).
   sqlglot would render ``SUM`` unchanged for Spark, where ``SUM(BIGINT)`` is a 64-bit sum that can
   overflow (an error under ANSI, but not an answer): that one piece is rewritten per dialect
-  (:func:`_exact_sums`).
+  (:func:`_exact_sums_spark`).
 
 A plan whose floats are NaN (or, outside candidates, infinite) is refused with ``ValueError``: NumPy and the
 engines order NaN differently, so no exact agreement is possible for it, and ``normalise`` never builds one.
@@ -49,6 +63,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Literal
@@ -125,6 +140,36 @@ def integer(value: int) -> exp.Expression:
     return exp.Literal.number(int(value))
 
 
+def _bucket_j0(t: exp.Expression, n: int) -> exp.Expression:
+    """np.clip(np.ceil(t), 0, n) as BIGINT (module docstring)."""
+    case: exp.Expression = (
+        exp.Case()
+        .when(exp.LTE(this=t.copy(), expression=double(0.0)), integer(0))
+        .when(exp.GTE(this=t.copy(), expression=double(float(n))), integer(n))
+        .else_(exp.cast(exp.Ceil(this=t.copy()), _BIGINT))
+    )
+    return case
+
+
+def _clip_case(
+    value: exp.Expression, low: exp.Expression | None, high: exp.Expression | None, constant: bool
+) -> exp.Expression:
+    """min(max(value, low), high) for low ≤ high as one CASE (``None``: that side is open); ``constant``
+    (low > high): ``high`` for every row, as np.clip gives."""
+    if constant:
+        assert high is not None
+        return high
+    case = exp.Case()
+    if low is not None:
+        case = case.when(exp.LT(this=value.copy(), expression=low), low.copy())
+    if high is not None:
+        case = case.when(exp.GT(this=value.copy(), expression=high), high.copy())
+    if low is None and high is None:
+        return value
+    clipped: exp.Expression = case.else_(value.copy())
+    return clipped
+
+
 def _flag(condition: exp.Expression) -> exp.Expression:
     """1 when ``condition`` holds, else 0."""
     case: exp.Expression = exp.Case().when(condition, exp.Literal.number(1)).else_(exp.Literal.number(0))
@@ -167,6 +212,16 @@ class CandidateTable:
 
     name: str
     table: pa.Table
+    index: str
+    """The column of the ``selected`` subquery holding the row's j0 (the join key)."""
+
+    @property
+    def prev_parameter(self) -> str:
+        return f"{self.name}_prev"
+
+    @property
+    def at_parameter(self) -> str:
+        return f"{self.name}_at"
 
 
 @dataclass(frozen=True, eq=False)
@@ -179,15 +234,40 @@ class CompiledPlan:
     columns: tuple[str, ...]
     """The snapshot columns read (the projection)."""
 
-    @property
-    def grouped(self) -> bool:
-        return bool(self.plan.keys)
+    @cached_property
+    def _duckdb_tree(self) -> exp.Expression:
+        source = exp.Table(this=exp.ReadParquet(expressions=[exp.Placeholder(this="path")]))
+        return _list_lookups(_with_source(self.query, source), self.candidates)
 
     @cached_property
     def duckdb_sql(self) -> str:
-        """The query for DuckDB, reading ``read_parquet(?)`` (the snapshot's path is the one parameter)."""
-        source = exp.Table(this=exp.ReadParquet(expressions=[exp.Placeholder()]))
+        """The query for DuckDB: reads ``read_parquet($path)``, looks candidates up with ``list_extract`` on
+        list parameters (:meth:`duckdb_parameters`) instead of joining tables."""
+        return self._duckdb_tree.sql(dialect="duckdb")
+
+    @cached_property
+    def duckdb_join_sql(self) -> str:
+        """The query for DuckDB with the candidate joins kept (the tables must be registered); an
+        alternative measured by benchmarks/engine_scale.py."""
+        source = exp.Table(this=exp.ReadParquet(expressions=[exp.Placeholder(this="path")]))
         return _with_source(self.query, source).sql(dialect="duckdb")
+
+    @cached_property
+    def _duckdb_lists(self) -> dict[str, list[float]]:
+        lists: dict[str, list[float]] = {}
+        used = {placeholder.name for placeholder in self._duckdb_tree.find_all(exp.Placeholder)}
+        for candidates in self.candidates:
+            for parameter, column in (
+                (candidates.prev_parameter, "c_prev"),
+                (candidates.at_parameter, "c_at"),
+            ):
+                if parameter in used:
+                    lists[parameter] = candidates.table.column(column).to_pylist()
+        return lists
+
+    def duckdb_parameters(self, path: Path) -> dict[str, object]:
+        """The named parameters of :attr:`duckdb_sql`: the snapshot's path and the candidate lists."""
+        return {"path": str(path), **self._duckdb_lists}
 
     @cached_property
     def spark_sql(self) -> str:
@@ -213,6 +293,26 @@ def _with_source(query: exp.Select, source: exp.Expression) -> exp.Expression:
     return swapped
 
 
+def _list_lookups(query: exp.Expression, candidates: Sequence[CandidateTable]) -> exp.Expression:
+    """DuckDB only, for speed (not exactness): ``cand.c_prev`` → ``LIST_EXTRACT($cand_prev, j0 + 1)`` (lists
+    are 1-based) and the joins dropped. The looked-up doubles are the same; inside a guarded ``CASE WHEN
+    guard AND …`` DuckDB evaluates the lookup only on the rows that pass the guard."""
+    by_name = {c.name: c for c in candidates}
+
+    def rewrite(node: exp.Expression) -> exp.Expression | None:
+        if isinstance(node, exp.Join) and node.this.name in by_name:
+            return None
+        if isinstance(node, exp.Column) and node.table in by_name:
+            table = by_name[node.table]
+            parameter = table.prev_parameter if node.name == "c_prev" else table.at_parameter
+            index = exp.Add(this=_col(table.index, "selected"), expression=exp.Literal.number(1))
+            return exp.Anonymous(this="LIST_EXTRACT", expressions=[exp.Placeholder(this=parameter), index])
+        return node
+
+    rewritten: exp.Expression = query.transform(rewrite)
+    return rewritten
+
+
 def _exact_sums_spark(query: exp.Expression) -> exp.Expression:
     """sqlglot keeps ``SUM(v)`` as is, but Spark's ``SUM(BIGINT)`` is a 64-bit sum (DuckDB's is a 128-bit
     HUGEINT): sum Spark's BIGINT row values as DECIMAL(38, 0) instead (exact below 10^38, an error above
@@ -233,7 +333,13 @@ def compile_plan(plan: Aggregation, kinds: Mapping[str, ColumnKind]) -> Compiled
     missing = [name for name in needed if name not in kinds]
     if missing:
         raise ValueError(f"the snapshot has no column {missing[0]!r}")
+    if plan.unit is not None and not UNIT_BOUNDING:  # never run a unit dataset's plan unbounded
+        raise NotImplementedError("this engine does not bound privacy units yet")
     return _compile(plan, tuple((name, kinds[name]) for name in needed))
+
+
+UNIT_BOUNDING = False
+"""Whether the compiled SQL applies ``Aggregation.unit`` (the per-unit row bound)."""
 
 
 @lru_cache(maxsize=256)
@@ -245,9 +351,11 @@ class _Compiler:
     """Builds the query in four nested selects (DuckDB and Spark merge the projections):
 
     1. ``clipped``: the plan's columns from :data:`SOURCE`, clipped, as c0, c1, …
-    2. ``selected``: the ``where`` filter; per key its code index or the bucket's (x, j0); per sum its
-       pre-scale double ``y`` (grid) or BIGINT value (int_sum);
-    3. ``cells``: joins the candidate tables; the cell index; the scaled doubles ``s``;
+    2. ``selected``: the ``where`` filter; per key its code index, or the bucket's x and t (and j0 when a
+       correction needs a lookup: it is the join key); per sum its pre-scale double ``y`` (grid) or BIGINT
+       value (int_sum);
+    3. ``cells``: joins the candidate tables; the cell index (j0 and the guarded corrections); the scaled
+       doubles ``s``;
     4. the aggregate: ``COUNT(*)`` / ``SUM(unit)`` per cell (grouped by cell when there are keys).
     """
 
@@ -258,23 +366,33 @@ class _Compiler:
 
     # layer 1
     def _clip(self, name: str) -> exp.Expression:
-        source = _col(name)
+        """np.clip(x, low, high) = min(max(x, low), high) (module docstring)."""
         bound = self.plan.bound(name)
         if self.kinds[name] == "int":
-            value: exp.Expression = exp.cast(source, _BIGINT)
-            if bound is not None:
-                int_low, int_high = (integer(int(_finite(b))) for b in bound)
-                value = exp.func("LEAST", exp.func("GREATEST", value, int_low), int_high)
-            return value
+            value: exp.Expression = exp.cast(_col(name), _BIGINT)
+            if bound is None:
+                return value
+            low, high = (int(_finite(b)) for b in bound)
+            return _clip_case(value, integer(low) if low <= high else None, integer(high), low > high)
         if bound is None:
-            return source
-        low, high = bound
-        clipped: exp.Expression = source
-        if low != -math.inf:  # clipping to −inf (+inf) is the identity on finite values
-            clipped = exp.func("GREATEST", clipped, double(low))
-        if high != math.inf:
-            clipped = exp.func("LEAST", clipped, double(high))
-        return clipped
+            return _col(name)
+        low_f, high_f = bound
+        if math.isnan(low_f) or math.isnan(high_f) or low_f == math.inf or high_f == -math.inf:
+            raise ValueError(f"the bounds of {name!r} are not a range: {bound}")
+        lower = double(low_f) if low_f != -math.inf else None  # clipping to ±inf is the identity
+        upper = double(high_f) if high_f != math.inf else None
+        return _clip_case(_col(name), lower, upper, low_f > high_f)
+
+    def _domain(self, name: str) -> tuple[float, float]:
+        """An interval of doubles holding every clipped value of ``name`` as a double (bucket analysis)."""
+        bound = self.plan.bound(name)
+        if bound is None:
+            return -math.inf, math.inf
+        if self.kinds[name] == "int":
+            low, high = (int(b) for b in bound)
+            low = min(low, high)  # low > high: every value is high
+            return float(low), float(high)  # float() is monotone: fl(n) lies between fl(low) and fl(high)
+        return (min(bound[0], bound[1]), bound[1])
 
     def _ref(self, name: str) -> exp.Column:
         return _col(self.names[name])
@@ -376,23 +494,49 @@ class _Compiler:
             selected.append(index.as_(f"k{k}"))
             return _col(f"k{k}", "selected")
         bucket = key.bucket
-        table = candidate_table(f"expost_candidates_{k}", bucket)
-        candidates.append(table)
         n = len(bucket.candidates)
+        _check_bucket(bucket)
         x = self._as_double(key.column)
         t = exp.Mul(
             this=exp.paren(exp.Sub(this=x, expression=double(bucket.low))),
             expression=double(bucket.inverse),
         )
-        clipped_t = exp.func("LEAST", exp.func("GREATEST", t, double(0.0)), double(float(n)))
         selected.append(x.copy().as_(f"x{k}"))
-        selected.append(exp.cast(exp.Ceil(this=clipped_t), _BIGINT).as_(f"j{k}"))
-        j0 = _col(f"j{k}", "selected")
-        joins.append((table.name, exp.EQ(this=_col("j", table.name), expression=j0)))
+        selected.append(t.as_(f"t{k}"))
+        t_ref = _col(f"t{k}", "selected")
+        corrections = bucket_corrections(bucket, *self._domain(key.column))
+        if not (corrections.lower or corrections.upper):
+            return exp.paren(_bucket_j0(t_ref, n))  # b = j0: computed in layer 3 from t
+        # the join key j0 must be a column of layer 2 (t is repeated: both engines eliminate the common
+        # subexpression)
+        index_name = f"j{k}"
+        selected.append(_bucket_j0(t.copy(), n).as_(index_name))
+        j0: exp.Expression = _col(index_name, "selected")
+        table = candidate_table(f"expost_candidates_{k}", bucket, index_name)
+        candidates.append(table)
+        joins.append((table.name, exp.EQ(this=_col("j", table.name), expression=j0.copy())))
         x_ref = _col(f"x{k}", "selected")
-        below = _flag(exp.LTE(this=x_ref, expression=_col("c_prev", table.name)))
-        above = _flag(exp.LT(this=_col("c_at", table.name), expression=x_ref.copy()))
-        return exp.paren(exp.Add(this=exp.Sub(this=j0.copy(), expression=below), expression=above))
+        bucket_index: exp.Expression = j0.copy()
+        if corrections.lower:
+            fires: exp.Expression = exp.LTE(this=x_ref.copy(), expression=_col("c_prev", table.name))
+            if corrections.lower_guard is not None:
+                previous = exp.cast(exp.Sub(this=j0.copy(), expression=integer(1)), _DOUBLE)
+                guard = exp.LTE(
+                    this=exp.Sub(this=t_ref.copy(), expression=previous),
+                    expression=double(corrections.lower_guard),
+                )
+                fires = exp.and_(guard, fires)
+            bucket_index = exp.Sub(this=bucket_index, expression=_flag(fires))
+        if corrections.upper:
+            fires = exp.LT(this=_col("c_at", table.name), expression=x_ref.copy())
+            if corrections.upper_guard is not None:
+                guard = exp.LTE(
+                    this=exp.Sub(this=exp.cast(j0.copy(), _DOUBLE), expression=t_ref.copy()),
+                    expression=double(corrections.upper_guard),
+                )
+                fires = exp.and_(guard, fires)
+            bucket_index = exp.Add(this=bucket_index, expression=_flag(fires))
+        return exp.paren(bucket_index)
 
     def _sum(
         self, i: int, s: Sum, selected: list[exp.Expression], cells_select: list[exp.Expression]
@@ -433,12 +577,81 @@ def _finite(value: float) -> float:
     return value
 
 
-def candidate_table(name: str, bucket: Bucket) -> CandidateTable:
-    """The (j, c_prev, c_at) table of ``bucket`` (NaN candidates are refused: module docstring)."""
+@dataclass(frozen=True)
+class Corrections:
+    """Which of a bucket's two corrections can be non-zero on a domain, and their guards (None: every row
+    must be checked). See the module docstring for the argument."""
+
+    lower: bool
+    lower_guard: float | None
+    upper: bool
+    upper_guard: float | None
+
+
+def bucket_corrections(bucket: Bucket, lo: float, hi: float) -> Corrections:
+    """:class:`Corrections` of ``bucket`` for values x in [lo, hi] (public parameters only).
+
+    With inverse > 0, t(x) = fl(fl(x − low)·inverse) and j0(x) are monotone in x (the same NumPy operations
+    as :func:`~mechanisms.data.plan.bucket_of`). The lower correction at j0 = j (1 ≤ j ≤ K) fires for x ≤
+    c[j−1]; such an x of the domain is ≤ top_j = min(c[j−1], hi), so it needs c[j−1] ≥ lo and
+    j ≤ j0(top_j), and it has fl(t(x) − (j−1)) ≤ fl(t(top_j) − (j−1)). The upper one at j (0 ≤ j < K) fires
+    for x > c[j], i.e. x ≥ bottom_j = max(nextafter(c[j], +inf), lo), so it needs bottom_j ≤ hi and
+    j ≥ j0(bottom_j), and it has fl(j − t(x)) ≤ fl(j − t(bottom_j)). Without that monotonicity (inverse <
+    0) both corrections are kept, unguarded."""
+    c = np.asarray(bucket.candidates, dtype=np.float64)
+    k = c.size
+    if not bucket.inverse > 0 or k == 0:
+        return Corrections(True, None, True, None)
+
+    def t(x: np.ndarray) -> np.ndarray:
+        result: np.ndarray = (x - bucket.low) * bucket.inverse
+        return result
+
+    def j0(x: np.ndarray) -> np.ndarray:
+        result: np.ndarray = np.clip(np.ceil(t(x)), 0, k)
+        return result
+
+    with np.errstate(all="ignore"):
+        j_lower = np.arange(1, k + 1, dtype=np.float64)
+        top = np.minimum(c, hi)
+        lower = (c >= lo) & (j_lower <= j0(top))
+        j_upper = np.arange(0, k, dtype=np.float64)
+        bottom = np.maximum(np.nextafter(c, np.inf), lo)
+        upper = (c < np.inf) & (bottom <= hi) & (j_upper >= j0(bottom))
+        lower_slack = (t(top) - (j_lower - 1))[lower]
+        upper_slack = (j_upper - t(bottom))[upper]
+    if np.isnan(lower_slack).any() or np.isnan(upper_slack).any():  # not reachable with finite parameters
+        return Corrections(True, None, True, None)
+    return Corrections(
+        bool(lower.any()),
+        _guard(lower_slack),
+        bool(upper.any()),
+        _guard(upper_slack),
+    )
+
+
+def _guard(slack: np.ndarray) -> float | None:
+    if slack.size == 0:
+        return None
+    largest = float(np.max(slack))
+    return largest if math.isfinite(largest) else None
+
+
+def _check_bucket(bucket: Bucket) -> None:
+    """Refuse what has no exact meaning in every engine: NaN candidates (ordered differently), a NaN or
+    infinite low or inverse, inverse 0 (t would be NaN where x − low overflows)."""
     values = np.asarray(bucket.candidates, dtype=np.float64)
     if values.size == 0 or np.isnan(values).any():
         raise ValueError("a bucket needs at least one candidate, and no NaN")
     _finite(bucket.low), _finite(bucket.inverse)
+    if bucket.inverse == 0:
+        raise ValueError("a bucket's inverse width must not be 0")
+
+
+def candidate_table(name: str, bucket: Bucket, index: str) -> CandidateTable:
+    """The (j, c_prev, c_at) table of ``bucket``."""
+    _check_bucket(bucket)
+    values = np.asarray(bucket.candidates, dtype=np.float64)
     prev = np.concatenate([[-np.inf], values])
     at = np.concatenate([values, [np.inf]])
     table = pa.table(
@@ -448,7 +661,7 @@ def candidate_table(name: str, bucket: Bucket) -> CandidateTable:
             "c_at": pa.array(at),
         }
     )
-    return CandidateTable(name, table)
+    return CandidateTable(name, table, index)
 
 
 # ----- results --------------------------------------------------------------------------------------------
@@ -477,8 +690,6 @@ def _exact_int(value: object) -> int:
     """An engine's integer (int, or an integral Decimal from Spark's DECIMAL(38, 0)) as a Python int."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    from decimal import Decimal
-
     if isinstance(value, Decimal) and value == value.to_integral_value():
         return int(value)
     raise TypeError(f"an engine returned a non-integer sum: {value!r}")
