@@ -140,6 +140,7 @@ class _SnapshotWriter:
 
     def __init__(self, schema: DatasetSchema, work_dir: Path) -> None:
         self.schema = snapshot_schema(schema)
+        self.names = schema.names  # the data columns, in order (the snapshot may add ``ORDER_COLUMN``)
         self._secret = secrets.randbits(64) if schema.privacy_unit is not None else None
         work_dir.mkdir(parents=True, exist_ok=True)
         self.path = work_dir / f"snapshot-{uuid.uuid4().hex}.parquet"
@@ -549,7 +550,7 @@ class _CsvScan:
             if array is not None:
                 encoded[column.name] = array
         if not self.cells:
-            self.writer.append([encoded[name] for name in self.writer.schema.names], clipped)
+            self.writer.append([encoded[name] for name in self.writer.names], clipped)
 
     def error(self) -> TableError | None:
         """load_csv's error for this file (the first in its order of checks), or None when it is valid."""

@@ -39,7 +39,9 @@ def _out(dataset: Dataset, principal: Principal) -> DatasetOut:
         id=dataset.id,
         name=dataset.name,
         schema_=dataset.schema_json,
-        n_rows=dataset.n_rows if dataset.neighboring == "replace_one" or principal.is_admin else None,
+        n_rows=dataset.n_rows
+        if datasets.public_context(dataset).n_rows is not None or principal.is_admin
+        else None,
         content_sha256=dataset.content_sha256 if principal.is_admin else None,
         orders=dataset.orders,
         clipped=dataset.clipped if principal.is_admin else None,
