@@ -19,10 +19,15 @@ from service.engines.table import ParquetTable
 _ENGINES: dict[Path, DuckDBEngine] = {}
 
 
-def engine_table(columns: Mapping[str, np.ndarray], schema: DatasetSchema, folder: Path) -> ParquetTable:
-    """``columns`` (float64 / int64 / int codes, already within the schema's bounds) as a DuckDB-scanned
-    Parquet snapshot in ``folder``."""
-    arrays = {}
+def engine_table(
+    columns: Mapping[str, np.ndarray],
+    schema: DatasetSchema,
+    folder: Path,
+    extra: Mapping[str, np.ndarray] | None = None,
+) -> ParquetTable:
+    """``columns`` (float64 / int64 / int codes, already within the schema's bounds), and ``extra`` columns
+    as they are (e.g. ``__order``), as a DuckDB-scanned Parquet snapshot in ``folder``."""
+    arrays = {name: pa.array(values) for name, values in (extra or {}).items()}
     for column in schema.columns:
         values = np.asarray(columns[column.name])
         kind = {"float": np.float64, "int": np.int64, "categorical": np.int32}[column.type]

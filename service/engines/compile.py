@@ -73,7 +73,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlglot import exp
 
-from mechanisms.data.plan import Aggregation, Answer, Bucket, Key, Predicate, Sum
+from mechanisms.data.plan import ORDER_COLUMN, Aggregation, Answer, Bucket, Key, Predicate, Sum, UnitBound
 
 Dialect = Literal["duckdb", "spark"]
 ColumnKind = Literal["float", "int"]
@@ -338,7 +338,7 @@ def compile_plan(plan: Aggregation, kinds: Mapping[str, ColumnKind]) -> Compiled
     return _compile(plan, tuple((name, kinds[name]) for name in needed))
 
 
-UNIT_BOUNDING = False
+UNIT_BOUNDING = True
 """Whether the compiled SQL applies ``Aggregation.unit`` (the per-unit row bound)."""
 
 
@@ -466,6 +466,8 @@ class _Compiler:
         rows = exp.select(*selected).from_(exp.alias_(exp.paren(clipped), "clipped"))
         if conditions:
             rows = rows.where(exp.and_(*conditions))
+        if plan.unit is not None:
+            rows = self._bounded(rows, plan.unit)
         if not cells_select:
             cells_select.append(exp.Literal.number(0).as_("unused"))
         cells = exp.select(*cells_select).from_(exp.alias_(exp.paren(rows), "selected"))
@@ -475,6 +477,25 @@ class _Compiler:
         if cell is not None:
             query = query.group_by(_col("cell"))
         return CompiledPlan(plan, query, tuple(candidates), tuple(self.names))
+
+    def _bounded(self, rows: exp.Select, unit: UnitBound) -> exp.Select:
+        """Each unit's first ``max_rows`` selected rows (``mechanisms.data.plan.UnitBound``): ROW_NUMBER over
+        the unit, ordered by ``ORDER_COLUMN`` then the plan's other columns, as NumPy's ``_bounded``."""
+        rows = rows.select(self._ref(unit.column).as_("unit_id"), self._ref(ORDER_COLUMN).as_("unit_order"))
+        ties = [self._ref(name).as_(f"tie{i}") for i, name in enumerate(self.plan.tie_columns())]
+        if ties:
+            rows = rows.select(*ties)
+        order = [exp.Ordered(this=_col("unit_order"))] + [
+            exp.Ordered(this=_col(f"tie{i}")) for i in range(len(ties))
+        ]
+        window = exp.Window(
+            this=exp.RowNumber(), partition_by=[_col("unit_id")], order=exp.Order(expressions=order)
+        )
+        numbered = exp.select(exp.Star(), window.as_("unit_rank")).from_(
+            exp.alias_(exp.paren(rows), "ranked")
+        )
+        bound = exp.LTE(this=_col("unit_rank"), expression=integer(unit.max_rows))
+        return exp.select(exp.Star()).from_(exp.alias_(exp.paren(numbered), "bounded")).where(bound)
 
     def _key(
         self,

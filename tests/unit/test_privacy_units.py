@@ -8,6 +8,7 @@ aggregate, in grid units, never exceeds the charged sensitivity — and reaches 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -251,3 +252,35 @@ def test_gaussian_release_plan_uses_the_unit_sensitivity() -> None:
     q = GaussianParams.model_validate({"query": {"kind": "count"}, "sigma": 8.0})
     plan = gaussian_plan(q, ctx())[0]
     assert plan.l2_units == K
+
+
+@pytest.mark.parametrize("neighboring", ["add_remove", "replace_one"])
+def test_duckdb_bounds_units_exactly_as_numpy(neighboring: str, tmp_path: Path) -> None:
+    """The engine path keeps the same rows per unit: every plan's integers equal the NumPy reference's."""
+    from tests.engine_support import engine_table
+
+    context = ctx(neighboring)
+    for seed in range(3):
+        a, b = neighbours(seed, 10 * K, neighboring)
+        for rows in (a, b):
+            columns = table(rows)
+            scanned = engine_table(
+                columns, context.schema, tmp_path, extra={ORDER_COLUMN: columns[ORDER_COLUMN]}
+            )
+            for raw in QUERIES:
+                for where in WHERES:
+                    q = query(raw, where)
+                    plan = laplace_plan(q, context, 0.5)[0]
+                    expected, _ = evaluate_units(q, context, columns, plan)
+                    got, _ = evaluate_units(q, context, scanned, plan)
+                    assert np.array_equal(expected, got), (raw, where)
+            params = MeasuresLaplaceParams.model_validate(
+                {"measures": MEASURES[1], "group_by": ["g"], "epsilon": 1.0}
+            )
+            plans = [plan for plan, _ in laplace_plans(params, context)]
+            for x, y in zip(
+                evaluate_blocks(params, context, columns, plans)[0],
+                evaluate_blocks(params, context, scanned, plans)[0],
+                strict=True,
+            ):
+                assert np.array_equal(x, y)
