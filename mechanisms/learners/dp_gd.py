@@ -29,6 +29,21 @@ Finite precision (docs/privacy.md §10.4.4, Theorem DPGD-GRID): each record's cl
 public unit ω with its norm checked below C in integers, the step's sum is an exact integer vector (order-
 free), and the noise is an exact discrete Gaussian of ⌈zΔ/ω⌉ units; the iterates are post-processing.
 
+Streaming and memory. ``DpGdMechanism.run`` never builds the n×d design matrix of the whole table: the
+feature and label columns come in record batches (``features.table_batches``: ``ParquetTable.batches`` for a
+Parquet snapshot, slices of in-memory columns otherwise), each batch's design columns
+(``features.design_columns``, bit for bit ``design_matrix``) are mapped to compact ``GridRecords`` (int32 û,
+float64 ν, k̄, y: 4d + 24 bytes per record; ``grid_records_from_batches``), and each step passes over the
+records in blocks of ``BLOCK_ROWS`` with per-thread buffers, on up to ``MAX_WORKERS`` threads. None of this
+changes a bit of the release: every per-record value is an elementwise function of its own record (no
+reduction mixes records; row norms are summed across columns in numpy's own row order), and every sum is an
+exact integer (partial BLAS sums < 2^52, then int64 or Python integers), so batches, blocks, threads and
+their order are invisible. The same ``Noise`` gives the same iterates on a dict of columns and on a
+``ParquetTable`` (tests/unit/test_dp_gd_streaming.py), as the privacy argument (Theorem DPGD-GRID: each
+record's clipped term is a function of that record, sums are exact) requires. Adaptive clipping evaluates
+each record's margin and scalar once per step for both the clipped sum and the count, and derives k̄_i at
+C_t from √N_i computed once per run, instead of re-gridding the rows and evaluating the gradients twice.
+
 ``DpGdConfig.neighboring`` fixes the Δ the noise is calibrated to; ``dp_gd_curve`` charges the relation
 asked for against the noise actually used, T·α·Δ_asked²/(2(zΔ_noise)²), so a mismatch can only over-charge
 (replace_one noise is valid for both relations) and never under-charge.
@@ -50,10 +65,15 @@ values that no update can overflow. The float sum of the n terms and the float G
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, ClassVar, Literal, Self, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, model_validator
@@ -62,12 +82,15 @@ from mechanisms.accounting.curve import RdpCurve, pad_up
 from mechanisms.accounting.orders import validate_orders
 from mechanisms.base import ParamsChecked, ParamsError, ProgressFn, PublicContext, Release, Table, no_progress
 from mechanisms.learners.features import (
+    BatchedTable,
     FeatureSpec,
     check_features,
     column_names,
-    design_matrix,
+    column_row_norms,
+    design_columns,
     dimension,
     learner_task,
+    table_batches,
 )
 from mechanisms.learners.relative_gaussian import project_to_ball, ridge_theta_bound
 from mechanisms.noise import Noise
@@ -381,17 +404,74 @@ def released_noise_std(config: DpGdConfig, clip: float | None = None) -> float:
     return float(noise_units(config, used)) * term_unit(used, gradient_multiplier(config))
 
 
+BLOCK_ROWS = 1 << 15
+"""Rows per block of the per-step pass. Its float64 vectors (256 KiB each) live in a per-thread workspace
+reused for every block, so a step allocates nothing of size n (fresh whole-table temporaries cost more in
+page faults than in arithmetic) and stays in the CPU cache."""
+GRID_ROWS = 1 << 13
+"""Rows per piece of the per-record preparation (``design_columns``, ``_grid_columns``): small temporaries
+(64 KiB) that the allocator recycles and the cache holds."""
+MAX_WORKERS = 4
+"""At most this many threads run the per-batch and per-block work (numpy and BLAS release the GIL in their
+loops). Every block's result is an exact integer vector (or count) and blocks are added as integers, so the
+output is the same for any number of threads and any completion order."""
+
+
+def _workers() -> int:
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, cpus))
+
+
+@contextmanager
+def _thread_pool() -> Iterator[ThreadPoolExecutor | None]:
+    """A pool of ``_workers()`` threads for one run, or None on one core (the work then runs inline)."""
+    workers = _workers()
+    if workers == 1:
+        yield None
+        return
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dp-gd") as pool:
+        yield pool
+
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def _ordered_map(
+    function: Callable[[_T], _R], items: Iterable[_T], pool: ThreadPoolExecutor | None
+) -> Iterator[_R]:
+    """``map(function, items)`` in order, on ``pool`` with at most 2·MAX_WORKERS items in flight (bounded
+    memory while ``items`` streams)."""
+    if pool is None:
+        yield from map(function, items)
+        return
+    pending: deque[Future[_R]] = deque()
+    for item in items:
+        pending.append(pool.submit(function, item))
+        if len(pending) >= 2 * MAX_WORKERS:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
 @dataclass(frozen=True)
 class GridRecords:
     """The data prepared once by per-record maps (neighbours stay neighbours; every entry below depends on
-    its own record only, never on its position):
+    its own record only, never on its position or on the batch it was read in):
 
-    * ``rows``: û_i = rint(2^ROW_BITS·x_i/‖x_i‖) as float64 integers (|entries| ≤ 2^ROW_BITS), 0 for a row
-      with a non-finite entry or a norm outside (0, float max];
+    * ``rows``: û_i = rint(2^ROW_BITS·x_i/‖x_i‖) as **int32** integers (|entries| ≤ 2^ROW_BITS, so exact),
+      shape (n, d), stored column by column (``rows.T`` is C-contiguous: the per-step pass reads one
+      column block at a time); 0 for a row with a non-finite entry or a norm outside (0, float max];
     * ``scale``: ν_i = ‖x_i‖·2^−ROW_BITS, so the row the gradient sees is x̂_i = ν_i·û_i;
     * ``cap``: k̄_i = ⌊F/√N_i·(1 − 2⁻⁴⁰)⌋, F = C/ω, N_i = ‖û_i‖² (exact integer): any integer |k| ≤ k̄_i
       has k²N_i < F², i.e. ‖ω·k·û_i‖ < C **exactly**;
     * ``labels``: non-finite labels set to 0.
+
+    Memory: 4d + 24 bytes per record (no n×d float64 array is kept; ``grid_records_from_batches`` never
+    builds one either).
     """
 
     rows: np.ndarray
@@ -402,6 +482,148 @@ class GridRecords:
     chunk: int  # rows per exact BLAS sum: chunk·F ≤ 2^51, so every partial sum is an integer < 2^52
 
 
+@dataclass(frozen=True)
+class _GridBatch:
+    """``grid_records``' per-record results for one batch of m records: û as int32 columns (d, m), ν, k̄, y."""
+
+    columns: np.ndarray
+    scale: np.ndarray
+    cap: np.ndarray
+    labels: np.ndarray
+
+
+def _term_chunk(budget: float) -> int:
+    """Rows per exact partial sum for F = ``budget``: chunk·F ≤ 2^51 (each term's entries are ≤ F)."""
+    return 1 << (50 - math.frexp(budget)[1] + 1)
+
+
+def _column_peak(columns: Sequence[np.ndarray], n: int) -> np.ndarray:
+    """max_j |x_ij| per row, NaN for a row with a NaN: ``np.max(np.abs(X), axis=1)`` in value (the maximum of
+    non-negative numbers is exact and order-free; only a NaN's payload may differ, and NaN peaks are
+    discarded by every caller)."""
+    if not columns:
+        return np.zeros(n)
+    peak: np.ndarray = np.abs(columns[0])
+    for column in columns[1:]:
+        peak = np.maximum(peak, np.abs(column))
+    return peak
+
+
+def _grid_columns(
+    columns: Sequence[np.ndarray], labels: np.ndarray, budget: float, row_norms: np.ndarray | None = None
+) -> _GridBatch:
+    """The per-record maps of ``grid_records`` on one piece of the table given by its design columns.
+
+    The same elementwise IEEE operations as the row-major formulas (documented in ``grid_records``) in the
+    same order, with the row norms summed across columns in numpy's row order (``column_row_norms``), so
+    the entries are bit for bit those of the whole-matrix computation: every result for record i is a
+    function of record i alone (no reduction mixes records), which is what Theorem DPGD-GRID needs and
+    why a table read in batches gives the same records as the table read at once. N_i = Σ_j û_ij² is
+    accumulated in float64, exact (d·2^28 < 2^53).
+
+    Shortcut (same values): when every row of the piece is usable (finite, norm in (0, float max]), zeroing
+    the unusable rows changes nothing, so the second peak, exponent, unit rows and their norm are the ones
+    ``safe_row_norms`` already computed; they are reused instead of recomputed. A row is entirely finite
+    iff its peak max_j|x_ij| is (NaN and ±∞ propagate through the maximum).
+    """
+    n = labels.shape[0]
+    with np.errstate(all="ignore"):
+        unit_norms: np.ndarray | None = None
+        if row_norms is None:  # safe_row_norms, keeping its intermediate results
+            peak = _column_peak(columns, n)
+            finite = np.isfinite(peak)
+            exponent = _power_of_two_exponents(np.where(finite, peak, 0.0))
+            unit_columns = [np.ldexp(column, -exponent) for column in columns]
+            unit_norms = column_row_norms(unit_columns, n)
+            norms = np.ldexp(unit_norms, exponent)
+            usable = np.isfinite(norms) & (norms > 0.0) & finite
+        else:
+            norms = np.asarray(row_norms, dtype=float)
+            usable = np.isfinite(norms) & (norms > 0.0)
+            for column in columns:
+                usable &= np.isfinite(column)
+        everywhere = bool(np.all(usable))
+        labels = np.where(np.isfinite(labels), labels, 0.0)
+        if everywhere and unit_norms is not None:
+            lengths = unit_norms  # the norms of the unit rows below, already computed
+        else:
+            kept = [np.where(usable, column, 0.0) for column in columns]
+            norms = np.where(usable, norms, 0.0)
+            exponent = _power_of_two_exponents(_column_peak(kept, n))
+            unit_columns = [np.ldexp(column, -exponent) for column in kept]  # exact; entries in [−2, 2]
+            lengths = column_row_norms(unit_columns, n)
+        divisor = lengths if everywhere else np.where(usable, lengths, 1.0)
+        rows = np.empty((len(columns), n), dtype=np.int32)
+        squared = np.zeros(n)
+        for j, column in enumerate(unit_columns):
+            entry = np.rint(np.ldexp(column / divisor, ROW_BITS))
+            if not everywhere:
+                entry = np.where(usable, entry, 0.0)
+            rows[j] = entry  # integers |·| ≤ 2^ROW_BITS: exact in int32
+            squared += entry * entry
+        cap = np.floor(budget / np.sqrt(squared) * (1.0 - 2.0**-40))
+        cap = np.where(squared > 0, cap, 0.0)
+    return _GridBatch(rows, np.ldexp(norms, -ROW_BITS), cap, labels)
+
+
+Job = tuple[int, Callable[[], list[_GridBatch]]]
+"""(rows m, producer): the producer returns the ``_GridBatch`` pieces of those m rows, in order."""
+
+
+def _collect(jobs: Iterable[Job], d: int, capacity: int, unit: float, budget: float) -> GridRecords:
+    """Run the jobs (on a thread pool, in row order) and gather their pieces into one ``GridRecords``.
+
+    The records are allocated once for ``capacity`` rows and each piece is copied into its place by the
+    worker that made it, so the pieces' memory is recycled at once and nothing is concatenated: the peak is
+    the records (4d + 24 bytes per row) plus a few batches in flight. Rows beyond ``capacity`` (a wrong or
+    missing hint) are kept as pieces and concatenated at the end. The hint only sizes memory; values and
+    their order do not depend on it."""
+    rows = np.empty((d, capacity), dtype=np.int32)
+    scale, cap, labels = np.empty(capacity), np.empty(capacity), np.empty(capacity)
+    filled = 0  # rows of the jobs that fit, in order; every later job spills
+
+    def scheduled() -> Iterator[tuple[int, int, Callable[[], list[_GridBatch]]]]:
+        nonlocal filled
+        offset = 0
+        for m, producer in jobs:
+            yield offset, m, producer
+            offset += m
+            if offset <= capacity:
+                filled = offset
+
+    def run(job: tuple[int, int, Callable[[], list[_GridBatch]]]) -> list[_GridBatch]:
+        offset, m, producer = job
+        pieces = producer()
+        if sum(piece.labels.shape[0] for piece in pieces) != m:
+            raise ValueError("the design matrix of a batch does not have one row per record")
+        for piece in pieces:
+            if piece.columns.shape[0] != d:
+                raise ValueError(f"the design matrix has {piece.columns.shape[0]} columns, expected {d}")
+        if offset + m > capacity:
+            return pieces  # spilled: joined after the others
+        for piece in pieces:
+            stop = offset + piece.labels.shape[0]
+            rows[:, offset:stop] = piece.columns
+            scale[offset:stop], cap[offset:stop], labels[offset:stop] = piece.scale, piece.cap, piece.labels
+            offset = stop
+        return []
+
+    spilled: list[_GridBatch] = []
+    with _thread_pool() as pool:
+        for rest in _ordered_map(run, scheduled(), pool):
+            spilled.extend(rest)
+    if spilled:
+        rows_all = np.concatenate([rows[:, :filled], *(p.columns for p in spilled)], axis=1)
+        del rows
+        scale = np.concatenate([scale[:filled], *(p.scale for p in spilled)])
+        cap = np.concatenate([cap[:filled], *(p.cap for p in spilled)])
+        labels = np.concatenate([labels[:filled], *(p.labels for p in spilled)])
+        return GridRecords(rows_all.T, scale, cap, labels, unit, _term_chunk(budget))
+    return GridRecords(
+        rows[:, :filled].T, scale[:filled], cap[:filled], labels[:filled], unit, _term_chunk(budget)
+    )
+
+
 def grid_records(
     features: np.ndarray,
     labels: np.ndarray,
@@ -409,40 +631,113 @@ def grid_records(
     row_norms: np.ndarray | None = None,
     noise_multiplier: float | None = None,
 ) -> GridRecords:
-    norms = safe_row_norms(features) if row_norms is None else np.asarray(row_norms, dtype=float)
-    usable = np.isfinite(norms) & (norms > 0.0) & np.all(np.isfinite(features), axis=1)
-    features = np.where(usable[:, None], features, 0.0)
-    norms = np.where(usable, norms, 0.0)
-    labels = np.where(np.isfinite(labels), labels, 0.0)
-    peak = np.max(np.abs(features), axis=1) if features.shape[1] else np.zeros(features.shape[0])
-    exponent = _power_of_two_exponents(peak)
-    unit_rows = np.ldexp(features, -exponent[:, None])  # exact; entries in [−2, 2], the largest ≥ 1
-    with np.errstate(all="ignore"):
-        lengths = np.linalg.norm(unit_rows, axis=1)
-        directions = unit_rows / np.where(usable, lengths, 1.0)[:, None]
-    rows = np.where(usable[:, None], np.rint(np.ldexp(directions, ROW_BITS)), 0.0)
-    squared = np.sum(rows.astype(np.int64) ** 2, axis=1)  # exact: d·2^36 < 2^63
+    """The ``GridRecords`` of a design matrix in memory (rows x_i, labels y_i), for clip norm C on the term
+    grid ω = ``term_unit(C, z)``. Per record i, with ‖x_i‖ from ``safe_row_norms`` (or ``row_norms``):
+    usable_i = ‖x_i‖ finite and > 0 and x_i finite (else x_i = 0); e_i with 2^e_i ≤ max_j|x_ij| < 2^(e_i+1);
+    û_i = rint(2^ROW_BITS·(x_i/2^e_i)/‖x_i/2^e_i‖) (0 if not usable); ν_i, k̄_i as in ``GridRecords``.
+    Computed by ``_grid_columns`` on pieces of ``GRID_ROWS`` rows (each entry depends on its own record
+    only, so the pieces change nothing)."""
+    matrix = np.asarray(features, dtype=float)
     unit = term_unit(clip, noise_multiplier)
     budget = clip / unit  # F = C/ω ∈ [2^B, 2^(B+1)), exact
+    columns = np.ascontiguousarray(matrix.T)
+    values = np.asarray(labels, dtype=float)
+    norms = None if row_norms is None else np.asarray(row_norms, dtype=float)
+    n = values.shape[0]
+
+    def job(lo: int) -> Job:
+        hi = min(lo + GRID_ROWS, n)
+
+        def produce() -> list[_GridBatch]:
+            piece_norms = None if norms is None else norms[lo:hi]
+            return [_grid_columns(list(columns[:, lo:hi]), values[lo:hi], budget, piece_norms)]
+
+        return hi - lo, produce
+
+    return _collect(map(job, range(0, n, GRID_ROWS)), matrix.shape[1], n, unit, budget)
+
+
+DesignBatch = Callable[[Mapping[str, np.ndarray]], tuple[Sequence[np.ndarray], np.ndarray]]
+"""Maps one record batch to its design columns and labels (``features.design_columns``): row-wise."""
+
+
+def _batch_rows(batch: Mapping[str, np.ndarray]) -> int:
+    return len(next(iter(batch.values()))) if batch else 0
+
+
+def grid_records_from_batches(
+    batches: Iterable[Mapping[str, np.ndarray]],
+    design: DesignBatch,
+    d: int,
+    clip: float,
+    noise_multiplier: float | None = None,
+    n_rows: int | None = None,
+) -> GridRecords:
+    """``grid_records`` of a table read in record batches (``features.table_batches``: a Parquet snapshot
+    streams them), in bounded memory: each batch's design columns (``design``, on pieces of ``GRID_ROWS``
+    rows) are mapped to their compact per-record results (int32 û, float64 ν, k̄, y: ``_grid_columns``) and
+    only those are kept, so no n×d float64 array of the whole table exists. ``n_rows``: how many rows to
+    allocate the records for (``_collect``; without it, or if wrong, the pieces are concatenated: more
+    memory, the same values).
+
+    **Exactness.** The design columns and every entry of ``GridRecords`` are elementwise functions of each
+    record alone (``features.design_columns``, ``_grid_columns``), so the result does not depend on how the
+    table is cut into batches: it equals ``grid_records(*design_matrix(...))`` bit for bit (tested in
+    tests/unit/test_dp_gd_streaming.py), and Theorem DPGD-GRID's per-record argument is unchanged. Batches
+    run on a few threads; every piece lands at its row's position."""
+    unit = term_unit(clip, noise_multiplier)
+    budget = clip / unit
+
+    def job(batch: Mapping[str, np.ndarray]) -> Job:
+        m = _batch_rows(batch)
+
+        def produce() -> list[_GridBatch]:
+            pieces = []
+            for lo in range(0, m, GRID_ROWS):
+                columns, labels = design(
+                    {name: column[lo : lo + GRID_ROWS] for name, column in batch.items()}
+                )
+                pieces.append(_grid_columns(columns, np.asarray(labels, dtype=float), budget))
+            return pieces
+
+        return m, produce
+
+    return _collect(map(job, batches), d, n_rows or 0, unit, budget)
+
+
+def _row_roots(records: GridRecords, pool: ThreadPoolExecutor | None = None) -> np.ndarray:
+    """√N_i = ‖û_i‖ per record (N_i = Σ_j û_ij² is an exact integer < 2^53 in float64), block by block."""
+    n = records.rows.shape[0]
+    roots = np.empty(n)
+
+    def block(span: tuple[int, int]) -> None:
+        rows = records.rows.T[:, span[0] : span[1]].astype(np.float64)
+        squared = np.zeros(span[1] - span[0])
+        for column in rows:
+            squared += column * column
+        np.sqrt(squared, out=roots[span[0] : span[1]])
+
+    spans = [(lo, min(lo + BLOCK_ROWS, n)) for lo in range(0, n, BLOCK_ROWS)]
+    for _ in _ordered_map(block, spans, pool if len(spans) > 1 else None):
+        pass
+    return roots
+
+
+def _caps(budget: float, roots: np.ndarray) -> np.ndarray:
+    """k̄_i = ⌊F/√N_i·(1 − 2⁻⁴⁰)⌋ (0 for N_i = 0): the formula of ``grid_records``, from precomputed √N_i."""
     with np.errstate(divide="ignore"):
-        cap = np.floor(budget / np.sqrt(squared.astype(np.float64)) * (1.0 - 2.0**-40))
-    cap = np.where(squared > 0, cap, 0.0)
-    scale = np.ldexp(norms, -ROW_BITS)
-    chunk = 1 << (50 - math.frexp(budget)[1] + 1)
-    return GridRecords(rows, scale, cap, labels, unit, chunk)
+        cap = np.floor(budget / roots * (1.0 - 2.0**-40))
+    caps: np.ndarray = np.where(roots > 0, cap, 0.0)
+    return caps
 
 
 def regrid(records: GridRecords, clip: float, noise_multiplier: float | None = None) -> GridRecords:
     """``records`` on the term grid of another clip norm: the same ``grid_records`` formulas for ω, k̄_i and
     the chunk (rows, scales and labels do not depend on C), without redoing the per-row work."""
-    squared = np.sum(records.rows * records.rows, axis=1)  # exact: integers < 2^53
     unit = term_unit(clip, noise_multiplier)
     budget = clip / unit
-    with np.errstate(divide="ignore"):
-        cap = np.floor(budget / np.sqrt(squared) * (1.0 - 2.0**-40))
-    cap = np.where(squared > 0, cap, 0.0)
-    chunk = 1 << (50 - math.frexp(budget)[1] + 1)
-    return replace(records, cap=cap, unit=unit, chunk=chunk)
+    cap = _caps(budget, _row_roots(records))
+    return replace(records, cap=cap, unit=unit, chunk=_term_chunk(budget))
 
 
 def _dot_bits(d: int) -> int:
@@ -450,20 +745,193 @@ def _dot_bits(d: int) -> int:
     return 52 - ROW_BITS - max(0, math.ceil(math.log2(max(d, 1))))
 
 
-def _margins(theta: np.ndarray, records: GridRecords) -> np.ndarray:
-    """x̂_iᵀθ̂ with θ̂ = θ rounded to 2^(e−r) (θ is public, e its exponent): û_iᵀθ_int is an exact integer
-    (BLAS, any summation order), then scaled by powers of two and ν_i — elementwise, so each margin is a
-    function of its own record only, whatever its position (numpy's BLAS matrix-vector product is not: the
-    last bits of a row's dot product depend on where the row sits). θ must be finite."""
+@dataclass(frozen=True)
+class _Probe:
+    """One step's public inputs to the per-record pass: θ̂ = θ_int·2^shift (θ_int None when θ = 0), the
+    loss, the term grid (ω, F, chunk), whether k̄ comes from √N_i at this F (adaptive clipping) and the clip
+    norm to count at (None: no count)."""
+
+    theta_int: np.ndarray | None
+    shift: int
+    loss: Loss
+    unit: float
+    budget: float
+    chunk: int
+    caps_from_roots: bool
+    count_clip: float | None
+
+
+@dataclass(frozen=True)
+class _Workspace:
+    """One thread's buffers for ``_block_pass`` (blocks of at most ``size`` rows): the block's rows in
+    float64 and eight vectors, reused for every block of a run, so the per-step pass allocates (almost)
+    nothing."""
+
+    size: int
+    block: np.ndarray
+    dots: np.ndarray
+    work: np.ndarray
+    margins: np.ndarray
+    scalars: np.ndarray
+    magnitude: np.ndarray
+    caps: np.ndarray
+    coefficient: np.ndarray
+    norms: np.ndarray
+
+    @classmethod
+    def new(cls, d: int, size: int) -> _Workspace:
+        return cls(size, np.empty((d, size)), *(np.empty(size) for _ in range(8)))
+
+
+Workspaces = dict[int, _Workspace]
+"""Per-thread workspaces of one run (keyed by ``threading.get_ident()``)."""
+
+
+def _scalar_grad_into(
+    margins: np.ndarray, labels: np.ndarray, loss: Loss, out: np.ndarray, work: np.ndarray
+) -> np.ndarray:
+    """``_scalar_grad`` into ``out``: the same ufuncs on the same operands in the same order (only the
+    destination buffers differ), so the same values."""
+    if loss == "logistic":
+        np.multiply(labels, margins, out=out)
+        np.logaddexp(0.0, out, out=out)
+        np.negative(out, out=out)
+        np.exp(out, out=out)
+        np.negative(labels, out=work)
+        np.multiply(work, out, out=out)
+        return out
+    np.subtract(margins, labels, out=out)
+    return out
+
+
+def _block_pass(
+    records: GridRecords,
+    probe: _Probe,
+    roots: np.ndarray | None,
+    spaces: Workspaces,
+    span: tuple[int, int],
+) -> tuple[np.ndarray, int]:
+    """(Σ_{i in block} k_i·û_i as an exact int64 vector, #{i in block : ‖∇ℓ_i(θ̂)‖ ≤ count_clip}).
+
+    Per record, all elementwise (a function of the record and the public probe only): the margin
+    x̂_iᵀθ̂ = ν_i·2^shift·(û_i·θ_int), where û_i·θ_int = Σ_j û_ij·θ_int,j is accumulated column by column
+    in float64 — every product and partial sum is an integer < 2^52, so it is exact and the same as any
+    BLAS order; s_i (``_scalar_grad``), κ_i = s_i·ν_i, k_i = sign(κ_i)·min(rint(|κ_i|/ω), k̄_i), NaN → 0.
+    The block's sum is taken ``chunk`` rows at a time by BLAS (each |k_i·û_ij| ≤ F, so every partial sum is
+    an integer < 2^52: exact in any order) and the chunks are added in int64 (|block sum| ≤ m·F < 2^54).
+    The count uses ‖∇ℓ_i‖ = |s_i|·√N_i·ν_i, as ``clip_count`` defines it. Every operation writes into the
+    thread's workspace (``out=``): the same ufuncs on the same operands as the whole-array formulas.
+    """
+    lo, hi = span
+    m = hi - lo
+    d = records.rows.shape[1]
+    ident = threading.get_ident()
+    space = spaces.get(ident)
+    if space is None or space.size < m or space.block.shape[0] != d:
+        space = spaces[ident] = _Workspace.new(d, max(m, BLOCK_ROWS))
+    with np.errstate(all="ignore"):
+        block = space.block[:, :m]
+        np.copyto(block, records.rows.T[:, lo:hi])  # int32 → float64: exact integers
+        scale = records.scale[lo:hi]
+        margins = space.margins[:m]
+        if probe.theta_int is None:
+            margins[...] = 0.0
+        else:
+            dots, work = space.dots[:m], space.work[:m]
+            np.multiply(block[0], probe.theta_int[0], out=dots)
+            for j in range(1, d):
+                np.multiply(block[j], probe.theta_int[j], out=work)
+                np.add(dots, work, out=dots)
+            np.ldexp(dots, probe.shift, out=margins)
+            np.multiply(scale, margins, out=margins)
+        labels = records.labels[lo:hi]
+        scalars = _scalar_grad_into(margins, labels, probe.loss, space.scalars[:m], space.work[:m])
+        magnitude = space.magnitude[:m]
+        np.multiply(scalars, scale, out=magnitude)
+        np.abs(magnitude, out=magnitude)
+        np.divide(magnitude, probe.unit, out=magnitude)
+        if probe.caps_from_roots:  # _caps(budget, roots), in place
+            assert roots is not None
+            root = roots[lo:hi]
+            cap = space.caps[:m]
+            np.divide(probe.budget, root, out=cap)
+            np.multiply(cap, 1.0 - 2.0**-40, out=cap)
+            np.floor(cap, out=cap)
+            np.copyto(cap, 0.0, where=root <= 0.0)  # √N_i ≥ 0 and never NaN: "not > 0" is "≤ 0"
+        else:
+            cap = records.cap[lo:hi]
+        np.rint(magnitude, out=magnitude)
+        np.minimum(magnitude, cap, out=magnitude)
+        coefficient = space.coefficient[:m]
+        np.sign(scalars, out=coefficient)
+        np.multiply(coefficient, magnitude, out=coefficient)
+        np.copyto(coefficient, 0.0, where=np.isnan(coefficient))  # never ±∞: k̄_i is finite
+        total = np.zeros(d, dtype=np.int64)
+        for start in range(0, m, probe.chunk):
+            stop = min(start + probe.chunk, m)
+            total += (block[:, start:stop] @ coefficient[start:stop]).astype(np.int64)
+        count = 0
+        if probe.count_clip is not None:
+            assert roots is not None
+            lengths, norms = space.work[:m], space.norms[:m]
+            np.multiply(roots[lo:hi], scale, out=lengths)
+            np.abs(scalars, out=norms)
+            np.multiply(norms, lengths, out=norms)
+            count = int(np.count_nonzero(norms <= probe.count_clip))
+    return total, count
+
+
+def _grid_pass(
+    theta: np.ndarray,
+    records: GridRecords,
+    loss: Loss,
+    pool: ThreadPoolExecutor | None = None,
+    *,
+    clip: float | None = None,
+    noise_multiplier: float | None = None,
+    roots: np.ndarray | None = None,
+    count_clip: float | None = None,
+    spaces: Workspaces | None = None,
+) -> tuple[np.ndarray, int]:
+    """One step's per-record pass over all records, block by block: (S = Σ_i k_i·û_i exact, the clipped
+    count). With ``clip`` the terms are on the grid of that clip norm (ω = ``term_unit(clip, z)``, k̄_i from
+    ``roots`` = √N_i: what ``regrid`` would give, without materialising it); else on ``records``' own grid.
+    ``count_clip``: also #{i : ‖∇ℓ_i(θ̂)‖ ≤ count_clip} (needs ``roots``), else the count is 0. Margins and
+    scalars are computed once per record for both outputs. S is int64 up to 2^24 rows
+    (|S| ≤ n·2^(B+1) ≤ 2^62), else Python integers (object array). A non-finite (public) θ gives (0, 0)."""
+    n, d = records.rows.shape
+    if not np.all(np.isfinite(theta)):
+        return np.zeros(d, dtype=np.int64), 0
     peak = float(np.max(np.abs(theta))) if theta.size else 0.0
-    if peak == 0.0:
-        return np.zeros(records.rows.shape[0])
-    shift = math.frexp(peak)[1] - _dot_bits(records.rows.shape[1])
-    theta_int = np.rint(np.ldexp(theta, -shift))  # |entries| ≤ 2^r
-    dots = records.rows @ theta_int  # exact integers < 2^52
-    with np.errstate(over="ignore", invalid="ignore"):
-        margins: np.ndarray = records.scale * np.ldexp(dots, shift)
-    return margins
+    theta_int: np.ndarray | None = None
+    shift = 0
+    if peak != 0.0:
+        shift = math.frexp(peak)[1] - _dot_bits(d)
+        theta_int = np.rint(np.ldexp(theta, -shift))  # |entries| ≤ 2^r
+    if clip is None:
+        unit, budget, chunk = records.unit, 0.0, records.chunk
+    else:
+        unit = term_unit(clip, noise_multiplier)
+        budget = clip / unit
+        chunk = _term_chunk(budget)
+    probe = _Probe(theta_int, shift, loss, unit, budget, chunk, clip is not None, count_clip)
+    spans = [(lo, min(lo + BLOCK_ROWS, n)) for lo in range(0, n, BLOCK_ROWS)]
+    spaces = {} if spaces is None else spaces
+    results = _ordered_map(
+        lambda span: _block_pass(records, probe, roots, spaces, span), spans, pool if len(spans) > 1 else None
+    )
+    counted = 0
+    if n <= _INT64_ROWS:
+        total = np.zeros(d, dtype=np.int64)
+        for block_sum, block_count in results:
+            total += block_sum
+            counted += block_count
+        return total, counted
+    exact = [0] * d  # Python integers: no overflow
+    for block_sum, block_count in results:
+        exact = [a + int(b) for a, b in zip(exact, block_sum, strict=True)]
+        counted += block_count
+    return np.array(exact, dtype=object), counted
 
 
 def clipped_sum_units(theta: np.ndarray, records: GridRecords, loss: Loss) -> np.ndarray:
@@ -474,29 +942,9 @@ def clipped_sum_units(theta: np.ndarray, records: GridRecords, loss: Loss) -> np
     the integer sums of neighbours differ by at most Δ/ω in ℓ2 (2C/ω replace-one, C/ω add/remove). The sum is
     exact: each partial sum of a chunk of ``records.chunk`` rows is an integer below 2^52 (BLAS, any order),
     and chunks are added in int64 (Python integers beyond 2^24 rows). A non-finite (public) θ gives 0.
+    Computed block by block (``_block_pass``): no n×d float64 temporary.
     """
-    d = records.rows.shape[1]
-    if not np.all(np.isfinite(theta)):
-        return np.zeros(d, dtype=np.int64)
-    with np.errstate(all="ignore"):
-        scalars = _scalar_grad(_margins(theta, records), records.labels, loss)
-        magnitude = np.abs(scalars * records.scale) / records.unit
-        steps = np.minimum(np.rint(magnitude), records.cap)
-        coefficient = np.sign(scalars) * steps
-    coefficient = np.where(np.isfinite(coefficient), coefficient, 0.0)
-    n, chunk = records.rows.shape[0], records.chunk
-    if n <= chunk:
-        total: np.ndarray = (records.rows.T @ coefficient).astype(np.int64)
-        return total
-    blocks = [
-        (records.rows[start : start + chunk].T @ coefficient[start : start + chunk]).astype(np.int64)
-        for start in range(0, n, chunk)
-    ]
-    if n <= _INT64_ROWS:  # |total| ≤ n·2^(B+1) ≤ 2^62
-        summed: np.ndarray = np.asarray(np.sum(np.stack(blocks), axis=0, dtype=np.int64))
-        return summed
-    exact = [sum(int(block[j]) for block in blocks) for j in range(d)]  # Python integers: no overflow
-    return np.array(exact, dtype=object)
+    return _grid_pass(theta, records, loss)[0]
 
 
 def clipped_gradient_sum(
@@ -510,7 +958,7 @@ def clipped_gradient_sum(
     """Σ_i clip(∇ℓ_i(θ), C) on the term grid ω = ``term_unit(C)``, as float64 (ω × the exact integer sum).
 
     Each term is the clipped gradient of record i at the rows and θ rounded as in ``grid_records`` /
-    ``_margins`` (relative error ≲ 2^−12 of C per term), a function of (θ, x_i, y_i) alone, a multiple of ω
+    ``_block_pass`` (relative error ≲ 2^−12 of C per term), a function of (θ, x_i, y_i) alone, a multiple of ω
     in every coordinate, with exact norm < C, for every θ and every record: ‖S(D) − S(D′)‖ ≤ 2C
     (replace-one) / C (add/remove) holds exactly for the computed sums. ``row_norms`` (‖x_i‖,
     ``safe_row_norms`` when omitted) lets a caller compute them once.
@@ -534,6 +982,107 @@ def objective(theta: np.ndarray, x: np.ndarray, y: np.ndarray, loss: Loss, reg: 
     else:
         raise ValueError(f"loss must be 'logistic' or 'squared', got {loss!r}")
     return risk + 0.5 * reg * float(th @ th)
+
+
+RecordsBuilder = Callable[[float, float | None], GridRecords]
+"""(clip norm C, noise multiplier z) ↦ the run's ``GridRecords`` on the grid of (C, z); reads the data."""
+
+
+def _check_normaliser(n_norm: float) -> None:
+    if not (math.isfinite(n_norm) and n_norm > 0.0):
+        raise ValueError(f"n_norm must be finite and > 0, got {n_norm!r}")
+
+
+def _check_finite(config: DpGdConfig, d: int, n_norm: float) -> None:
+    problem = finiteness_problem(config, d, n_norm)
+    if problem is not None:
+        raise ValueError(f"{problem[0]}: {problem[1]}")
+
+
+def _noisy_sum(units: np.ndarray, draw: np.ndarray, unit: float) -> np.ndarray:
+    """ω·(S_t + Z_t) as float64: the exact integer release, rounded to float once (post-processing)."""
+    if units.dtype == object:  # more than 2^24 rows: Python integers
+        return np.array([float(u) for u in units + draw.astype(object)]) * unit
+    # |S| ≤ 2^62 − 2^61 and |Z| ≤ 513·2^52: the int64 sum is exact, then rounded to float once
+    result: np.ndarray = (units + draw).astype(np.float64) * unit
+    return result
+
+
+def _fixed_run(
+    config: DpGdConfig, d: int, build: RecordsBuilder, n_norm: float, noise: Noise, progress: ProgressFn
+) -> np.ndarray:
+    """Clipped DP-GD at the fixed clip norm: the iterates θ₁…θ_T, shape (T, d). All T·d noise draws are made
+    before ``build`` reads the data; each step is one ``_grid_pass`` (exact integer sum) plus its draw."""
+    draws = discrete_gaussian_std(noise, noise_units(config), config.steps * d).reshape(config.steps, d)
+    theta = np.zeros(d)
+    iterates = np.empty((config.steps, d))
+    records = build(config.clip, config.noise_multiplier)
+    spaces: Workspaces = {}
+    with _thread_pool() as pool:
+        for t in range(config.steps):
+            units, _ = _grid_pass(theta, records, config.loss, pool, spaces=spaces)
+            noisy_sum = _noisy_sum(units, draws[t], records.unit)
+            theta = theta - config.step_size * (noisy_sum / n_norm + config.reg * theta)
+            if config.radius is not None:
+                theta = project_to_ball(theta, config.radius)
+            iterates[t] = theta
+            progress((t + 1) / config.steps)
+    return iterates
+
+
+def _adaptive_run(
+    config: DpGdConfig, d: int, build: RecordsBuilder, n_norm: float, noise: Noise, progress: ProgressFn
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Adaptive-clipping DP-GD: (iterates, clip norms C₀…C_{T−1}, noisy counts b̃₀…b̃_{T−1}).
+
+    Per step, one ``_grid_pass`` computes each record's margin and scalar once and from them both the exact
+    clipped sum on the grid of C_t (k̄_i from √N_i, computed once per run: the ``regrid`` formulas) and the
+    clipped count; before, each step re-gridded all rows and evaluated the per-record gradients twice. The
+    values are the same (the same elementwise formulas), and so are the noise draws and their order: the
+    T count draws first, then per step the gradient draw after the sum."""
+    assert config.adaptive is not None
+    z_g = gradient_multiplier(config)
+    count_units = count_noise_units(config.noise_multiplier, config.adaptive.count_share)
+    count_draws = discrete_gaussian_std(noise, count_units, config.steps)
+    records = build(config.clip, z_g)
+    theta = np.zeros(d)
+    iterates = np.empty((config.steps, d))
+    clips = np.empty(config.steps)
+    counts = np.empty(config.steps, dtype=np.int64)
+    clip = config.clip
+    spaces: Workspaces = {}
+    with _thread_pool() as pool:
+        roots = _row_roots(records, pool)
+        for t in range(config.steps):
+            units, count = _grid_pass(
+                theta,
+                records,
+                config.loss,
+                pool,
+                clip=clip,
+                noise_multiplier=z_g,
+                roots=roots,
+                count_clip=clip,
+                spaces=spaces,
+            )
+            draw = discrete_gaussian_std(noise, noise_units(config, clip), d)
+            noisy_sum = _noisy_sum(units, draw, term_unit(clip, z_g))
+            noisy_count = count + int(count_draws[t])
+            clips[t], counts[t] = clip, noisy_count
+            theta = theta - config.step_size * (noisy_sum / n_norm + config.reg * theta)
+            if config.radius is not None:
+                theta = project_to_ball(theta, config.radius)
+            iterates[t] = theta
+            clip = next_clip(config, clip, noisy_count, n_norm)
+            progress((t + 1) / config.steps)
+    return iterates, clips, counts
+
+
+def _in_memory(features: np.ndarray, labels: np.ndarray) -> RecordsBuilder:
+    def build(clip: float, noise_multiplier: float | None) -> GridRecords:
+        return grid_records(features, labels, clip, noise_multiplier=noise_multiplier)
+
+    return build
 
 
 def dp_gd_train(
@@ -561,44 +1110,20 @@ def dp_gd_train(
     ``progress((t+1)/T)`` is called after every step.
     """
     features, labels = _check_data(x, y)
-    if not (math.isfinite(n_norm) and n_norm > 0.0):
-        raise ValueError(f"n_norm must be finite and > 0, got {n_norm!r}")
+    _check_normaliser(n_norm)
     d = features.shape[1]
-    problem = finiteness_problem(config, d, n_norm)
-    if problem is not None:
-        raise ValueError(f"{problem[0]}: {problem[1]}")
+    _check_finite(config, d, n_norm)
     if config.adaptive is not None:
         return _adaptive_train(config, features, labels, n_norm, noise, progress, return_iterates)
-    draws = discrete_gaussian_std(noise, noise_units(config), config.steps * d).reshape(config.steps, d)
-    theta = np.zeros(d)
-    iterates = np.empty((config.steps, d)) if return_iterates else None
-    records = grid_records(features, labels, config.clip, noise_multiplier=config.noise_multiplier)
-    unit = records.unit
-    for t in range(config.steps):
-        units = clipped_sum_units(theta, records, config.loss)
-        if units.dtype == object:  # more than 2^24 rows: Python integers
-            noisy_sum = np.array([float(u) for u in units + draws[t].astype(object)]) * unit
-        else:  # |S| ≤ 2^62 − 2^61 and |Z| ≤ 513·2^52: the int64 sum is exact, then rounded to float once
-            noisy_sum = (units + draws[t]).astype(np.float64) * unit
-        theta = theta - config.step_size * (noisy_sum / n_norm + config.reg * theta)
-        if config.radius is not None:
-            theta = project_to_ball(theta, config.radius)
-        if iterates is not None:
-            iterates[t] = theta
-        progress((t + 1) / config.steps)
-    return iterates if iterates is not None else theta
+    path = _fixed_run(config, d, _in_memory(features, labels), n_norm, noise, progress)
+    return path if return_iterates else path[-1].copy()
 
 
 def clip_count(theta: np.ndarray, records: GridRecords, loss: Loss, clip: float) -> int:
     """#{i : ‖∇ℓ_i(θ)‖ ≤ C} on the grid rows x̂_i (each indicator a function of its own record and the public
-    θ, C only, so one record moves the count by at most 1). A NaN norm counts as above C."""
-    if not np.all(np.isfinite(theta)):
-        return 0
-    with np.errstate(all="ignore"):
-        scalars = _scalar_grad(_margins(theta, records), records.labels, loss)
-        lengths = np.sqrt(np.sum(records.rows * records.rows, axis=1)) * records.scale
-        norms = np.abs(scalars) * lengths
-    return int(np.count_nonzero(norms <= clip))
+    θ, C only, so one record moves the count by at most 1). A NaN norm counts as above C. ‖∇ℓ_i‖ is
+    |s_i|·(√N_i·ν_i), s_i at the grid margin (as in ``clipped_sum_units``)."""
+    return _grid_pass(theta, records, loss, roots=_row_roots(records), count_clip=clip)[1]
 
 
 def next_clip(config: DpGdConfig, clip: float, noisy_count: int, n_norm: float) -> float:
@@ -624,7 +1149,7 @@ def _adaptive_train(
     b̃_t (``next_clip``). Returns the iterates (or the final θ); ``adaptive_dp_gd_train`` also returns the
     clip path and the noisy counts."""
     path, _, _ = adaptive_dp_gd_train(config, features, labels, n_norm, noise, progress)
-    return path if return_iterates else path[-1]
+    return path if return_iterates else path[-1].copy()
 
 
 def adaptive_dp_gd_train(
@@ -640,35 +1165,18 @@ def adaptive_dp_gd_train(
     assert config.adaptive is not None
     features, labels = _check_data(x, y)
     d = features.shape[1]
-    problem = finiteness_problem(config, d, n_norm)
-    if problem is not None:
-        raise ValueError(f"{problem[0]}: {problem[1]}")
-    z_g = gradient_multiplier(config)
-    count_units = count_noise_units(config.noise_multiplier, config.adaptive.count_share)
-    count_draws = discrete_gaussian_std(noise, count_units, config.steps)
-    base = grid_records(features, labels, config.clip, noise_multiplier=z_g)
-    theta = np.zeros(d)
-    iterates = np.empty((config.steps, d))
-    clips = np.empty(config.steps)
-    counts = np.empty(config.steps, dtype=np.int64)
-    clip = config.clip
-    for t in range(config.steps):
-        records = base if t == 0 else regrid(base, clip, z_g)
-        units = clipped_sum_units(theta, records, config.loss)
-        draw = discrete_gaussian_std(noise, noise_units(config, clip), d)
-        if units.dtype == object:
-            noisy_sum = np.array([float(u) for u in units + draw.astype(object)]) * records.unit
-        else:
-            noisy_sum = (units + draw).astype(np.float64) * records.unit
-        noisy_count = clip_count(theta, records, config.loss, clip) + int(count_draws[t])
-        clips[t], counts[t] = clip, noisy_count
-        theta = theta - config.step_size * (noisy_sum / n_norm + config.reg * theta)
-        if config.radius is not None:
-            theta = project_to_ball(theta, config.radius)
-        iterates[t] = theta
-        clip = next_clip(config, clip, noisy_count, n_norm)
-        progress((t + 1) / config.steps)
-    return iterates, clips, counts
+    _check_finite(config, d, n_norm)
+    return _adaptive_run(config, d, _in_memory(features, labels), n_norm, noise, progress)
+
+
+def _rows_hint(table: Table, label: str) -> int | None:
+    """How many rows to allocate the records for: the table's ``n_rows`` when it states one (a Parquet
+    snapshot's footer), else the in-memory label column's length. It only sizes memory (a wrong hint costs a
+    copy, never a value) and is never released: under add_remove the row count is private."""
+    if isinstance(table, BatchedTable):
+        hint = getattr(table, "n_rows", None)
+        return hint if isinstance(hint, int) and hint >= 0 else None
+    return int(np.asarray(table[label]).size)
 
 
 # ----- the service mechanism "dp_gd" ------------------------------------------------------------------------
@@ -871,13 +1379,29 @@ class DpGdMechanism(ParamsChecked):
         if public_n is None:
             raise ParamsError("n_hint", "a public row count is needed to normalise the gradient")
         n_norm = float(public_n)
-        x, y = design_matrix(p, ctx, table, learner_task(p.model, p.task), p.row_norm)
+        task = learner_task(p.model, p.task)
+        d = dimension(p, ctx)
+
+        def build(clip: float, noise_multiplier: float | None) -> GridRecords:
+            # the design matrix batch by batch (a Parquet snapshot streams; a dict is sliced): the records
+            # are bit for bit those of grid_records(*design_matrix(...)), in bounded memory
+            return grid_records_from_batches(
+                table_batches(p, table),
+                lambda batch: design_columns(p, ctx, batch, task, p.row_norm),
+                d,
+                clip,
+                noise_multiplier,
+                _rows_hint(table, p.label),
+            )
+
         clips: np.ndarray | None = None
         counts: np.ndarray | None = None
+        _check_finite(config, d, n_norm)
         if config.adaptive is None:
-            path = dp_gd_train(config, x, y, n_norm, noise, progress, return_iterates=True)
+            _check_normaliser(n_norm)
+            path = _fixed_run(config, d, build, n_norm, noise, progress)
         else:
-            path, clips, counts = adaptive_dp_gd_train(config, x, y, n_norm, noise, progress)
+            path, clips, counts = _adaptive_run(config, d, build, n_norm, noise, progress)
         output: dict[str, Any] = {
             "model": p.model,
             "columns": column_names(p, ctx),
