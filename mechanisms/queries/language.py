@@ -515,7 +515,21 @@ def plan_grid(query: AnyQuery, ctx: PublicContext, coarsest_unit: float) -> Grid
     if grid.exponent < MIN_GRID_EXPONENT:
         raise ParamsError("query", "the sensitivity is too small for an exact release grid (γ < 2^-1000)")
     exact = integer and grid.exponent <= 0
+    check_unit_grid(query, ctx, exact)
     return GridPlan(grid, exact, tuple(unit_shift(s, grid, exact) for s in query_shifts))
+
+
+def check_unit_grid(query: AnyQuery, ctx: PublicContext, exact: bool) -> None:
+    """Refuse a histogram on a privacy-unit dataset released on a coarse grid (γ > 1): one unit's k rows
+    may move k different bins, each rounded to the grid, which the per-coordinate ``unit_shift`` of the
+    histogram's (k,) shift would not cover. On γ = 1 the counts are exact and ℓ1 ≤ k holds as stated
+    (docs/privacy.md §15.2). γ > 1 only happens at a very small ε or noise-reduction level."""
+    if ctx.schema.privacy_unit is not None and isinstance(query, HistogramQuery) and not exact:
+        raise ParamsError(
+            "query",
+            "a histogram on a privacy-unit dataset must be released on the unit grid (γ = 1): the requested "
+            "noise is so large that its grid is coarser; raise ε (or the smallest noise-reduction level)",
+        )
 
 
 def evaluate_units(

@@ -187,7 +187,14 @@ def candidate_bucket(column: FloatColumn | IntColumn, candidates: np.ndarray) ->
     ⌈(x − min)·(K − 1)/(max − min)⌉ of evenly spaced candidates, corrected exactly by one step each side."""
     k = int(candidates.size)
     span = Fraction(column.max) - Fraction(column.min)
-    inverse = float(Fraction(k - 1) / span) if k > 1 and span > 0 else 0.0
+    if k == 1 or span == 0:  # one candidate: x − min is 0 for every clipped x, any finite inverse serves
+        return Bucket(float(column.min), 1.0, tuple(float(c) for c in candidates.tolist()))
+    try:
+        inverse = float(Fraction(k - 1) / span)
+    except OverflowError:
+        raise ParamsError(
+            "candidates", "the column's range is too narrow for this many candidates: use fewer"
+        ) from None
     return Bucket(float(column.min), inverse, tuple(float(c) for c in candidates.tolist()))
 
 
@@ -223,11 +230,12 @@ class Quantile(ParamsChecked):
     cost_increases_with_parameter: ClassVar[bool] = True
 
     def check(self, p: QuantileParams, ctx: PublicContext) -> None:
-        _numeric_column(p, ctx)
+        column = _numeric_column(p, ctx)
         check_where(p.where, ctx)
         unit = ctx.schema.privacy_unit
         if unit is not None and p.column == unit.column:
             raise ParamsError("column", f"{unit.column!r} identifies the privacy unit; it is not a measure")
+        candidate_bucket(column, candidate_grid(column, p.candidates))  # refuses a range too narrow
         if noise_rate(p, ctx.schema.unit_rows) <= 0:
             raise ParamsError("epsilon", "too small: ε per quantile must be at least 2^-47")
 

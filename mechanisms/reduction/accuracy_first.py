@@ -78,6 +78,7 @@ from mechanisms.queries.language import (
     Query,
     charged_fraction,
     check_query,
+    check_unit_grid,
     evaluate_units,
     is_integer_valued,
     l1,
@@ -449,6 +450,7 @@ class _GaussianFamily(_Family):
         # The answer is rounded to γ once (``evaluate_units``); its per-coordinate integer shifts m_i enter
         # every step's sensitivity as (1 − r_j)·‖m‖₂ + √d (``brownian_step_costs`` with Δ = ‖m‖₂·γ).
         exact = is_integer_valued(query, ctx) and grid.exponent <= 0
+        check_unit_grid(query, ctx, exact)
         units = tuple(unit_shift(s, grid, exact) for s in shifts(query, ctx))
         grid_plan = GridPlan(grid, exact, units)
         sensitivity = grid_plan.l2_units  # ‖m‖₂ in grid units

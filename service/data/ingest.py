@@ -142,6 +142,7 @@ class _SnapshotWriter:
         self.schema = snapshot_schema(schema)
         self.names = schema.names  # the data columns, in order (the snapshot may add ``ORDER_COLUMN``)
         self._secret = secrets.randbits(64) if schema.privacy_unit is not None else None
+        self._unit = schema.privacy_unit.column if schema.privacy_unit is not None else None
         work_dir.mkdir(parents=True, exist_ok=True)
         self.path = work_dir / f"snapshot-{uuid.uuid4().hex}.parquet"
         dictionary = [c.name for c in schema.columns if not isinstance(c, FloatColumn)]
@@ -156,6 +157,13 @@ class _SnapshotWriter:
     def append(self, arrays: Sequence[pa.Array], clipped: Mapping[str, int]) -> None:
         """Add encoded columns (schema order) and their clip counts."""
         columns = list(arrays)
+        if self._unit is not None and clipped.get(self._unit, 0):
+            raise TableError(
+                "file",
+                f"column {self._unit!r} identifies the privacy unit, and some of its values lie outside its "
+                "declared bounds: identifiers are never clipped (two people would become one unit); widen "
+                "the bounds",
+            )
         if self._secret is not None:
             columns.append(unit_order(columns, self._secret))
         batch = pa.RecordBatch.from_arrays(columns, schema=self.schema)
@@ -870,7 +878,7 @@ def _copy_parquet_file(
     where = "" if path == root else f" of {shown}"
     try:
         with filesystem.open_input_file(path) as handle:
-            parquet = pq.ParquetFile(handle)
+            parquet = pq.ParquetFile(handle, pre_buffer=False)
             _check_parquet_columns(parquet.schema_arrow, schema, shown)
             batches = parquet.iter_batches(SOURCE_BATCH_ROWS, columns=list(schema.names), use_threads=True)
             _copy_batches(batches, schema, writer, progress, where)

@@ -95,6 +95,6 @@ class ParquetTable(Mapping[str, np.ndarray]):
             raise KeyError(unknown[0])
         if rows_per_batch < 1:
             raise ValueError("rows_per_batch must be at least 1")
-        with pq.ParquetFile(self.path) as parquet:
+        with pq.ParquetFile(self.path, pre_buffer=False) as parquet:
             for batch in parquet.iter_batches(batch_size=rows_per_batch, columns=list(names)):
                 yield {name: batch.column(name).to_numpy() for name in names}

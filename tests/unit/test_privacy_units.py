@@ -284,3 +284,65 @@ def test_duckdb_bounds_units_exactly_as_numpy(neighboring: str, tmp_path: Path) 
                 strict=True,
             ):
                 assert np.array_equal(x, y)
+
+
+# ----- regressions from the adversarial review -----------------------------------------------------------
+def test_identifiers_outside_their_bounds_are_refused_not_clipped(tmp_path: Path) -> None:
+    """Clipping two identifiers to one bound would merge two people into one unit (a neighbour step would
+    then move 2k rows): ingestion refuses them instead."""
+    from mechanisms.data.table import TableError
+    from service.data.ingest import csv_to_parquet
+
+    schema = ctx().schema.model_copy(
+        update={
+            "columns": (ctx().schema.columns[0].model_copy(update={"max": 100}), *ctx().schema.columns[1:])
+        }
+    )
+    source = tmp_path / "events.csv"
+    source.write_text("user,x,n,g\n5,1.0,1,a\n500,1.0,1,a\n600,2.0,1,b\n")
+    with pytest.raises(TableError, match="identifies the privacy unit"):
+        csv_to_parquet(source, schema, tmp_path / "work")
+
+
+def test_a_unit_histogram_on_a_coarse_grid_is_refused() -> None:
+    """k rows may move k bins, each rounded on a grid γ > 1: refused instead of under-charged."""
+    from mechanisms.catalog import MECHANISMS
+
+    histogram = query({"kind": "histogram", "column": "n"}, [])
+    with pytest.raises(ParamsError, match="unit grid"):
+        laplace_plan(histogram, ctx(k=1000), 1e-9)
+    mechanism = MECHANISMS["accuracy_first.laplace"]
+    params = mechanism.params_model.model_validate(
+        {
+            "query": {"kind": "histogram", "column": "n"},
+            "epsilons": [1e-9, 1e-3, 1.0],
+            "target": {"relative": 0.5},
+        }
+    )
+    with pytest.raises(ParamsError, match="unit grid"):
+        mechanism.check(params, ctx(k=1000))
+
+
+def test_degenerate_quantile_ranges_are_refused_or_served_alike(tmp_path: Path) -> None:
+    """A range too narrow for the candidates is refused before any reservation; a constant column is
+    answered alike by NumPy and the engine."""
+    from mechanisms.noise import Noise
+    from mechanisms.queries.quantile import Quantile
+    from tests.engine_support import engine_table
+
+    narrow = DatasetSchema.model_validate(
+        {"columns": [{"name": "x", "type": "float", "min": 0.0, "max": 5e-324}], "neighboring": "add_remove"}
+    )
+    params = QuantileParams.model_validate({"column": "x", "quantiles": [0.5], "epsilon": 1.0})
+    with pytest.raises(ParamsError, match="too narrow"):
+        Quantile().check(params, PublicContext(narrow, None, DEFAULT_ORDERS))
+    constant = DatasetSchema.model_validate(
+        {"columns": [{"name": "x", "type": "float", "min": 2.0, "max": 2.0}], "neighboring": "add_remove"}
+    )
+    context = PublicContext(constant, None, DEFAULT_ORDERS)
+    columns = {"x": np.full(10, 2.0)}
+    answers = [
+        Quantile().run(params, context, data, Noise.seeded(1)).output["values"]
+        for data in (columns, engine_table(columns, constant, tmp_path))
+    ]
+    assert answers[0] == answers[1] == {"0.5": 2.0}
