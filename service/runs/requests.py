@@ -201,6 +201,7 @@ def _placed(runtime: Runtime, validated: Validated) -> Validated:
         validated.mechanism.name in runtime.settings.inline_mechanisms
         and not is_long_running(validated.mechanism)
         and runtime.tables.in_memory(validated.dataset)  # a scan never runs on the writer thread
+        and validated.context.schema.privacy_unit is None  # nor a unit bounding (a sort per release)
     )
     return replace(validated, inline=inline, limits=runtime.limits(), queue=runtime.settings.queue_name)
 
