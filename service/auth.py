@@ -13,7 +13,7 @@ from enum import StrEnum
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.errors import Conflict, InvalidInput, NotFound
+from service.errors import Conflict, InvalidInput, NotFound, Unauthenticated
 from service.store.models import DATASET_SCOPE, ApiKey
 from service.store.repositories import KeyRepository
 
@@ -62,11 +62,17 @@ def create_key(session: Session, name: str, role: Role) -> str:
     return key
 
 
+REVOKED = "unknown or revoked API key"
+"""The detail of the 401 of a revoked key, from authentication or (another process's cache) admission."""
+
+
 def revoke_key(session: Session, name: str) -> ApiKey:
     """Revoke the key named ``name`` (idempotent: a revoked key keeps its first ``revoked_at``).
 
     The name stays taken, so a new key never inherits the revoked one's grants or sub-budgets. The last
-    active admin key cannot be revoked (nobody could create keys over HTTP any more)."""
+    active admin key cannot be revoked (nobody could create keys over HTTP any more). This sets the mark
+    only: ``service.runs.sessions.revoke_key`` (the API and ``expost keys revoke``) calls it holding the
+    key's filters and closes its open sessions in the same transaction."""
     keys = KeyRepository(session)
     key = keys.by_name(name)
     if key is None:
@@ -76,6 +82,14 @@ def revoke_key(session: Session, name: str) -> ApiKey:
             raise Conflict("this is the last active admin key; create another admin key first")
         key.revoked_at = datetime.now(UTC)
     return key
+
+
+def check_key_active(session: Session, name: str) -> None:
+    """Raise the 401 of a revoked key unless the key ``name`` is active, read from the database now (never
+    from a :class:`KeyCache`). Admission calls it under the filter locks, which a revocation also takes:
+    a key revoked through any process is refused by every process's next admission."""
+    if not KeyRepository(session).is_active(name):
+        raise Unauthenticated(REVOKED)
 
 
 def principal_for(session: Session, key: str) -> Principal | None:

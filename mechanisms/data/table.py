@@ -10,6 +10,8 @@
   int64 codes indexing ``values``.
 * Empty cells, ragged rows, NUL characters, an empty file and a file without data rows are errors.
   Completely blank lines are skipped (but still counted in the row numbers of error messages).
+* A header wider than the schema (which has at most ``MAX_COLUMNS`` columns) is refused with its header
+  error before any data row is read; every header check is linear in the header's width.
 
 Errors raise ``TableError`` naming the column and the 1-based data row; they quote at most the first
 ``QUOTE_CHARS`` characters of a cell or header name, never a long value whole. Work is vectorised per column:
@@ -22,6 +24,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress
@@ -72,7 +75,7 @@ def _names(names: Sequence[str], at_most: int = 5) -> str:
     return shown if len(names) <= at_most else f"{shown} and {len(names) - at_most} more"
 
 
-def _read_rows(data: bytes) -> list[list[str]]:
+def _read_rows(data: bytes, schema: DatasetSchema) -> list[list[str]]:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -81,21 +84,32 @@ def _read_rows(data: bytes) -> list[list[str]]:
     if nul >= 0:  # no cell may hold one (PostgreSQL text cannot); often a UTF-16 file
         line = text.count("\n", 0, nul) + 1
         raise _fail(f"line {line} contains a NUL character; save the file as UTF-8 text")
+    reader = csv.reader(io.StringIO(text, newline=""))
     try:
-        return list(csv.reader(io.StringIO(text, newline="")))
+        header = next(reader, None)
+        if header is None:
+            return []
+        if len(header) > len(schema.columns):  # refused before any row is read (the check raises)
+            _check_header(header, schema)
+        return [header, *reader]
     except csv.Error as exc:
         raise _fail(f"the file is not valid CSV: {exc}") from None
 
 
 def _check_header(header: Sequence[str], schema: DatasetSchema) -> list[str]:
+    """The header's names (stripped), exactly the schema's in any order. Linear in the header's width (counts
+    and sets, no ``list.count`` or ``in`` on a list per name): a header of 100 000 names, far wider than any
+    schema (``MAX_COLUMNS``), is refused in milliseconds."""
     names = [h.strip() for h in header]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
+    counts = Counter(names)
+    duplicates = sorted(n for n, k in counts.items() if k > 1)
     if duplicates:
         raise _fail(f"duplicate columns in the header: {_names(duplicates)}")
-    missing = [n for n in schema.names if n not in names]
+    missing = [n for n in schema.names if n not in counts]
     if missing:
         raise _fail(f"missing columns: {', '.join(map(repr, missing))}")
-    extra = [n for n in names if schema.column(n) is None]
+    declared = set(schema.names)
+    extra = [n for n in names if n not in declared]
     if extra:
         raise _fail(f"columns not in the schema: {_names(extra)}")
     return names
@@ -199,7 +213,7 @@ def _load_column(
 
 def load_csv(data: bytes, schema: DatasetSchema) -> LoadedTable:
     """Parse ``data`` (UTF-8 CSV with a header row) into clipped, typed columns; raise ``TableError``."""
-    rows = _read_rows(data)
+    rows = _read_rows(data, schema)
     if not rows:
         raise _fail("the file is empty")
     names = _check_header(rows[0], schema)

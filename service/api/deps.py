@@ -14,7 +14,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from service.auth import KeyCache, Principal, Role
+from service.auth import REVOKED, KeyCache, Principal, Role
 from service.errors import Forbidden, Unauthenticated
 from service.runs.runtime import Runtime
 
@@ -51,7 +51,7 @@ async def authenticate(request: Request, credentials: HTTPAuthorizationCredentia
     if principal is None:  # not cached: read the database in the thread pool
         principal = await run_in_threadpool(keys.authenticate, credentials.credentials)
     if principal is None:
-        raise Unauthenticated("unknown or revoked API key")
+        raise Unauthenticated(REVOKED)
     return principal
 
 

@@ -32,7 +32,7 @@ from mechanisms.base import (
 )
 from mechanisms.catalog import MECHANISMS
 from mechanisms.ptr.protocol import ApproximateMechanism, is_approximate
-from service.auth import Principal, Role
+from service.auth import Principal, Role, check_key_active
 from service.datasets import check_admissible, public_context, visible_dataset
 from service.errors import (
     BudgetExhausted,
@@ -267,7 +267,7 @@ def admit_locked(
                     "this Idempotency-Key was used for a different request", idempotency_key=key
                 )
             return existing, False
-    check_admissible(session, principal, v.dataset.id)  # not archived, still granted (read now)
+    check_admissible_now(session, principal, v.dataset.id)
     if v.limits is not None:
         check_limits(session, principal.name, v)
     check_admission(filters, v.charge, v.delta)
@@ -277,6 +277,15 @@ def admit_locked(
     details = {"scopes": request.scopes, "mechanism": request.mechanism, "params": request.params}
     reserve(session, filters, v.charge, principal.name, details, request.id, v.delta)
     return request, True
+
+
+def check_admissible_now(session: Session, principal: Principal, dataset_id: str) -> None:
+    """Under the dataset's filter locks, before admitting: the principal's API key is not revoked (401), the
+    dataset is not archived (409) and an analyst is still granted (404), all read from the database now, not
+    from a process cache. A revocation holds the key's filters while it sets the mark (``service.runs.
+    sessions.revoke_key``), so each admission of a key commits before its revocation or is refused."""
+    check_key_active(session, principal.name)
+    check_admissible(session, principal, dataset_id)
 
 
 def new_request(
@@ -343,7 +352,8 @@ class RequestBatch:
     ) -> RequestBatch:
         """Lock the filters of ``scopes``, then read (under the locks) the requests stored under ``keys``
         (analyst, Idempotency-Key), the running requests to settle, which datasets are archived and which
-        (dataset, analyst) ``analysts`` hold a grant: a few statements for the whole batch."""
+        (dataset, analyst) ``analysts`` hold a grant with an API key not revoked: a few statements for the
+        whole batch."""
         filters = FilterBatch(session)
         filters.lock(scopes)
         requests = RequestRepository(session)
@@ -357,11 +367,13 @@ class RequestBatch:
         return batch
 
     def check_admissible(self, principal: Principal, dataset_id: str) -> None:
-        """``datasets.check_admissible`` from what was read under the locks; when it finds a problem, the
-        original re-reads and raises its exact error (and drops the stale grant from the process cache)."""
-        unknown = principal.role is Role.analyst and (dataset_id, principal.name) not in self.granted
-        if dataset_id in self.archived or unknown:
-            check_admissible(self.session, principal, dataset_id)
+        """:func:`check_admissible_now` from what was read under the locks (an analyst's grant is read
+        only with an active key); when it finds a problem, or for a principal that is not an analyst (no
+        grant to read), the original re-reads and raises its exact error (and drops a stale grant from the
+        process cache)."""
+        granted = principal.role is Role.analyst and (dataset_id, principal.name) in self.granted
+        if dataset_id in self.archived or not granted:
+            check_admissible_now(self.session, principal, dataset_id)
 
     def add(self, values: dict[str, Any]) -> AnalysisRequest:
         request = detached_request(values)

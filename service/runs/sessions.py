@@ -6,9 +6,10 @@ transaction.
 * **Each query** locks the dataset's filters and the session row, so concurrent queries to one session
   are serialized; it reads the secret state, runs one ``step`` on the data with fresh noise, appends the
   public (query, answer) to the transcript and stores the new secret state.
-* **Close** (halt, ``max_queries``, explicit, expiry, or a failure) commits the realized charge of the
-  public transcript (``realized``), or the worst case if the mechanism failed after reading the data, and
-  deletes the secret state. The secret state never leaves the ``secret_states`` table.
+* **Close** (halt, ``max_queries``, explicit by the analyst or an admin, expiry, the key's revocation, or
+  a failure) commits the realized charge of the public transcript (``realized``), or the worst case if the
+  mechanism failed after reading the data, and deletes the secret state. The secret state never leaves the
+  ``secret_states`` table.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from mechanisms.base import InteractiveMechanism, ParamsError, PublicContext
 from mechanisms.catalog import INTERACTIVE
 from mechanisms.noise import Noise
-from service import metrics
-from service.auth import Principal, Role
+from service import auth, metrics
+from service.auth import Principal, Role, validate_name
 from service.datasets import dataset_by_id, public_context, visible_dataset
 from service.errors import (
     Conflict,
@@ -43,8 +44,8 @@ from service.runs.admission import Validated, admit_locked, refusal, validated_f
 from service.runs.requests import HistoryPage, HistoryQuery, history_owner, history_page
 from service.runs.runtime import Runtime
 from service.runs.settlement import settle_locked
-from service.store.models import AnalysisRequest, AnalysisSession, PrivacyFilter, SecretState
-from service.store.repositories import RequestRepository, SessionRepository
+from service.store.models import AnalysisRequest, AnalysisSession, ApiKey, PrivacyFilter, SecretState
+from service.store.repositories import FilterRepository, RequestRepository, SessionRepository
 
 log = structlog.get_logger("expost.sessions")
 
@@ -298,8 +299,11 @@ def _step(
     return row, result.answer
 
 
-def close(runtime: Runtime, principal: Principal, session_id: str, reason: str = "closed") -> AnalysisSession:
-    """Close an open session now and commit the realized charge of its transcript (idempotent)."""
+def close(runtime: Runtime, principal: Principal, session_id: str) -> AnalysisSession:
+    """Close an open session now and commit the realized charge of its transcript (idempotent). Its analyst
+    closes it (``closed``), or an admin closes anyone's (``closed_by_admin``): the same settlement, the
+    charge of the public transcript, whoever asks."""
+    reason = "closed_by_admin" if principal.role is Role.admin else "closed"
     with runtime.sessions() as session:
         row = visible_session(session, principal, session_id)
         parts = _PublicParts(session, row)
@@ -324,3 +328,35 @@ def expire_sessions(sessions: sessionmaker[Session]) -> int:
                 _close(session, filters, fresh, request, parts, "expired")
                 closed += 1
     return closed
+
+
+def revoke_key(sessions: sessionmaker[Session], name: str) -> tuple[ApiKey, int]:
+    """Revoke the API key ``name`` and close its open sessions, in one transaction; returns the key and how
+    many sessions were closed.
+
+    The transaction first locks the key's filters: on every dataset where the key has a sub-filter (each
+    admission of the key holds it: ``admission.lock_filters``), that one and the dataset's, datasets in id
+    order (the global lock order). So every admission of the key, through any process whatever its key
+    cache says, either committed before the revocation or reads the key revoked under the locks and is
+    refused (``admission.check_admissible_now``); nothing is reserved or charged for it. Then every open
+    session of the key is closed as a close by its analyst is (``key_revoked``: the charge of its public
+    transcript, never less; no session holds its worst case until it expires), and the key is marked
+    revoked. Idempotent: revoking again keeps the first ``revoked_at`` (and closes nothing more).
+
+    Not covered: a grant of the key to a new dataset that commits while this transaction runs (its
+    sub-filter is created after the locks were taken); an admission there may commit just after the
+    revocation. Both are admin actions: grant, then revoke, not both at once."""
+    validate_name(name)
+    with sessions() as session, session.begin():
+        datasets = FilterRepository(session).datasets_of_scope(name)  # in id order: the global lock order
+        locked = {dataset_id: lock_filters(session, dataset_id, name) for dataset_id in datasets}
+        closed = 0
+        for row in SessionRepository(session).open_of(name):
+            filters = locked.get(row.dataset_id)
+            assert filters is not None, "a session was admitted under its analyst's filter on its dataset"
+            request = RequestRepository(session).fresh(row.request_id)
+            assert request is not None
+            _close(session, filters, row, request, _PublicParts(session, row), "key_revoked")
+            closed += 1
+        key = auth.revoke_key(session, name)
+    return key, closed

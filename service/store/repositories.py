@@ -119,11 +119,15 @@ def commit_pipelined(session: Session, send: Callable[[], None]) -> None:
 
 @cache
 def _admissible_statement() -> Select[Any]:
-    """Datasets (``dataset_ids``) with their archival time and their grants to any of ``analysts``."""
-    grants = Grant.__table__
-    joined = Dataset.__table__.outerjoin(
-        grants, (Grant.dataset_id == Dataset.id) & Grant.analyst.in_(bindparam("analysts", expanding=True))
+    """Datasets (``dataset_ids``) with their archival time and their grants to any of ``analysts`` whose API
+    key is not revoked (a grant of a revoked key is not returned)."""
+    grants, keys = Grant.__table__, ApiKey.__table__
+    active = (
+        (Grant.dataset_id == Dataset.id)
+        & Grant.analyst.in_(bindparam("analysts", expanding=True))
+        & keys.c.revoked_at.is_(None)
     )
+    joined = Dataset.__table__.outerjoin(grants.join(keys, keys.c.name == grants.c.analyst), active)
     return (
         select(Dataset.id, Dataset.archived_at, Grant.analyst)
         .select_from(joined)
@@ -183,6 +187,13 @@ class KeyRepository:
         active = select(func.count()).select_from(ApiKey).where(ApiKey.revoked_at.is_(None))
         return int(self.session.scalar(active.where(ApiKey.role == role)) or 0)
 
+    def is_active(self, name: str) -> bool:
+        """Whether a key named ``name`` exists and is not revoked, read from the database now."""
+        if not _storable(name):
+            return False
+        found = self.session.scalar(select(ApiKey.id).where(ApiKey.name == name, ApiKey.revoked_at.is_(None)))
+        return found is not None
+
 
 class DatasetRepository:
     def __init__(self, session: Session) -> None:
@@ -239,8 +250,8 @@ class DatasetRepository:
     def admissible_many(
         self, dataset_ids: Sequence[str], analysts: Sequence[str]
     ) -> tuple[set[str], set[tuple[str, str]]]:
-        """(archived datasets of ``dataset_ids``, their (dataset id, analyst) grants of ``analysts``),
-        read now in one statement."""
+        """(archived datasets of ``dataset_ids``, their (dataset id, analyst) grants of ``analysts`` whose
+        API key is not revoked), read now in one statement."""
         dataset_ids = [d for d in dataset_ids if _storable(d)]
         analysts = [a for a in analysts if _storable(a)]
         rows = self.session.connection().execute(
@@ -298,6 +309,13 @@ class FilterRepository:
 
     def add(self, privacy_filter: PrivacyFilter) -> None:
         self.session.add(privacy_filter)
+
+    def datasets_of_scope(self, scope: str) -> list[str]:
+        """The ids of the datasets with a filter of ``scope`` (an analyst's sub-filters), in id order."""
+        if not _storable(scope):
+            return []
+        query = select(PrivacyFilter.dataset_id).where(PrivacyFilter.scope == scope)
+        return list(self.session.scalars(query.order_by(PrivacyFilter.dataset_id)).all())
 
     def for_dataset(self, dataset_id: str) -> Sequence[PrivacyFilter]:
         return self.session.scalars(
@@ -639,6 +657,17 @@ class SessionRepository:
     def fresh(self, session_id: str) -> AnalysisSession | None:
         """Re-read (the caller holds the filter locks that guard every session transition)."""
         return self.session.get(AnalysisSession, session_id, populate_existing=True)
+
+    def open_of(self, analyst: str) -> Sequence[AnalysisSession]:
+        """Every open session of ``analyst``, read now (oldest first)."""
+        if not _storable(analyst):
+            return []
+        query = (
+            select(AnalysisSession)
+            .where(AnalysisSession.analyst == analyst, AnalysisSession.state == "open")
+            .order_by(AnalysisSession.created_at, AnalysisSession.id)
+        )
+        return self.session.scalars(query.execution_options(populate_existing=True)).all()
 
     def by_request(self, request_id: str) -> AnalysisSession | None:
         return self.session.scalar(select(AnalysisSession).where(AnalysisSession.request_id == request_id))

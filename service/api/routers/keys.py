@@ -5,8 +5,9 @@ from sqlalchemy.exc import IntegrityError
 
 from service.api.deps import Admin, RuntimeDep
 from service.api.schemas import KeyIn, KeyOut, KeyRevokedOut
-from service.auth import KeyCache, create_key, revoke_key, validate_name
+from service.auth import KeyCache, create_key, validate_name
 from service.errors import Conflict
+from service.runs.sessions import revoke_key
 from service.store.repositories import KeyRepository
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
@@ -31,13 +32,14 @@ def list_keys(runtime: RuntimeDep, _admin: Admin) -> list[KeyOut]:
 
 
 @router.delete(
-    "/{name}", operation_id="revokeKey", summary="Revoke an API key (refused from now on; its history stays)"
+    "/{name}",
+    operation_id="revokeKey",
+    summary="Revoke an API key (refused from now on, its open sessions closed; its history stays)",
 )
 def revoke(name: str, request: Request, runtime: RuntimeDep, _admin: Admin) -> KeyRevokedOut:
     validate_name(name)
-    with runtime.sessions() as session, session.begin():
-        key = revoke_key(session, name)
-        out = KeyRevokedOut(name=key.name, role=key.role, revoked_at=key.revoked_at)
+    key, _ = revoke_key(runtime.sessions, name)  # admissions everywhere refuse it once this returns
+    out = KeyRevokedOut(name=key.name, role=key.role, revoked_at=key.revoked_at)
     keys: KeyCache = request.app.state.keys
     keys.forget(name)  # after the commit: this process refuses the key from the next request on
     return out

@@ -6,8 +6,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
 
+from service.api.deps import AdminOrAnalyst, AnyRole, RuntimeDep, SessionDep
 from service.api.deps import Analyst as AnalystRole
-from service.api.deps import AnyRole, RuntimeDep, SessionDep
 from service.api.routers.requests import (
     AnalystFilter,
     DatasetFilter,
@@ -151,7 +151,7 @@ def next_release(
 @router.post(
     "/v1/sessions/{session_id}/close",
     operation_id="closeSession",
-    summary="Close now and commit the charge of the outcome",
+    summary="Close now and commit the charge of the outcome (its analyst, or an admin: anyone's session)",
 )
-def close(session_id: str, runtime: RuntimeDep, analyst: AnalystRole) -> SessionOut:
-    return _out(runtime, domain.close(runtime, analyst, session_id))
+def close(session_id: str, runtime: RuntimeDep, who: AdminOrAnalyst) -> SessionOut:
+    return _out(runtime, domain.close(runtime, who, session_id))
