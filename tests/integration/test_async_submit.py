@@ -30,7 +30,7 @@ from mechanisms.base import Mechanism
 from mechanisms.catalog import MECHANISMS
 from service.app import build_runtime
 from service.auth import Principal
-from service.datasets import DatasetArchived, archive, cached_visible_dataset, visible_dataset
+from service.datasets import DatasetArchived, archive, cached_visible_dataset, public_context, visible_dataset
 from service.errors import BudgetExhausted, IdempotencyKeyReused, NotAdmissible, NotFound
 from service.filter.ledger import verify
 from service.runs import admission, requests, settlement
@@ -63,9 +63,11 @@ def runtime(database_url: str, tmp_path: Path) -> Iterator[Runtime]:
 
 
 def warm(runtime: Runtime, principal: Principal, dataset_id: str) -> None:
-    """Read the dataset and the grant once (as any request's validation does): the process caches them."""
+    """Read the dataset, the grant and the table once (as any request's validation and first run do): the
+    process caches them. The event-loop path never loads a table: it declines until the table is cached."""
     with runtime.sessions() as session:
-        visible_dataset(session, principal, dataset_id)
+        dataset = visible_dataset(session, principal, dataset_id)
+    runtime.tables.get(dataset, public_context(dataset).schema)
     assert cached_visible_dataset(principal, dataset_id) is not None
 
 
