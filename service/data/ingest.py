@@ -39,7 +39,6 @@ import codecs
 import csv
 import io
 import re
-import secrets
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -63,6 +62,7 @@ import pyarrow.parquet as pq
 from mechanisms.data.plan import ORDER_COLUMN
 from mechanisms.data.schema import CategoricalColumn, DatasetSchema, FloatColumn, IntColumn
 from mechanisms.data.table import QUOTE_CHARS, TableError
+from mechanisms.noise import Noise
 from service.data.errors import SourceError
 from service.data.storage import file_sha256
 
@@ -141,7 +141,8 @@ class _SnapshotWriter:
     def __init__(self, schema: DatasetSchema, work_dir: Path) -> None:
         self.schema = snapshot_schema(schema)
         self.names = schema.names  # the data columns, in order (the snapshot may add ``ORDER_COLUMN``)
-        self._secret = secrets.randbits(64) if schema.privacy_unit is not None else None
+        # the bounding secret comes from the one home of randomness (the OS CSPRNG), like every noise draw
+        self._secret = Noise.system().random_bits(64) if schema.privacy_unit is not None else None
         self._unit = schema.privacy_unit.column if schema.privacy_unit is not None else None
         work_dir.mkdir(parents=True, exist_ok=True)
         self.path = work_dir / f"snapshot-{uuid.uuid4().hex}.parquet"

@@ -109,6 +109,12 @@ OPERATIONS: dict[str, str] = {
     "DELETE /v1/datasets/{dataset_id}/grants/{analyst}": ADMIN,
     "POST /v1/datasets/{dataset_id}/archive": ADMIN,
 }
+NOT_FUZZED: dict[str, str] = {
+    # A generated PostgreSQL source would make the server connect to whatever host the DSN names: no test
+    # may send traffic beyond loopback. Its refusals (bad sources, bad DSNs, bad identifiers, the DSN never
+    # echoed) are tested with fixed inputs in tests/integration/test_data_sources.py.
+    "POST /v1/datasets/register": "the server would connect to fuzzed hosts",
+}
 
 # Operations whose only inputs are the key and string path parameters, which no value can make invalid
 # against the schema: fuzzed in positive mode only (negative mode would have nothing to negate).
@@ -470,10 +476,11 @@ NEAR_VALID: dict[str, st.SearchStrategy[Any]] = {
 
 def test_every_operation_is_fuzzed(fuzz: FuzzWorld) -> None:
     operations = [result.ok() for result in fuzz.schema.get_all_operations()]
-    assert {op.label for op in operations} == set(OPERATIONS)
+    fuzzed = [op for op in operations if op.label not in NOT_FUZZED]
+    assert {op.label for op in operations} == set(OPERATIONS) | set(NOT_FUZZED)
     nothing_to_negate = {
         op.label
-        for op in operations
+        for op in fuzzed
         if not op.body and not op.query and [h.name for h in op.headers] in ([], ["Authorization"])
     }
     assert nothing_to_negate == POSITIVE_ONLY
