@@ -2,12 +2,12 @@
 
 One DuckDB database (in memory) per engine holds the settings (``threads``, ``memory_limit``,
 ``temp_directory`` for spilling, ``preserve_insertion_order=false``); every :meth:`DuckDBEngine.aggregate`
-runs on its own cursor (a connection to that database), so several threads can scan at once and the small
-candidate tables each call registers are visible to that call only.
+runs on its own cursor (a connection to that database), so several threads can scan at once.
 
 Exactness: the query is :mod:`service.engines.compile`'s rendering for DuckDB (its module docstring has the
-argument); the path is the statement's one parameter (``read_parquet(?)``), and DuckDB reads only the
-columns the plan names. Sums come back as HUGEINT (Python ``int``), counts as BIGINT.
+argument); its named parameters are the snapshot's path (``read_parquet($path)``) and the bucket keys'
+candidate lists (``list_extract``), and DuckDB reads only the columns the plan names. Sums come back as
+HUGEINT (Python ``int``), counts as BIGINT.
 """
 
 from __future__ import annotations
@@ -44,9 +44,7 @@ class DuckDBEngine:
                 raise RuntimeError("the DuckDB engine is closed")
             cursor = self._connection.cursor()
         try:
-            for candidates in compiled.candidates:
-                cursor.register(candidates.name, candidates.table)
-            rows = cursor.execute(compiled.duckdb_sql, [str(path)]).fetchall()
+            rows = cursor.execute(compiled.duckdb_sql, compiled.duckdb_parameters(path)).fetchall()
         finally:
             cursor.close()
         return compiled.answer(rows)

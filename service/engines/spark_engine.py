@@ -6,8 +6,9 @@ and turns DECIMAL overflow into NULL), session time zone UTC, no UI, no console 
 partitions (the aggregates have at most a few thousand cells), log level WARN. Every
 :meth:`SparkEngine.aggregate` runs in its own ``newSession()`` (same SparkContext, isolated temp views), so
 concurrent calls cannot see each other's views: the snapshot is the temp view
-:data:`~service.engines.compile.SOURCE` (``spark.read.parquet``; Spark reads only the columns the query
-names), each bucket key's candidate table a broadcast DataFrame.
+:data:`~service.engines.compile.SOURCE` (``spark.read.parquet`` with the schema given, so no inference job;
+Spark reads only the columns the query names), and each bucket key whose corrections need a lookup gets its
+candidate table as a broadcast DataFrame.
 
 Exactness: :mod:`service.engines.compile`'s module docstring; for Spark in particular, sums are
 ``SUM(CAST(v AS DECIMAL(38, 0)))`` (collected as integral ``Decimal`` values, converted to ``int``

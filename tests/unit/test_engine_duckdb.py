@@ -30,14 +30,15 @@ from sqlglot import exp
 from mechanisms.data.plan import Aggregation, Bucket, Key, Op, Predicate, Sum, evaluate_numpy
 from mechanisms.data.schema import DatasetSchema
 from service.engines import DuckDBEngine, ParquetTable, RowLimitExceeded
-from service.engines.compile import compile_plan
+from service.engines.compile import Corrections, bucket_corrections, compile_plan
 
 X_LOW, X_HIGH = -4.0, 4.0
 N_LOW, N_HIGH = -1000, 1000
 BOUNDS = (("x", X_LOW, X_HIGH), ("n", float(N_LOW), float(N_HIGH)))
 
 X_BUCKET = Bucket(low=X_LOW, inverse=2.0, candidates=tuple(X_LOW + 0.5 * j for j in range(17)))
-"""Evenly spaced candidates on [−4, 4] (width 0.5, so the approximate index is exact)."""
+"""Exact doubles, width 0.5, but the first candidate is ``low`` itself, so the approximate index is one short
+for every value that is not a candidate: the upper correction does the work on most rows."""
 THIRDS_BUCKET = Bucket(low=-1.0, inverse=3.0, candidates=tuple(-1.0 + j / 3 for j in range(7)))
 """Spacing 1/3: neither the candidates nor the products are exact doubles."""
 ROUGH_BUCKET = Bucket(low=-4.0, inverse=1.0, candidates=(-3.5, -0.0, 1e-300, 0.1, 0.2, 3.9999999999999996))
@@ -378,15 +379,39 @@ def sums(draw: st.DrawFn) -> Sum:
 
 
 @st.composite
+def buckets(draw: st.DrawFn) -> Bucket:
+    """Evenly spaced (inexact) candidates, or arbitrary ones (unsorted, repeated, ±inf), with a positive or
+    negative inverse: the static correction analysis must hold for all of them."""
+    if draw(st.booleans()):
+        low = draw(st.floats(-5.0, 0.0))
+        width = draw(st.floats(1e-3, 2.0))
+        k = draw(st.integers(1, 60))
+        first = low + width * draw(st.sampled_from([0.0, 1.0, 0.5]))
+        return Bucket(low=first, inverse=1 / width, candidates=tuple(first + j * width for j in range(k)))
+    candidates = draw(
+        st.lists(st.one_of(floats, st.sampled_from([-math.inf, math.inf])), min_size=1, max_size=12)
+    )
+    if draw(st.booleans()):
+        candidates.sort()
+    low = draw(st.one_of(floats, st.just(X_LOW)))
+    inverse = draw(
+        st.one_of(st.floats(0.01, 100.0), st.floats(-10.0, -0.01), st.sampled_from([1.0, 3.0, 1e300]))
+    )
+    return Bucket(low=low, inverse=inverse, candidates=tuple(candidates))
+
+
+@st.composite
 def keys(draw: st.DrawFn) -> tuple[Key, ...]:
     options = [
-        Key("g", 4),
-        Key("x", X_BUCKET.size, bucket=X_BUCKET),
-        Key("x", THIRDS_BUCKET.size, bucket=THIRDS_BUCKET),
-        Key("x", ROUGH_BUCKET.size, bucket=ROUGH_BUCKET),
-        Key("n", N_BUCKET.size, bucket=N_BUCKET),
+        st.just(Key("g", 4)),
+        st.sampled_from([X_BUCKET, THIRDS_BUCKET, ROUGH_BUCKET, N_BUCKET]).map(
+            lambda b: Key("n" if b is N_BUCKET else "x", b.size, bucket=b)
+        ),
+        buckets().flatmap(
+            lambda b: st.sampled_from([Key("x", b.size, bucket=b), Key("n", b.size, bucket=b)])
+        ),
     ]
-    chosen = draw(st.lists(st.sampled_from(options), max_size=3))
+    chosen = draw(st.lists(st.one_of(*options), max_size=3))
     return tuple(chosen)
 
 
@@ -407,6 +432,52 @@ def test_random_plans_are_exact(
 ) -> None:
     path = write_parquet(tmp_path, table)
     assert engine.aggregate(path, plan) == evaluate_numpy(plan, table)
+
+
+@settings(deadline=None, max_examples=300)
+@given(
+    bucket=buckets(),
+    domain=st.sampled_from([(X_LOW, X_HIGH), (-1.0, 0.5), (-math.inf, math.inf), (0.0, 0.0)]),
+)
+def test_bucket_corrections_are_sound(bucket: Bucket, domain: tuple[float, float]) -> None:
+    """Wherever a correction fires (NumPy's definition), the analysis says it can, and its guard holds: on
+    every candidate, its two neighbouring doubles, the domain's ends and a dense random sample."""
+    lo, hi = domain
+    corrections = bucket_corrections(bucket, lo, hi)
+    c = np.asarray(bucket.candidates)
+    finite_lo, finite_hi = max(lo, -1e6), min(hi, 1e6)
+    x = np.concatenate([c, np.nextafter(c, -np.inf), np.nextafter(c, np.inf), [lo, hi]])
+    x = np.concatenate([x, np.random.default_rng(0).uniform(finite_lo, finite_hi, 20_000)])
+    x = x[np.isfinite(x) & (x >= lo) & (x <= hi)]
+    with np.errstate(all="ignore"):
+        t = (x - bucket.low) * bucket.inverse
+        j0 = np.clip(np.ceil(t), 0, c.size).astype(np.int64)
+        below = np.concatenate([[-np.inf], c])[j0]
+        at = np.concatenate([c, [np.inf]])[j0]
+        lower, upper = x <= below, at < x
+        if lower.any():
+            assert corrections.lower
+            if corrections.lower_guard is not None:
+                assert (t[lower] - (j0[lower] - 1).astype(np.float64) <= corrections.lower_guard).all()
+        if upper.any():
+            assert corrections.upper
+            if corrections.upper_guard is not None:
+                assert (j0[upper].astype(np.float64) - t[upper] <= corrections.upper_guard).all()
+
+
+def test_evenly_spaced_small_buckets_need_few_lookups() -> None:
+    """The analysis is not vacuous: exact spacing needs no lookup at all, and the guards are tight."""
+    exact = Bucket(low=4.0, inverse=0.25, candidates=tuple(4.0 * j for j in range(1, 25)))
+    assert bucket_corrections(exact, 0.0, 100.0) == Corrections(False, None, False, None)
+    width = 8 / 1025
+    inexact = Bucket(
+        low=-4 + width, inverse=1 / width, candidates=tuple(-4 + width * (j + 1) for j in range(1024))
+    )
+    corrections = bucket_corrections(inexact, -4.0, 4.0)
+    assert corrections.lower_guard is not None
+    assert corrections.lower_guard < 1e-9
+    assert corrections.upper_guard is not None
+    assert corrections.upper_guard < 1e-9
 
 
 # ----- concurrency ----------------------------------------------------------------------------------------
@@ -459,7 +530,7 @@ def test_compiled_once_per_plan() -> None:
     first = compile_plan(plan, kinds)  # type: ignore[arg-type]
     assert compile_plan(plan, kinds) is first  # type: ignore[arg-type]
     assert first.sql("duckdb") is first.sql("duckdb")
-    assert "READ_PARQUET(?)" in first.sql("duckdb")
+    assert "READ_PARQUET($path)" in first.sql("duckdb")
     assert "DECIMAL(38, 0)" in first.sql("spark")
 
 
