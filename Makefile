@@ -40,6 +40,7 @@ test: install-test postgres redis browser lint typecheck
 
 lint: install-test
 	$(BIN)/ruff check mechanisms service tests benchmarks migrations clients/python
+	$(BIN)/ruff format --check mechanisms service tests benchmarks migrations clients/python
 
 typecheck: install-test
 	$(BIN)/mypy clients/python/src mechanisms service

@@ -129,12 +129,26 @@ PARQUET_QUERIES: list[tuple[str, str, dict[str, Any], float]] = [
     ("count", "laplace", {"query": {"kind": "count"}, "epsilon": 1.0}, 1.5),
     ("sum(x)", "laplace", {"query": {"kind": "sum", "column": "x"}, "epsilon": 1.0}, 1.5),
     ("mean(x)", "laplace", {"query": {"kind": "mean", "column": "x"}, "epsilon": 1.0}, 1.5),
-    ("group-by g4 (4 cells)", "measures.laplace",
-     {"measures": [{"kind": "count"}, {"kind": "mean", "column": "x"}], "group_by": ["g4"], "epsilon": 1.0},
-     3.0),
-    ("group-by g4,g8 (32 cells)", "measures.laplace",
-     {"measures": [{"kind": "count"}, {"kind": "mean", "column": "x"}], "group_by": ["g4", "g8"],
-      "epsilon": 1.0}, 3.0),
+    (
+        "group-by g4 (4 cells)",
+        "measures.laplace",
+        {
+            "measures": [{"kind": "count"}, {"kind": "mean", "column": "x"}],
+            "group_by": ["g4"],
+            "epsilon": 1.0,
+        },
+        3.0,
+    ),
+    (
+        "group-by g4,g8 (32 cells)",
+        "measures.laplace",
+        {
+            "measures": [{"kind": "count"}, {"kind": "mean", "column": "x"}],
+            "group_by": ["g4", "g8"],
+            "epsilon": 1.0,
+        },
+        3.0,
+    ),
     ("quantile median(x)", "quantile", {"column": "x", "quantiles": [0.5], "epsilon": 1.0}, 3.0),
 ]
 SCAN_QUERY = PARQUET_QUERIES[4]  # the isolation probe's background scan
@@ -170,21 +184,25 @@ def parquet_source(rows: int) -> tuple[Path, float | None]:
     started = time.perf_counter()
     rng = np.random.default_rng(20240601 + rows)
     dictionary = pa.dictionary(pa.int32(), pa.string())
-    schema = pa.schema([("x", pa.float64()), ("y", pa.float64()), ("k", pa.int64()), ("g4", dictionary),
-                        ("g8", dictionary)])
+    schema = pa.schema(
+        [("x", pa.float64()), ("y", pa.float64()), ("k", pa.int64()), ("g4", dictionary), ("g8", dictionary)]
+    )
     g4_values, g8_values = pa.array(G4), pa.array(G8)
     tmp = path.with_suffix(".tmp")
     with pq.ParquetWriter(tmp, schema, compression="snappy") as writer:
         for start in range(0, rows, ROW_GROUP):
             n = min(ROW_GROUP, rows - start)
             g8 = rng.choice(len(G8), size=n, p=G8_P).astype(np.int32)
-            table = pa.table({
-                "x": rng.uniform(0.0, 100.0, n),
-                "y": rng.uniform(-1.0, 1.0, n),
-                "k": rng.integers(0, 1001, n, dtype=np.int64),
-                "g4": pa.DictionaryArray.from_arrays(rng.integers(0, 4, n, dtype=np.int32), g4_values),
-                "g8": pa.DictionaryArray.from_arrays(g8, g8_values),
-            }, schema=schema)
+            table = pa.table(
+                {
+                    "x": rng.uniform(0.0, 100.0, n),
+                    "y": rng.uniform(-1.0, 1.0, n),
+                    "k": rng.integers(0, 1001, n, dtype=np.int64),
+                    "g4": pa.DictionaryArray.from_arrays(rng.integers(0, 4, n, dtype=np.int32), g4_values),
+                    "g8": pa.DictionaryArray.from_arrays(g8, g8_values),
+                },
+                schema=schema,
+            )
             writer.write_table(table, row_group_size=ROW_GROUP)
     os.replace(tmp, path)
     return path, time.perf_counter() - started
@@ -202,8 +220,15 @@ def csv_source(rows: int) -> tuple[Path, float | None]:
     print(f"... generating {path.name} ({rows:,} rows)", file=sys.stderr)
     started = time.perf_counter()
     rng = np.random.default_rng(20240602 + rows)
-    schema = pa.schema([("a", pa.float64()), ("b", pa.float64()), ("c", pa.int64()), ("g", pa.string()),
-                        ("label", pa.string())])
+    schema = pa.schema(
+        [
+            ("a", pa.float64()),
+            ("b", pa.float64()),
+            ("c", pa.int64()),
+            ("g", pa.string()),
+            ("label", pa.string()),
+        ]
+    )
     g_values, labels = np.array(G4, dtype=object), np.array(["no", "yes"], dtype=object)
     tmp = path.with_suffix(".tmp")
     options = pcsv.WriteOptions(quoting_style="none")
@@ -213,10 +238,18 @@ def csv_source(rows: int) -> tuple[Path, float | None]:
             a = np.round(rng.uniform(0.0, 100.0, n), 3)
             b = np.round(rng.uniform(-1.0, 1.0, n), 4)
             p = 1.0 / (1.0 + np.exp(-(0.05 * (a - 50.0) + 2.0 * b)))
-            writer.write_table(pa.table({
-                "a": a, "b": b, "c": rng.integers(0, 1001, n, dtype=np.int64),
-                "g": g_values[rng.integers(0, 4, n)], "label": labels[(rng.random(n) < p).astype(np.int64)],
-            }, schema=schema))
+            writer.write_table(
+                pa.table(
+                    {
+                        "a": a,
+                        "b": b,
+                        "c": rng.integers(0, 1001, n, dtype=np.int64),
+                        "g": g_values[rng.integers(0, 4, n)],
+                        "label": labels[(rng.random(n) < p).astype(np.int64)],
+                    },
+                    schema=schema,
+                )
+            )
     os.replace(tmp, path)
     return path, time.perf_counter() - started
 
@@ -231,8 +264,9 @@ def free_port() -> int:
 
 
 def cli(env: dict[str, str], cwd: Path, *args: str) -> str:
-    done = subprocess.run([EXPOST, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300,
-                          check=False)
+    done = subprocess.run(
+        [EXPOST, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300, check=False
+    )
     if done.returncode != 0:
         raise BenchError(f"expost {' '.join(args)} exited {done.returncode}: {done.stderr or done.stdout}")
     return done.stdout
@@ -291,7 +325,11 @@ class Server:
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 [EXPOST, "serve", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
-                env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env=env,
+                cwd=workdir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self.pid = self.proc.pid
 
@@ -315,8 +353,13 @@ class Server:
     def errors(self) -> list[str]:
         """Log lines that show a failure (tracebacks are logged as JSON lines with an ``exception`` field)."""
         lines = self.log_path.read_text(errors="replace").splitlines()
-        marks = ("Traceback", '"level": "error"', '"level": "critical"', "mechanism failed",
-                 "unhandled error")
+        marks = (
+            "Traceback",
+            '"level": "error"',
+            '"level": "critical"',
+            "mechanism failed",
+            "unhandled error",
+        )
         return [line[:4000] for line in lines if any(mark in line for mark in marks)][:20]
 
     def stop(self) -> None:
@@ -389,10 +432,15 @@ class RssMonitor:
             anon = self._phase_anon_peak
             self.peak_kib = max(self.peak_kib, hwm if self.hwm_reset_works else 0, sampled)
         peak = max(sampled, hwm) if self.hwm_reset_works else sampled
-        return {"server_peak_rss_mib": peak / 1024, "server_vmhwm_mib": hwm / 1024,
-                "server_sampled_peak_rss_mib": sampled / 1024, "rss_samples": samples,
-                "server_sampled_peak_anon_mib": anon / 1024,
-                "server_rss_end_mib": rss / 1024, "vmhwm_reset": self.hwm_reset_works}
+        return {
+            "server_peak_rss_mib": peak / 1024,
+            "server_vmhwm_mib": hwm / 1024,
+            "server_sampled_peak_rss_mib": sampled / 1024,
+            "rss_samples": samples,
+            "server_sampled_peak_anon_mib": anon / 1024,
+            "server_rss_end_mib": rss / 1024,
+            "vmhwm_reset": self.hwm_reset_works,
+        }
 
 
 class Meter:
@@ -421,14 +469,20 @@ class Meter:
             rss = monitor.end()
             pids_after = process_tree(server.pid)
             server_cpu = sum(cpu_seconds(p) - server_cpu0.get(p, 0.0) for p in set(pids) | set(pids_after))
-            record.update({
-                "wall_s": wall, "client_cpu_s": client, "server_cpu_s": server_cpu,
-                "machine_busy_cores": machine / wall if wall > 0 else None,
-                # everything else that ran meanwhile (PostgreSQL, other users' jobs), in cores
-                "other_cpu_cores": (machine - server_cpu - client) / wall if wall > 0 else None,
-                "loadavg_before": list(load0), "loadavg_after": list(os.getloadavg()),
-                "server_rss_start_mib": rss0 / 1024, **rss,
-            })
+            record.update(
+                {
+                    "wall_s": wall,
+                    "client_cpu_s": client,
+                    "server_cpu_s": server_cpu,
+                    "machine_busy_cores": machine / wall if wall > 0 else None,
+                    # everything else that ran meanwhile (PostgreSQL, other users' jobs), in cores
+                    "other_cpu_cores": (machine - server_cpu - client) / wall if wall > 0 else None,
+                    "loadavg_before": list(load0),
+                    "loadavg_after": list(os.getloadavg()),
+                    "server_rss_start_mib": rss0 / 1024,
+                    **rss,
+                }
+            )
             self.phases.append(record)
 
 
@@ -442,17 +496,21 @@ def client_for(base_url: str, key: str | None = None, timeout: float = 3600) -> 
 
 def checked(response: httpx.Response, *ok: int) -> Any:
     if response.status_code not in ok:
-        raise BenchError(f"{response.request.method} {response.request.url.path} answered "
-                         f"{response.status_code}: {response.text[:3000]}")
+        raise BenchError(
+            f"{response.request.method} {response.request.url.path} answered "
+            f"{response.status_code}: {response.text[:3000]}"
+        )
     return response.json() if response.content else None
 
 
-def submit(client: httpx.Client, dataset_id: str, mechanism: str, params: dict[str, Any],
-           poll: float = 0.02) -> tuple[float, dict[str, Any]]:
+def submit(
+    client: httpx.Client, dataset_id: str, mechanism: str, params: dict[str, Any], poll: float = 0.02
+) -> tuple[float, dict[str, Any]]:
     """POST a request and wait for its release: (seconds from the POST to the release, the request)."""
     started = time.perf_counter()
-    response = client.post(f"/v1/datasets/{dataset_id}/requests",
-                           json={"mechanism": mechanism, "params": params})
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/requests", json={"mechanism": mechanism, "params": params}
+    )
     body = checked(response, 200, 202)
     if response.status_code == 202:
         location = response.headers.get("location") or f"/v1/requests/{body['id']}"
@@ -461,8 +519,9 @@ def submit(client: httpx.Client, dataset_id: str, mechanism: str, params: dict[s
             body = checked(client.get(location), 200)
     elapsed = time.perf_counter() - started
     if body.get("state") != "committed" or body.get("release") is None:
-        raise BenchError(f"{mechanism} on {dataset_id} ended {body.get('state')!r}: "
-                         f"error={body.get('error')!r}")
+        raise BenchError(
+            f"{mechanism} on {dataset_id} ended {body.get('state')!r}: error={body.get('error')!r}"
+        )
     return elapsed, body
 
 
@@ -470,8 +529,9 @@ def server_side(body: dict[str, Any]) -> dict[str, Any]:
     """The server's own view of a request: seconds queued (created → started) and elapsed in all."""
     queued = None
     if body.get("started_at") and body.get("created_at"):
-        queued = (datetime.fromisoformat(body["started_at"]) -
-                  datetime.fromisoformat(body["created_at"])).total_seconds()
+        queued = (
+            datetime.fromisoformat(body["started_at"]) - datetime.fromisoformat(body["created_at"])
+        ).total_seconds()
     return {"server_elapsed_s": body.get("elapsed_seconds"), "server_queued_s": queued}
 
 
@@ -518,17 +578,22 @@ class Run:
         self.server.wait_ready()
         self.monitor = RssMonitor(self.server)
         self.monitor.__enter__()
-        self.servers.append({"tag": tag, "pid": self.server.pid,
-                             "idle_rss_mib": self.monitor.tree_rss_kib() / 1024})
+        self.servers.append(
+            {"tag": tag, "pid": self.server.pid, "idle_rss_mib": self.monitor.tree_rss_kib() / 1024}
+        )
 
     def stop(self) -> None:
         if self.server is None or self.monitor is None:
             return
         self.monitor.__exit__()
         self.server.stop()
-        self.servers[-1].update({"peak_rss_mib": self.monitor.peak_kib / 1024,
-                                 "log_errors": self.server.errors(),
-                                 "vmhwm_reset": self.monitor.hwm_reset_works})
+        self.servers[-1].update(
+            {
+                "peak_rss_mib": self.monitor.peak_kib / 1024,
+                "log_errors": self.server.errors(),
+                "vmhwm_reset": self.monitor.hwm_reset_works,
+            }
+        )
         self.server = self.monitor = None
 
     def admin(self) -> httpx.Client:
@@ -540,19 +605,29 @@ class Run:
     def setup(self, dataset_id: str, epsilon: float, delta: float) -> None:
         with self.admin() as admin:
             checked(admin.post(f"/v1/datasets/{dataset_id}/grants", json={"analyst": "scale-analyst"}), 201)
-            checked(admin.put(f"/v1/datasets/{dataset_id}/budget", json={"epsilon": epsilon, "delta": delta}),
-                    200)
+            checked(
+                admin.put(f"/v1/datasets/{dataset_id}/budget", json={"epsilon": epsilon, "delta": delta}), 200
+            )
 
     def parquet_dataset(self) -> str:
         """Section 1's dataset: the 10⁸-row Parquet registered by reference (timed)."""
         if "parquet" not in self.datasets:
             source, generated = parquet_source(self.args.parquet_rows)
-            body = {"name": f"scale-parquet-{self.args.parquet_rows}", "schema": PARQUET_SCHEMA,
-                    "source": {"kind": "parquet", "path": str(source)}}
+            body = {
+                "name": f"scale-parquet-{self.args.parquet_rows}",
+                "schema": PARQUET_SCHEMA,
+                "source": {"kind": "parquet", "path": str(source)},
+            }
             with self.admin() as admin, self.meter.phase("parquet: register") as phase:
                 out = checked(admin.post("/v1/datasets/register", json=body), 201)
-            phase.update({"rows": out["n_rows"], "source_bytes": source.stat().st_size,
-                          "generated_s": generated, "clipped": out.get("clipped")})
+            phase.update(
+                {
+                    "rows": out["n_rows"],
+                    "source_bytes": source.stat().st_size,
+                    "generated_s": generated,
+                    "clipped": out.get("clipped"),
+                }
+            )
             self.records["register"] = phase
             self.datasets["parquet"] = out["id"]
             self.setup(out["id"], 1e6, 1e-6)
@@ -563,10 +638,22 @@ class Run:
         if "csv" not in self.datasets:
             source, generated = csv_source(self.args.csv_rows)
             with self.admin() as admin, source.open("rb") as handle, self.meter.phase("csv: upload") as phase:
-                out = checked(admin.post("/v1/datasets", files={"file": (source.name, handle, "text/csv")},
-                                         data={"schema": json.dumps(CSV_SCHEMA), "name": source.stem}), 201)
-            phase.update({"rows": out["n_rows"], "source_bytes": source.stat().st_size,
-                          "generated_s": generated, "clipped": out.get("clipped")})
+                out = checked(
+                    admin.post(
+                        "/v1/datasets",
+                        files={"file": (source.name, handle, "text/csv")},
+                        data={"schema": json.dumps(CSV_SCHEMA), "name": source.stem},
+                    ),
+                    201,
+                )
+            phase.update(
+                {
+                    "rows": out["n_rows"],
+                    "source_bytes": source.stat().st_size,
+                    "generated_s": generated,
+                    "clipped": out.get("clipped"),
+                }
+            )
             self.records["upload"] = phase
             self.datasets["csv"] = out["id"]
             self.setup(out["id"], 1e6, 1e-6)
@@ -575,15 +662,22 @@ class Run:
     def small_dataset(self) -> str:
         if "small" not in self.datasets:
             with self.admin() as admin:
-                out = checked(admin.post("/v1/datasets", files={"file": ("probe.csv", SMALL_CSV, "text/csv")},
-                                         data={"schema": json.dumps(SMALL_SCHEMA), "name": "probe"}), 201)
+                out = checked(
+                    admin.post(
+                        "/v1/datasets",
+                        files={"file": ("probe.csv", SMALL_CSV, "text/csv")},
+                        data={"schema": json.dumps(SMALL_SCHEMA), "name": "probe"},
+                    ),
+                    201,
+                )
             self.datasets["small"] = out["id"]
             self.setup(out["id"], 1e6, 0.0)
         return self.datasets["small"]
 
 
-def timed_request(run: Run, client: httpx.Client, name: str, dataset_id: str, mechanism: str,
-                  params: dict[str, Any]) -> dict[str, Any]:
+def timed_request(
+    run: Run, client: httpx.Client, name: str, dataset_id: str, mechanism: str, params: dict[str, Any]
+) -> dict[str, Any]:
     with run.meter.phase(name) as phase:
         seconds, body = submit(client, dataset_id, mechanism, params)
     phase.update({"latency_s": seconds, **server_side(body)})
@@ -600,25 +694,37 @@ def section_parquet(run: Run) -> dict[str, Any]:
     with run.analyst() as analyst:
         for i in range(run.args.runs):  # rounds: each query once per round (the machine drifts)
             for name, mechanism, params, _ in PARQUET_QUERIES:
-                per_query[name].append(timed_request(run, analyst, f"parquet: {name} #{i + 1}", dataset_id,
-                                                     mechanism, params))
+                per_query[name].append(
+                    timed_request(run, analyst, f"parquet: {name} #{i + 1}", dataset_id, mechanism, params)
+                )
     queries = []
     for name, mechanism, params, target in PARQUET_QUERIES:
         runs = per_query[name]
         latencies = [r["latency_s"] for r in runs]
-        queries.append({
-            "name": name, "mechanism": mechanism, "params": params, "target_p50_s": target,
-            "runs_s": latencies, "p50_s": median(latencies),
-            "server_elapsed_s": [r["server_elapsed_s"] for r in runs],
-            "server_queued_s": [r["server_queued_s"] for r in runs],
-            "peak_rss_mib": max(r["server_peak_rss_mib"] for r in runs),
-            "client_cpu_s": [r["client_cpu_s"] for r in runs],
-            "server_cpu_s": [r["server_cpu_s"] for r in runs],
-            "loadavg_1min": [r["loadavg_before"][0] for r in runs],
-        })
+        queries.append(
+            {
+                "name": name,
+                "mechanism": mechanism,
+                "params": params,
+                "target_p50_s": target,
+                "runs_s": latencies,
+                "p50_s": median(latencies),
+                "server_elapsed_s": [r["server_elapsed_s"] for r in runs],
+                "server_queued_s": [r["server_queued_s"] for r in runs],
+                "peak_rss_mib": max(r["server_peak_rss_mib"] for r in runs),
+                "client_cpu_s": [r["client_cpu_s"] for r in runs],
+                "server_cpu_s": [r["server_cpu_s"] for r in runs],
+                "loadavg_1min": [r["loadavg_before"][0] for r in runs],
+            }
+        )
     peak = max([register["server_peak_rss_mib"], *(q["peak_rss_mib"] for q in queries)])
-    return {"dataset_id": dataset_id, "rows": register["rows"], "register": register, "queries": queries,
-            "peak_rss_mib": peak}
+    return {
+        "dataset_id": dataset_id,
+        "rows": register["rows"],
+        "register": register,
+        "queries": queries,
+        "peak_rss_mib": peak,
+    }
 
 
 # ----- section 2 ------------------------------------------------------------------------------------------
@@ -630,8 +736,13 @@ def section_csv(run: Run) -> dict[str, Any]:
     with run.analyst() as analyst:
         first = timed_request(run, analyst, "csv: first count", dataset_id, "laplace", COUNT)
         second = timed_request(run, analyst, "csv: second count", dataset_id, "laplace", COUNT)
-    return {"dataset_id": dataset_id, "rows": upload["rows"], "upload": upload, "first_count": first,
-            "second_count": second}
+    return {
+        "dataset_id": dataset_id,
+        "rows": upload["rows"],
+        "upload": upload,
+        "first_count": first,
+        "second_count": second,
+    }
 
 
 # ----- section 3 ------------------------------------------------------------------------------------------
@@ -645,9 +756,15 @@ def section_dp_gd(run: Run) -> dict[str, Any]:
             phase = timed_request(run, analyst, f"dp_gd #{i + 1}", dataset_id, "dp_gd", DP_GD)
             runs.append(phase)
     latencies = [r["latency_s"] for r in runs]
-    return {"dataset_id": dataset_id, "rows": run.args.csv_rows, "params": DP_GD, "runs": runs,
-            "runs_s": latencies, "p50_s": median(latencies),
-            "peak_rss_mib": max(r["server_peak_rss_mib"] for r in runs)}
+    return {
+        "dataset_id": dataset_id,
+        "rows": run.args.csv_rows,
+        "params": DP_GD,
+        "runs": runs,
+        "runs_s": latencies,
+        "p50_s": median(latencies),
+        "peak_rss_mib": max(r["server_peak_rss_mib"] for r in runs),
+    }
 
 
 # ----- section 4 -----------------------------------------------------------------------------------------
@@ -674,8 +791,16 @@ def past(deadline: float) -> Callable[[], bool]:
     return lambda: time.perf_counter() >= deadline
 
 
-def scan_loop(client: httpx.Client, dataset_id: str, mechanism: str, params: dict[str, Any], count: int,
-              scans: list[float], errors: list[str], done: threading.Event) -> None:
+def scan_loop(
+    client: httpx.Client,
+    dataset_id: str,
+    mechanism: str,
+    params: dict[str, Any],
+    count: int,
+    scans: list[float],
+    errors: list[str],
+    done: threading.Event,
+) -> None:
     """``count`` scans one after another (a thread of the isolation probe); ``done`` is set at the end."""
     try:
         for _ in range(count):
@@ -688,9 +813,12 @@ def scan_loop(client: httpx.Client, dataset_id: str, mechanism: str, params: dic
 
 
 def latency_summary(latencies: list[float]) -> dict[str, Any]:
-    return {"count": len(latencies), "p50_ms": 1000 * (percentile(latencies, 50) or float("nan")),
-            "p99_ms": 1000 * (percentile(latencies, 99) or float("nan")),
-            "max_ms": 1000 * max(latencies, default=float("nan"))}
+    return {
+        "count": len(latencies),
+        "p50_ms": 1000 * (percentile(latencies, 50) or float("nan")),
+        "p99_ms": 1000 * (percentile(latencies, 99) or float("nan")),
+        "max_ms": 1000 * max(latencies, default=float("nan")),
+    }
 
 
 def section_isolation(run: Run) -> dict[str, Any]:
@@ -708,9 +836,18 @@ def section_isolation(run: Run) -> dict[str, Any]:
             scan_errors: list[str] = []
             with run.meter.phase(f"isolation: probe during scans #{i + 1}") as busy:
                 thread = threading.Thread(
-                    target=scan_loop, name="scan",
-                    args=(scan_client, big, mechanism, params, run.args.probe_scans, scans, scan_errors,
-                          done),
+                    target=scan_loop,
+                    name="scan",
+                    args=(
+                        scan_client,
+                        big,
+                        mechanism,
+                        params,
+                        run.args.probe_scans,
+                        scans,
+                        scan_errors,
+                        done,
+                    ),
                 )
                 thread.start()
                 time.sleep(0.05)  # the scan's POST is admitted and running first
@@ -722,15 +859,27 @@ def section_isolation(run: Run) -> dict[str, Any]:
                 alone, failures_alone = probe_loop(probe_client, small, past(deadline))
             all_scanning += scanning
             all_idle += alone
-            busy.update({"probe": latency_summary(scanning), "scan_s": scans, "scan_errors": scan_errors,
-                         "probe_failures": failures})
+            busy.update(
+                {
+                    "probe": latency_summary(scanning),
+                    "scan_s": scans,
+                    "scan_errors": scan_errors,
+                    "probe_failures": failures,
+                }
+            )
             idle.update({"probe": latency_summary(alone), "probe_failures": failures_alone})
             rounds.append({"scanning": busy, "alone": idle})
             if scan_errors:
                 raise BenchError(f"the scan failed: {scan_errors[0]}")
-    return {"scan": name, "scans_per_round": run.args.probe_scans, "rounds": rounds,
-            "scanning": latency_summary(all_scanning), "alone": latency_summary(all_idle),
-            "probe_params": PROBE, "small_dataset_rows": 1000}
+    return {
+        "scan": name,
+        "scans_per_round": run.args.probe_scans,
+        "rounds": rounds,
+        "scanning": latency_summary(all_scanning),
+        "alone": latency_summary(all_idle),
+        "probe_params": PROBE,
+        "small_dataset_rows": 1000,
+    }
 
 
 # ----- section 5 -------------------------------------------------------------------------------------------
@@ -745,14 +894,19 @@ def engine_plans(ctx: Any, columns: dict[str, np.ndarray]) -> list[tuple[str, An
     from mechanisms.queries.quantile import QuantileParams, selected_rank_counts
 
     plans: list[tuple[str, Any]] = []
-    where = [{"column": "x", "op": "ge", "value": 50},
-             {"column": "g4", "op": "in", "value": ["north", "west"]}]
+    where = [
+        {"column": "x", "op": "ge", "value": 50},
+        {"column": "g4", "op": "in", "value": ["north", "west"]},
+    ]
     laplace = {
         "count": {"kind": "count"},
         "count where x ≥ 50 and g4 in (north, west)": {"kind": "count", "where": where},
         "sum(x)": {"kind": "sum", "column": "x"},
-        "sum(y) where k < 500": {"kind": "sum", "column": "y",
-                                 "where": [{"column": "k", "op": "lt", "value": 500}]},
+        "sum(y) where k < 500": {
+            "kind": "sum",
+            "column": "y",
+            "where": [{"column": "k", "op": "lt", "value": 500}],
+        },
         "sum(k) (int)": {"kind": "sum", "column": "k"},
         "mean(x)": {"kind": "mean", "column": "x"},
         "mean(y)": {"kind": "mean", "column": "y"},
@@ -763,12 +917,20 @@ def engine_plans(ctx: Any, columns: dict[str, np.ndarray]) -> list[tuple[str, An
         grid_plan, _ = laplace_plan(p.query, ctx, p.epsilon)
         plans.append((f"laplace {name}", query_plan(p.query, ctx, grid_plan.grid)[0]))
     measures = {
-        "group-by g4: count, mean(x)": {"measures": [{"kind": "count"}, {"kind": "mean", "column": "x"}],
-                                         "group_by": ["g4"], "epsilon": 1.0},
+        "group-by g4: count, mean(x)": {
+            "measures": [{"kind": "count"}, {"kind": "mean", "column": "x"}],
+            "group_by": ["g4"],
+            "epsilon": 1.0,
+        },
         "group-by g4,g8: count, sum(x), variance(y)": {
-            "measures": [{"kind": "count"}, {"kind": "sum", "column": "x"},
-                         {"kind": "variance", "column": "y"}],
-            "group_by": ["g4", "g8"], "epsilon": 1.0},
+            "measures": [
+                {"kind": "count"},
+                {"kind": "sum", "column": "x"},
+                {"kind": "variance", "column": "y"},
+            ],
+            "group_by": ["g4", "g8"],
+            "epsilon": 1.0,
+        },
     }
     for name, raw in measures.items():
         mp = MeasuresLaplaceParams.model_validate(raw)
@@ -787,8 +949,12 @@ def engine_plans(ctx: Any, columns: dict[str, np.ndarray]) -> list[tuple[str, An
 
     quantiles = {
         "quantile median(x), 1024 candidates": {"column": "x", "quantiles": [0.5], "epsilon": 1.0},
-        "quantile q(y) 0.1/0.9 where g8 = a": {"column": "y", "quantiles": [0.1, 0.9], "epsilon": 1.0,
-                                               "where": [{"column": "g8", "op": "eq", "value": "a"}]},
+        "quantile q(y) 0.1/0.9 where g8 = a": {
+            "column": "y",
+            "quantiles": [0.1, 0.9],
+            "epsilon": 1.0,
+            "where": [{"column": "g8", "op": "eq", "value": "a"}],
+        },
     }
     for name, raw in quantiles.items():
         recorder = Recorder()
@@ -849,17 +1015,29 @@ def section_engines(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 row["answers"] = {k: [list(map(str, s)) for s in v] for k, v in answers.items()}
             rows.append(row)
         totals = {engine: sum(r[f"{engine}_s"][1] for r in rows) for engine in ("numpy", "duckdb", "spark")}
-        measured = {"wall_s": time.perf_counter() - t0, "client_cpu_s": time.process_time() - client0,
-                    "loadavg_before": list(load0), "loadavg_after": list(os.getloadavg())}
+        measured = {
+            "wall_s": time.perf_counter() - t0,
+            "client_cpu_s": time.process_time() - client0,
+            "loadavg_before": list(load0),
+            "loadavg_after": list(os.getloadavg()),
+        }
     finally:
         duck.close()
         spark.close()
-    return {"rows": ingested.n_rows, "snapshot_s": snapshot_s, "generated_s": generated,
-            "spark_master": "local[2]", "duckdb_threads": 2, "spark_startup_s": spark_startup,
-            "plans": rows, "all_identical": all(r["identical"] for r in rows),
-            "second_call_totals_s": totals, **measured,
-            "note": "times per plan: first and second call; the CPU figure is this process's (Spark's JVM "
-                    "and DuckDB's threads: DuckDB's count, the JVM's does not)"}
+    return {
+        "rows": ingested.n_rows,
+        "snapshot_s": snapshot_s,
+        "generated_s": generated,
+        "spark_master": "local[2]",
+        "duckdb_threads": 2,
+        "spark_startup_s": spark_startup,
+        "plans": rows,
+        "all_identical": all(r["identical"] for r in rows),
+        "second_call_totals_s": totals,
+        **measured,
+        "note": "times per plan: first and second call; the CPU figure is this process's (Spark's JVM "
+        "and DuckDB's threads: DuckDB's count, the JVM's does not)",
+    }
 
 
 # ----- targets, table, main ---------------------------------------------------------------------------------
@@ -869,8 +1047,15 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
 
     def check(name: str, value: float | None, limit: float, unit: str) -> None:
-        out.append({"target": name, "measured": value, "limit": limit, "unit": unit,
-                    "met": value is not None and value <= limit})
+        out.append(
+            {
+                "target": name,
+                "measured": value,
+                "limit": limit,
+                "unit": unit,
+                "met": value is not None and value <= limit,
+            }
+        )
 
     gb_mib = GB / MIB
     if "parquet" in results and "error" not in results["parquet"]:
@@ -890,8 +1075,15 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     if "isolation" in results and "error" not in results["isolation"]:
         check("probe p99 during scans", results["isolation"]["scanning"]["p99_ms"], 100.0, "ms")
     if "engines" in results and "error" not in results["engines"]:
-        out.append({"target": "engines: identical integers", "measured": results["engines"]["all_identical"],
-                    "limit": True, "unit": "", "met": results["engines"]["all_identical"]})
+        out.append(
+            {
+                "target": "engines: identical integers",
+                "measured": results["engines"]["all_identical"],
+                "limit": True,
+                "unit": "",
+                "met": results["engines"]["all_identical"],
+            }
+        )
     return out
 
 
@@ -903,15 +1095,19 @@ def print_report(results: dict[str, Any], checks: list[dict[str, Any]]) -> None:
     """The table: per measurement its p50 (or value), every run, the server's CPU seconds (median per run),
     the server's RSS at the start and its peak (MiB), the load generator's CPU seconds (all runs) and the
     1-minute load average before → after (or its range over the runs)."""
-    header = (f"{'measurement':42} {'p50/value':>10} {'runs (s)':>30} {'srv cpu s':>9} "
-              f"{'RSS start→peak':>15} {'client cpu':>10} {'load 1m':>9}")
+    header = (
+        f"{'measurement':42} {'p50/value':>10} {'runs (s)':>30} {'srv cpu s':>9} "
+        f"{'RSS start→peak':>15} {'client cpu':>10} {'load 1m':>9}"
+    )
     print(header)
     print("-" * len(header))
 
     def line(name: str, value: str, runs: str, phases: list[dict[str, Any]]) -> None:
         cpu = median([p["server_cpu_s"] for p in phases])
-        rss = (f"{min(p['server_rss_start_mib'] for p in phases):.0f}→"
-               f"{max(p['server_peak_rss_mib'] for p in phases):.0f}")
+        rss = (
+            f"{min(p['server_rss_start_mib'] for p in phases):.0f}→"
+            f"{max(p['server_peak_rss_mib'] for p in phases):.0f}"
+        )
         client = sum(p["client_cpu_s"] for p in phases)
         loads = [p["loadavg_before"][0] for p in phases] + [p["loadavg_after"][0] for p in phases]
         load = f"{min(loads):.1f}-{max(loads):.1f}"
@@ -933,8 +1129,12 @@ def print_report(results: dict[str, Any], checks: list[dict[str, Any]]) -> None:
     if "csv" in results and "error" not in results["csv"]:
         s = results["csv"]
         up = s["upload"]
-        line(f"upload {s['rows']:,}-row CSV ({up['source_bytes'] / 1e6:.0f} MB)", f"{up['wall_s']:.1f} s", "",
-             [up])
+        line(
+            f"upload {s['rows']:,}-row CSV ({up['source_bytes'] / 1e6:.0f} MB)",
+            f"{up['wall_s']:.1f} s",
+            "",
+            [up],
+        )
         for key in ("first_count", "second_count"):
             line(f"  {key.replace('_', ' ')}", f"{s[key]['latency_s']:.3f} s", "", [s[key]])
     if "dp_gd" in results and "error" not in results["dp_gd"]:
@@ -945,17 +1145,23 @@ def print_report(results: dict[str, Any], checks: list[dict[str, Any]]) -> None:
         s = results["isolation"]
         for key in ("scanning", "alone"):
             summary = s[key]
-            line(f"probe {key}, n={summary['count']} (p99)", f"{summary['p99_ms']:.0f} ms",
-                 f"ms p50 {summary['p50_ms']:.1f} p99 {summary['p99_ms']:.1f} max {summary['max_ms']:.0f}",
-                 [r[key] for r in s["rounds"]])
+            line(
+                f"probe {key}, n={summary['count']} (p99)",
+                f"{summary['p99_ms']:.0f} ms",
+                f"ms p50 {summary['p50_ms']:.1f} p99 {summary['p99_ms']:.1f} max {summary['max_ms']:.0f}",
+                [r[key] for r in s["rounds"]],
+            )
     if "engines" in results and "error" not in results["engines"]:
         s = results["engines"]
         load = f"{s['loadavg_before'][0]:.1f}→{s['loadavg_after'][0]:.1f}"
-        print(f"\nengines on {s['rows']:,} rows (seconds, first/second call; Spark startup "
-              f"{s['spark_startup_s']:.1f} s; load {load}; client cpu {s['client_cpu_s']:.1f} s):")
+        print(
+            f"\nengines on {s['rows']:,} rows (seconds, first/second call; Spark startup "
+            f"{s['spark_startup_s']:.1f} s; load {load}; client cpu {s['client_cpu_s']:.1f} s):"
+        )
         for row in s["plans"]:
-            times = "  ".join(f"{e} {row[f'{e}_s'][0]:.3f}/{row[f'{e}_s'][1]:.3f}"
-                              for e in ("numpy", "duckdb", "spark"))
+            times = "  ".join(
+                f"{e} {row[f'{e}_s'][0]:.3f}/{row[f'{e}_s'][1]:.3f}" for e in ("numpy", "duckdb", "spark")
+            )
             print(f"  {row['plan'][:56]:56} cells {row['cells']:>5}  {times}  identical={row['identical']}")
     print()
     for c in checks:
@@ -963,8 +1169,10 @@ def print_report(results: dict[str, Any], checks: list[dict[str, Any]]) -> None:
         shown = f"{measured:.3g}" if isinstance(measured, float) else str(measured)
         limit = c["limit"]
         limit_shown = f"{limit:.4g}" if isinstance(limit, float) else str(limit)
-        print(f"target {c['target']:50} {shown:>10} {c['unit']:3} ≤ {limit_shown:8} "
-              f"{'met' if c['met'] else 'MISSED'}")
+        print(
+            f"target {c['target']:50} {shown:>10} {c['unit']:3} ≤ {limit_shown:8} "
+            f"{'met' if c['met'] else 'MISSED'}"
+        )
     for name, section in results.items():
         if isinstance(section, dict) and "error" in section:
             print(f"section {name} FAILED: {section['error'].splitlines()[0][:300]}")
@@ -981,8 +1189,16 @@ def server_settings(env: dict[str, str]) -> dict[str, Any]:
     """The engine settings the server runs with (its environment over the defaults of service.config)."""
     from service.config import Settings
 
-    fields = ("engine", "engine_threads", "engine_memory_limit", "memory_max_rows", "learner_max_rows",
-              "worker_threads", "wait_seconds", "storage_url")
+    fields = (
+        "engine",
+        "engine_threads",
+        "engine_memory_limit",
+        "memory_max_rows",
+        "learner_max_rows",
+        "worker_threads",
+        "wait_seconds",
+        "storage_url",
+    )
     defaults = {name: Settings.model_fields[name].default for name in fields}
     overrides = {k: v for k, v in env.items() if k.startswith("EXPOST_") and k != "EXPOST_DATABASE_URL"}
     return {"defaults": defaults, "environment": overrides}
@@ -995,8 +1211,9 @@ def _interrupted(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(BENCH))
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
     parser.add_argument("--quick", action="store_true", help="a smoke run (small sizes, few runs)")
     parser.add_argument("--parquet-rows", type=int, default=None, help="section 1 (default 10^8)")
@@ -1008,18 +1225,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe-scans", type=int, default=2, help="back-to-back scans per probe round")
     parser.add_argument("--sqlite", action="store_true", help="an embedded SQLite database, not PostgreSQL")
     parser.add_argument("--postgres-url", default=None, help="server on which a throw-away database is made")
-    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
-                        help="extra EXPOST_* setting for the server (e.g. EXPOST_ENGINE_THREADS=1)")
-    parser.add_argument("--one-server", action="store_true",
-                        help="one server process for sections 1-4 (default: a fresh one per section, so each "
-                             "section's RSS is its own)")
-    parser.add_argument("--keep-data", action="store_true",
-                        help="keep the run's folder (server snapshots, logs) and its database afterwards")
+    parser.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra EXPOST_* setting for the server (e.g. EXPOST_ENGINE_THREADS=1)",
+    )
+    parser.add_argument(
+        "--one-server",
+        action="store_true",
+        help="one server process for sections 1-4 (default: a fresh one per section, so each "
+        "section's RSS is its own)",
+    )
+    parser.add_argument(
+        "--keep-data",
+        action="store_true",
+        help="keep the run's folder (server snapshots, logs) and its database afterwards",
+    )
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     quick = args.quick
-    defaults = {"parquet_rows": (1 << 21, 10**8), "csv_rows": (1 << 21, 10**7), "engine_rows": (10**5, 10**6),
-                "runs": (2, 5), "gd_runs": (1, 3), "probe_rounds": (1, 3)}
+    defaults = {
+        "parquet_rows": (1 << 21, 10**8),
+        "csv_rows": (1 << 21, 10**7),
+        "engine_rows": (10**5, 10**6),
+        "runs": (2, 5),
+        "gd_runs": (1, 3),
+        "probe_rounds": (1, 3),
+    }
     for name, (small, full) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, small if quick else full)
@@ -1076,12 +1310,16 @@ def main(argv: list[str] | None = None) -> int:
             cli(env, run_dir, "migrate")
             run = Run(args, env, run_dir)
             stack.callback(run.stop)  # also on an error or Ctrl-C: the server's process group goes
-            run.keys["admin"] = cli(env, run_dir, "keys", "create", "--role", "admin", "--name",
-                                    "scale-admin").split()[-1]
-            run.keys["analyst"] = cli(env, run_dir, "keys", "create", "--role", "analyst", "--name",
-                                      "scale-analyst").split()[-1]
+            run.keys["admin"] = cli(
+                env, run_dir, "keys", "create", "--role", "admin", "--name", "scale-admin"
+            ).split()[-1]
+            run.keys["analyst"] = cli(
+                env, run_dir, "keys", "create", "--role", "analyst", "--name", "scale-analyst"
+            ).split()[-1]
             sections: dict[str, Callable[[Run], dict[str, Any]]] = {
-                "parquet": section_parquet, "csv": section_csv, "dp_gd": section_dp_gd,
+                "parquet": section_parquet,
+                "csv": section_csv,
+                "dp_gd": section_dp_gd,
                 "isolation": section_isolation,
             }
             for name in server_sections:
@@ -1092,27 +1330,33 @@ def main(argv: list[str] | None = None) -> int:
                     results[name] = sections[name](run)
                 except Exception as exc:  # recorded with the server's log; the other sections still run
                     server = run.server
-                    results[name] = {"error": f"{type(exc).__name__}: {exc}",
-                                     "traceback": traceback.format_exc()[-4000:],
-                                     "server_alive": server is not None and server.alive(),
-                                     "server_log_tail": server.log_tail(6000) if server else None}
+                    results[name] = {
+                        "error": f"{type(exc).__name__}: {exc}",
+                        "traceback": traceback.format_exc()[-4000:],
+                        "server_alive": server is not None and server.alive(),
+                        "server_log_tail": server.log_tail(6000) if server else None,
+                    }
                     print(f"section {name} failed: {exc}", file=sys.stderr)
                     if server is not None and not server.alive() and args.one_server:
                         print("the server died; later sections are skipped", file=sys.stderr)
                         break
             run.stop()
             server_log_errors = [line for server in run.servers for line in server.get("log_errors", [])]
-            results["server"] = {"peak_rss_mib": max((s.get("peak_rss_mib", 0.0) for s in run.servers),
-                                                     default=None),
-                                 "processes": run.servers, "phases": run.meter.phases,
-                                 "run_dir": str(run_dir) if args.keep_data else None}
+            results["server"] = {
+                "peak_rss_mib": max((s.get("peak_rss_mib", 0.0) for s in run.servers), default=None),
+                "processes": run.servers,
+                "phases": run.meter.phases,
+                "run_dir": str(run_dir) if args.keep_data else None,
+            }
         if "engines" in args.sections:
             print("... section engines", file=sys.stderr)
             try:
                 results["engines"] = section_engines(args, run_dir)
             except Exception as exc:
-                results["engines"] = {"error": f"{type(exc).__name__}: {exc}",
-                                      "traceback": traceback.format_exc()[-4000:]}
+                results["engines"] = {
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc()[-4000:],
+                }
 
     checks = targets(results)
     failed = [name for name, section in results.items() if isinstance(section, dict) and "error" in section]
@@ -1120,24 +1364,36 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "data_scale",
         "when": started.isoformat(timespec="seconds"),
         "finished": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(), "loadavg_before": list(loadavg_before),
-                    "loadavg_after": list(os.getloadavg()),
-                    "memory_total_mib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / MIB},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "loadavg_before": list(loadavg_before),
+            "loadavg_after": list(os.getloadavg()),
+            "memory_total_mib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / MIB,
+        },
         "service_sha256": digest,
         "service_changed_during_run": source_digest(ROOT / "service") != digest,
         "mechanisms_sha256": mechanisms_digest,
         "mechanisms_changed_during_run": source_digest(ROOT / "mechanisms") != mechanisms_digest,
-        "settings": {"quick": quick, "sections": args.sections, "parquet_rows": args.parquet_rows,
-                     "csv_rows": args.csv_rows, "engine_rows": args.engine_rows, "runs": args.runs,
-                     "gd_runs": args.gd_runs, "probe_rounds": args.probe_rounds,
-                     "probe_scans": args.probe_scans, "one_server": args.one_server,
-                     "database": "sqlite" if args.sqlite else "postgresql",
-                     "server": server_settings(env) if env else None},
+        "settings": {
+            "quick": quick,
+            "sections": args.sections,
+            "parquet_rows": args.parquet_rows,
+            "csv_rows": args.csv_rows,
+            "engine_rows": args.engine_rows,
+            "runs": args.runs,
+            "gd_runs": args.gd_runs,
+            "probe_rounds": args.probe_rounds,
+            "probe_scans": args.probe_scans,
+            "one_server": args.one_server,
+            "database": "sqlite" if args.sqlite else "postgresql",
+            "server": server_settings(env) if env else None,
+        },
         "note": "`expost serve --workers 1` (the API and its executor threads in one process; a fresh "
-                "one per section unless one_server); "
-                "the load generator, PostgreSQL and the server share this machine; client_cpu_s is the load "
-                "generator's CPU time per phase; RSS in MiB (2^20 bytes), targets in GB (10^9 bytes)",
+        "one per section unless one_server); "
+        "the load generator, PostgreSQL and the server share this machine; client_cpu_s is the load "
+        "generator's CPU time per phase; RSS in MiB (2^20 bytes), targets in GB (10^9 bytes)",
         "results": results,
         "targets": checks,
         "failed_sections": failed,
@@ -1145,15 +1401,19 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    print(f"cpu_count={os.cpu_count()}  database={'SQLite' if args.sqlite else 'PostgreSQL'}  "
-          f"loadavg before={loadavg_before[0]:.2f} after={os.getloadavg()[0]:.2f}  "
-          f"server peak RSS over the run: {fmt(results.get('server', {}).get('peak_rss_mib'), 0)} MiB")
+    print(
+        f"cpu_count={os.cpu_count()}  database={'SQLite' if args.sqlite else 'PostgreSQL'}  "
+        f"loadavg before={loadavg_before[0]:.2f} after={os.getloadavg()[0]:.2f}  "
+        f"server peak RSS over the run: {fmt(results.get('server', {}).get('peak_rss_mib'), 0)} MiB"
+    )
     print_report(results, checks)
     if server_log_errors:
         print(f"server log shows {len(server_log_errors)} error line(s); first: {server_log_errors[0][:500]}")
     if report["service_changed_during_run"] or report["mechanisms_changed_during_run"]:
-        print("warning: service/ or mechanisms/ changed during the run: phases may measure different code",
-              file=sys.stderr)
+        print(
+            "warning: service/ or mechanisms/ changed during the run: phases may measure different code",
+            file=sys.stderr,
+        )
     if args.keep_data:
         kept = f"; database {database} (drop it with: psql -c 'DROP DATABASE {database}')" if database else ""
         print(f"kept (--keep-data): run folder {run_dir}{kept}")
@@ -1165,6 +1425,9 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except KeyboardInterrupt as interrupted:
-        print(f"interrupted ({interrupted or 'Ctrl-C'}): server processes stopped, run folder and database "
-              "removed (unless --keep-data)", file=sys.stderr)
+        print(
+            f"interrupted ({interrupted or 'Ctrl-C'}): server processes stopped, run folder and database "
+            "removed (unless --keep-data)",
+            file=sys.stderr,
+        )
         sys.exit(130)

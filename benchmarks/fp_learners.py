@@ -58,7 +58,10 @@ print(json.dumps({"seconds": sorted(times)[len(times) // 2], "all": times}))
 def _run(tree: str, setting: dict[str, Any], mode: str, repeats: int) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-c", _RUNNER, tree, json.dumps(setting), mode, str(repeats)],
-        cwd=tree, capture_output=True, text=True, check=True,
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -74,28 +77,41 @@ def erm_comparison(rgm: tuple[str, str] | None, objpert: tuple[str, str] | None)
         for level, data in before["levels"].items():
             for method, old in data["methods"].items():
                 new = after["levels"][level]["methods"][method]
-                rows.append({
-                    "level": level, "method": method,
-                    "epsilon_before": old.get("epsilon_at_1e-6"), "epsilon_after": new.get("epsilon_at_1e-6"),
-                    "gamma_before": old.get("gamma"), "gamma_after": new.get("gamma"),
-                    "final_excess_before": old["final_mean"], "final_excess_after": new["final_mean"],
-                    "best_excess_before": old["best_mean_over_steps"],
-                    "best_excess_after": new["best_mean_over_steps"],
-                })
-        out["rgm_gd"] = {"rows": rows, "wall_before": before["wall_time_seconds"]["median"],
-                         "wall_after": after["wall_time_seconds"]["median"]}
+                rows.append(
+                    {
+                        "level": level,
+                        "method": method,
+                        "epsilon_before": old.get("epsilon_at_1e-6"),
+                        "epsilon_after": new.get("epsilon_at_1e-6"),
+                        "gamma_before": old.get("gamma"),
+                        "gamma_after": new.get("gamma"),
+                        "final_excess_before": old["final_mean"],
+                        "final_excess_after": new["final_mean"],
+                        "best_excess_before": old["best_mean_over_steps"],
+                        "best_excess_after": new["best_mean_over_steps"],
+                    }
+                )
+        out["rgm_gd"] = {
+            "rows": rows,
+            "wall_before": before["wall_time_seconds"]["median"],
+            "wall_after": after["wall_time_seconds"]["median"],
+        }
     if objpert is not None:
         before, after = (json.loads(Path(path).read_text()) for path in objpert)
         rows = []
         for name, data in before["results"].items():
             for old, new in zip(data["rows"], after["results"][name]["rows"], strict=True):
-                rows.append({
-                    "dataset": name, "epsilon": old["epsilon"],
-                    "lambda_before": old["objpert_lambda"], "lambda_after": new["objpert_lambda"],
-                    **{f"{m}_before": old[m]["mean"] for m in ("objpert", "outpert", "dp-gd")},
-                    **{f"{m}_after": new[m]["mean"] for m in ("objpert", "outpert", "dp-gd")},
-                    **{f"{m}_se_after": new[m]["se"] for m in ("objpert", "outpert", "dp-gd")},
-                })
+                rows.append(
+                    {
+                        "dataset": name,
+                        "epsilon": old["epsilon"],
+                        "lambda_before": old["objpert_lambda"],
+                        "lambda_after": new["objpert_lambda"],
+                        **{f"{m}_before": old[m]["mean"] for m in ("objpert", "outpert", "dp-gd")},
+                        **{f"{m}_after": new[m]["mean"] for m in ("objpert", "outpert", "dp-gd")},
+                        **{f"{m}_se_after": new[m]["se"] for m in ("objpert", "outpert", "dp-gd")},
+                    }
+                )
         out["objpert"] = {"rows": rows}
     return out
 
@@ -123,10 +139,16 @@ def main(argv: list[str] | None = None) -> int:
         before_s = sorted(befores)[len(befores) // 2]
         after_s = sorted(afters)[len(afters) // 2]
         ratio = after_s / before_s
-        rows.append({
-            **setting, "before_s": before_s, "after_s": after_s, "ratio": ratio,
-            "before_all": befores, "after_all": afters,
-        })
+        rows.append(
+            {
+                **setting,
+                "before_s": before_s,
+                "after_s": after_s,
+                "ratio": ratio,
+                "before_all": befores,
+                "after_all": afters,
+            }
+        )
         print(
             f"dp_gd n={setting['n']} d={setting['d']} T={setting['steps']} {setting['loss']}: "
             f"before {before_s:.3f} s, after {after_s:.3f} s, ratio {ratio:.3f}"

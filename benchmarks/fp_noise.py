@@ -70,9 +70,11 @@ def sampler_costs(samples: int, repeats: int) -> dict[str, float]:
         "discrete_laplace_rows(t=1e6/3)": lambda: discrete_laplace_rows(noise, third),
         "permutation(4000), per element": lambda: [noise.permutation(4000) for _ in range(samples // 4000)],
     }
-    big = {"discrete_gaussian(sigma=1e6, big-integer path)": lambda: noise.discrete_gaussian(
-        Fraction(10**12), max(samples // 100, 1)
-    )}
+    big = {
+        "discrete_gaussian(sigma=1e6, big-integer path)": lambda: noise.discrete_gaussian(
+            Fraction(10**12), max(samples // 100, 1)
+        )
+    }
     costs = {name: 1e9 * _best_seconds(draw, repeats) / samples for name, draw in draws.items()}
     costs |= {name: 1e9 * _best_seconds(draw, repeats) / max(samples // 100, 1) for name, draw in big.items()}
     return costs
@@ -146,7 +148,11 @@ def latency_in(checkout: Path, requests: int) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     done = subprocess.run(
         [sys.executable, "-c", code, str(checkout), str(ROOT / "benchmarks"), str(requests)],
-        cwd=checkout, env=env, capture_output=True, text=True, check=True,
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result

@@ -86,8 +86,9 @@ CSV = b"age,income,region\n" + b"".join(
 
 
 def cli(env: dict[str, str], cwd: Path, *args: str) -> str:
-    done = subprocess.run([EXPOST, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300,
-                          check=False)
+    done = subprocess.run(
+        [EXPOST, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300, check=False
+    )
     if done.returncode != 0:
         raise RuntimeError(f"expost {' '.join(args)} exited {done.returncode}: {done.stderr or done.stdout}")
     return done.stdout
@@ -136,10 +137,23 @@ class Server:
         self.log_path = workdir / f"server-{tag}{processes}.log"
         self.processes = processes
         with self.log_path.open("wb") as log:
-            command = [*EXPOST_CMD, "serve", "--host", "127.0.0.1", "--port", str(self.port),
-                       "--workers", str(processes)]
+            command = [
+                *EXPOST_CMD,
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                str(processes),
+            ]
             self.proc = subprocess.Popen(
-                command, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                command,
+                env=env,
+                cwd=workdir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def wait_ready(self, timeout: float = 60) -> None:
@@ -163,8 +177,13 @@ class Server:
     def connections_per_process(self) -> dict[str, int]:
         """Established client connections held by each server process (from ``ss``; empty if missing)."""
         try:
-            out = subprocess.run(["ss", "-tnpH", "state", "established", f"( sport = :{self.port} )"],
-                                 capture_output=True, text=True, timeout=10, check=False).stdout
+            out = subprocess.run(
+                ["ss", "-tnpH", "state", "established", f"( sport = :{self.port} )"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            ).stdout
         except (OSError, subprocess.TimeoutExpired):
             return {}
         counts = {str(pid): 0 for pid in self.server_pids()}
@@ -206,8 +225,12 @@ class Worker:
         self.log_path = workdir / f"worker-{index}.log"
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                [*EXPOST_CMD, "worker", "--queue", "--threads", "1", "--interval", "5"], env=env, cwd=workdir,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                [*EXPOST_CMD, "worker", "--queue", "--threads", "1", "--interval", "5"],
+                env=env,
+                cwd=workdir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def wait_ready(self, timeout: float = 60) -> None:
@@ -276,8 +299,16 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 
 async def run_load(
-    server: Server, endpoint: str, method: str, path: str | Callable[[int], str], headers: dict[str, str],
-    body: Any | None, check: Callable[[httpx.Response], bool], clients: int, warmup: float, duration: float,
+    server: Server,
+    endpoint: str,
+    method: str,
+    path: str | Callable[[int], str],
+    headers: dict[str, str],
+    body: Any | None,
+    check: Callable[[httpx.Response], bool],
+    clients: int,
+    warmup: float,
+    duration: float,
     extra_pids: list[int] | None = None,
 ) -> Measurement:
     latencies: list[float] = []
@@ -298,8 +329,9 @@ async def run_load(
         await asyncio.sleep(i * min(0.05, warmup / (2 * clients)))
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
         target = path(i) if callable(path) else path
-        async with httpx.AsyncClient(base_url=server.base_url, headers=headers, limits=limits,
-                                     timeout=120, verify=TLS) as client:
+        async with httpx.AsyncClient(
+            base_url=server.base_url, headers=headers, limits=limits, timeout=120, verify=TLS
+        ) as client:
             while (begin := time.perf_counter()) < window_end:  # bounded by the clock
                 response = await client.request(method, target, json=body)
                 end = time.perf_counter()
@@ -331,14 +363,23 @@ async def run_load(
     per_process = [(b - a) / wall for a, b in zip(server_before, server_after, strict=True)]
     latencies.sort()
     return Measurement(
-        endpoint=endpoint, processes=server.processes, clients=clients, duration_s=duration,
-        requests=len(latencies), requests_per_s=len(latencies) / duration,
-        p50_ms=1000 * percentile(latencies, 50), p99_ms=1000 * percentile(latencies, 99),
+        endpoint=endpoint,
+        processes=server.processes,
+        clients=clients,
+        duration_s=duration,
+        requests=len(latencies),
+        requests_per_s=len(latencies) / duration,
+        p50_ms=1000 * percentile(latencies, 50),
+        p99_ms=1000 * percentile(latencies, 99),
         mean_ms=1000 * sum(latencies) / max(1, len(latencies)),
         max_ms=1000 * (latencies[-1] if latencies else 0.0),
-        total_sent=sent, failures=failures, failure_examples=examples,
-        server_cpu_cores=sum(per_process), server_cpu_cores_per_process=per_process,
-        client_cpu_cores=(client_after - client_before) / wall, loadavg_1min_after=cpu["loadavg"],
+        total_sent=sent,
+        failures=failures,
+        failure_examples=examples,
+        server_cpu_cores=sum(per_process),
+        server_cpu_cores_per_process=per_process,
+        client_cpu_cores=(client_after - client_before) / wall,
+        loadavg_1min_after=cpu["loadavg"],
         connections_per_process=cpu["connections"],
         machine_cpu_cores=(cpu["machine_after"] - cpu["machine_before"]) / wall,
         worker_cpu_cores_per_process=[
@@ -363,8 +404,11 @@ def client_for(base_url: str, key: str) -> httpx.Client:
 
 def setup_dataset(base_url: str, admin_key: str, analyst: str) -> str:
     with client_for(base_url, admin_key) as admin:
-        created = admin.post("/v1/datasets", files={"file": ("load.csv", CSV, "text/csv")},
-                             data={"schema": json.dumps(SCHEMA), "name": "load benchmark"})
+        created = admin.post(
+            "/v1/datasets",
+            files={"file": ("load.csv", CSV, "text/csv")},
+            data={"schema": json.dumps(SCHEMA), "name": "load benchmark"},
+        )
         created.raise_for_status()
         dataset_id: str = created.json()["id"]
         admin.post(f"/v1/datasets/{dataset_id}/grants", json={"analyst": analyst}).raise_for_status()
@@ -378,8 +422,12 @@ def check_budget(base_url: str, admin_key: str, dataset_id: str, releases: int) 
         view = admin.get(f"/v1/datasets/{dataset_id}/budget").json()
     expected = releases * REQUEST_UNITS / UNITS_PER_EPSILON
     ok = view["pure"]["spent"] == expected and view["pure"]["reserved"] == 0.0
-    return {"ok": ok, "pure_spent": view["pure"]["spent"], "expected_spent": expected,
-            "pure_reserved": view["pure"]["reserved"]}
+    return {
+        "ok": ok,
+        "pure_spent": view["pure"]["spent"],
+        "expected_spent": expected,
+        "pure_reserved": view["pure"]["reserved"],
+    }
 
 
 def request_body(mechanism: str) -> dict[str, Any]:
@@ -387,13 +435,21 @@ def request_body(mechanism: str) -> dict[str, Any]:
 
 
 def server_errors(*logs: Path) -> list[str]:
-    lines = [line for log in logs for line in log.read_text(errors="replace").splitlines()
-             if "Traceback" in line or "unhandled error" in line or "mechanism failed" in line]
+    lines = [
+        line
+        for log in logs
+        for line in log.read_text(errors="replace").splitlines()
+        if "Traceback" in line or "unhandled error" in line or "mechanism failed" in line
+    ]
     return lines[:20]
 
 
 def run_api_configuration(
-    env: dict[str, str], workdir: Path, processes: int, keys: dict[str, str], args: argparse.Namespace,
+    env: dict[str, str],
+    workdir: Path,
+    processes: int,
+    keys: dict[str, str],
+    args: argparse.Namespace,
 ) -> tuple[list[Measurement], dict[str, Any]]:
     """Section 1: the healthz ceiling and cheap requests with ``processes`` API processes."""
     server = Server(env, workdir, processes)
@@ -403,13 +459,21 @@ def run_api_configuration(
         # (a) the no-op ceiling, (b) the cheap request: run_load's endpoint arguments
         endpoints: list[tuple[str, str, str, dict[str, str], Any, Callable[[httpx.Response], bool]]] = [
             ("GET /healthz", "GET", "/healthz", {}, None, lambda r: r.status_code == 200),
-            ("POST /v1/datasets/{id}/requests", "POST", f"/v1/datasets/{dataset_id}/requests",
-             {"Authorization": f"Bearer {keys['analyst']}"}, request_body("laplace"), committed),
+            (
+                "POST /v1/datasets/{id}/requests",
+                "POST",
+                f"/v1/datasets/{dataset_id}/requests",
+                {"Authorization": f"Bearer {keys['analyst']}"},
+                request_body("laplace"),
+                committed,
+            ),
         ]
 
         def windows(warmup: float, duration: float) -> list[Measurement]:
-            return [asyncio.run(run_load(server, *endpoint, args.clients, warmup, duration))
-                    for endpoint in endpoints]
+            return [
+                asyncio.run(run_load(server, *endpoint, args.clients, warmup, duration))
+                for endpoint in endpoints
+            ]
 
         ceiling, requests = windows(args.warmup, args.duration)
         releases = requests.total_sent - requests.failures
@@ -417,21 +481,35 @@ def run_api_configuration(
         for _ in range(args.ratio_rounds):  # short windows, alternated: both see the same machine speed
             pair = windows(1.0, args.ratio_window)
             releases += pair[1].total_sent - pair[1].failures
-            interleaved.append({"healthz_per_s": pair[0].requests_per_s,
-                                "requests_per_s": pair[1].requests_per_s,
-                                "failures": pair[0].failures + pair[1].failures})
+            interleaved.append(
+                {
+                    "healthz_per_s": pair[0].requests_per_s,
+                    "requests_per_s": pair[1].requests_per_s,
+                    "failures": pair[0].failures + pair[1].failures,
+                }
+            )
         budget = check_budget(server.base_url, keys["admin"], dataset_id, releases)
         ceilings, reals = (sum(r[key] for r in interleaved) for key in ("healthz_per_s", "requests_per_s"))
-        check = {"section": "api", "processes": processes, "releases": releases, "budget": budget,
-                 "server_log_errors": server_errors(server.log_path), "interleaved_rounds": interleaved,
-                 "interleaved_ratio": reals / ceilings if ceilings else None}
+        check = {
+            "section": "api",
+            "processes": processes,
+            "releases": releases,
+            "budget": budget,
+            "server_log_errors": server_errors(server.log_path),
+            "interleaved_rounds": interleaved,
+            "interleaved_ratio": reals / ceilings if ceilings else None,
+        }
         return [ceiling, requests], check
     finally:
         server.stop()
 
 
 def run_datasets_configuration(
-    env: dict[str, str], workdir: Path, processes: int, datasets: int, keys: dict[str, str],
+    env: dict[str, str],
+    workdir: Path,
+    processes: int,
+    datasets: int,
+    keys: dict[str, str],
     args: argparse.Namespace,
 ) -> tuple[Measurement, dict[str, Any]]:
     """Section 3: cheap requests spread over ``datasets`` filter rows."""
@@ -439,28 +517,48 @@ def run_datasets_configuration(
     try:
         server.wait_ready()
         ids = [setup_dataset(server.base_url, keys["admin"], "load-analyst") for _ in range(datasets)]
-        measured = asyncio.run(run_load(
-            server, f"POST requests over {datasets} dataset(s)", "POST",
-            lambda i: f"/v1/datasets/{ids[i % datasets]}/requests",
-            {"Authorization": f"Bearer {keys['analyst']}"}, request_body("laplace"),
-            committed, args.clients, args.warmup, args.duration,
-        ))
+        measured = asyncio.run(
+            run_load(
+                server,
+                f"POST requests over {datasets} dataset(s)",
+                "POST",
+                lambda i: f"/v1/datasets/{ids[i % datasets]}/requests",
+                {"Authorization": f"Bearer {keys['analyst']}"},
+                request_body("laplace"),
+                committed,
+                args.clients,
+                args.warmup,
+                args.duration,
+            )
+        )
         measured.section, measured.datasets = "datasets", datasets
         with client_for(server.base_url, keys["admin"]) as admin:
             spent = sum(admin.get(f"/v1/datasets/{d}/budget").json()["pure"]["spent"] for d in ids)
         releases = measured.total_sent - measured.failures
         expected = releases * REQUEST_UNITS / UNITS_PER_EPSILON
-        budget = {"ok": abs(spent - expected) < 1e-12 * max(1, releases), "pure_spent": spent,
-                  "expected_spent": expected}
-        check = {"section": "datasets", "datasets": datasets, "releases": releases, "budget": budget,
-                 "server_log_errors": server_errors(server.log_path)}
+        budget = {
+            "ok": abs(spent - expected) < 1e-12 * max(1, releases),
+            "pure_spent": spent,
+            "expected_spent": expected,
+        }
+        check = {
+            "section": "datasets",
+            "datasets": datasets,
+            "releases": releases,
+            "budget": budget,
+            "server_log_errors": server_errors(server.log_path),
+        }
         return measured, check
     finally:
         server.stop()
 
 
 def run_filter_row(
-    env: dict[str, str], workdir: Path, keys: dict[str, str], args: argparse.Namespace, processes: int = 1,
+    env: dict[str, str],
+    workdir: Path,
+    keys: dict[str, str],
+    args: argparse.Namespace,
+    processes: int = 1,
 ) -> dict[str, Any]:
     """Section 3b: how many requests one filter row admits and commits per second, without HTTP.
 
@@ -489,8 +587,18 @@ def run_filter_row(
         server.stop()
     shares = [args.clients // processes + (i < args.clients % processes) for i in range(processes)]
     start = time.time() + 3.0  # every process starts its clients at this moment (after its imports)
-    jobs = [(env["EXPOST_DATABASE_URL"], env["EXPOST_DATA_DIR"], dataset_id, share, args.warmup,
-             args.duration, start) for share in shares]
+    jobs = [
+        (
+            env["EXPOST_DATABASE_URL"],
+            env["EXPOST_DATA_DIR"],
+            dataset_id,
+            share,
+            args.warmup,
+            args.duration,
+            start,
+        )
+        for share in shares
+    ]
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
         pending = pool.starmap_async(_filter_row_process, jobs)
         time.sleep(max(0.0, start + args.warmup - time.time()))
@@ -512,24 +620,39 @@ def run_filter_row(
     rate = len(latencies) / args.duration
     process_cores = sum(part["cpu_seconds"] for part in parts) / args.duration
     return {
-        "section": "datasets", "endpoint": "filter row (in process, no HTTP)", "processes": processes,
-        "tasks": args.clients, "duration_s": args.duration, "requests": len(latencies),
-        "requests_per_s": rate, "requests_per_process": [len(p["latencies"]) / args.duration for p in parts],
-        "p50_ms": 1000 * percentile(latencies, 50), "p99_ms": 1000 * percentile(latencies, 99),
+        "section": "datasets",
+        "endpoint": "filter row (in process, no HTTP)",
+        "processes": processes,
+        "tasks": args.clients,
+        "duration_s": args.duration,
+        "requests": len(latencies),
+        "requests_per_s": rate,
+        "requests_per_process": [len(p["latencies"]) / args.duration for p in parts],
+        "p50_ms": 1000 * percentile(latencies, 50),
+        "p99_ms": 1000 * percentile(latencies, 99),
         "failures": sum(p["failures"] for p in parts),
         "failure_examples": [e for p in parts for e in p["examples"]][:5],
-        "process_cpu_cores": process_cores, "machine_cpu_cores": machine_cores,
+        "process_cpu_cores": process_cores,
+        "machine_cpu_cores": machine_cores,
         "requests_per_process_core_s": rate / process_cores if process_cores else None,
         "writer_batches_per_s": sum(p["batches"] for p in parts) / args.duration,
         "loadavg_1min_after": os.getloadavg()[0],
-        "budget": {"ok": spent_units == releases * REQUEST_UNITS and not any(reserved.finite),
-                   "pure_spent_units": spent_units, "expected_units": releases * REQUEST_UNITS,
-                   "releases": releases},
+        "budget": {
+            "ok": spent_units == releases * REQUEST_UNITS and not any(reserved.finite),
+            "pure_spent_units": spent_units,
+            "expected_units": releases * REQUEST_UNITS,
+            "releases": releases,
+        },
     }
 
 
 def _filter_row_process(
-    database_url: str, data_dir: str, dataset_id: str, clients: int, warmup: float, duration: float,
+    database_url: str,
+    data_dir: str,
+    dataset_id: str,
+    clients: int,
+    warmup: float,
+    duration: float,
     start: float,
 ) -> dict[str, Any]:
     """One process of :func:`run_filter_row`: ``clients`` tasks on its event loop from ``start`` on."""
@@ -541,8 +664,9 @@ def _filter_row_process(
 
     configure_logging("WARNING", True)
     freeze_startup_heap()  # as every API process does at start-up, before its runtime (service.app)
-    runtime = build_runtime(Settings(database_url=database_url, data_dir=Path(data_dir),
-                                     pool_size=max(10, clients)))
+    runtime = build_runtime(
+        Settings(database_url=database_url, data_dir=Path(data_dir), pool_size=max(10, clients))
+    )
     analyst = Principal("load-analyst", Role.analyst)
     params = request_body("laplace")["params"]
     out: dict[str, Any] = {"sent": 0, "failures": 0, "examples": [], "latencies": []}
@@ -586,15 +710,23 @@ def _filter_row_process(
     return out
 
 
-
 def run_queue_configuration(
-    env: dict[str, str], workdir: Path, workers: int, mechanism: str, keys: dict[str, str],
+    env: dict[str, str],
+    workdir: Path,
+    workers: int,
+    mechanism: str,
+    keys: dict[str, str],
     args: argparse.Namespace,
 ) -> tuple[Measurement, dict[str, Any]]:
     """Section 2: heavy requests through the Dramatiq queue with ``workers`` worker processes."""
-    queue_env = {**env, "EXPOST_EXECUTOR": "queue", "EXPOST_BROKER_URL": REDIS_URL,
-                 "EXPOST_QUEUE_NAME": f"bench-{os.getpid()}-{mechanism}-{workers}",
-                 "EXPOST_WAIT_SECONDS": "120", "EXPOST_LEASE_SECONDS": "300"}
+    queue_env = {
+        **env,
+        "EXPOST_EXECUTOR": "queue",
+        "EXPOST_BROKER_URL": REDIS_URL,
+        "EXPOST_QUEUE_NAME": f"bench-{os.getpid()}-{mechanism}-{workers}",
+        "EXPOST_WAIT_SECONDS": "120",
+        "EXPOST_LEASE_SECONDS": "300",
+    }
     server = Server(queue_env, workdir, 1, tag=f"queue-{mechanism}-{workers}-")
     pool = [Worker(queue_env, workdir, i) for i in range(workers)]
     try:
@@ -602,18 +734,32 @@ def run_queue_configuration(
         for worker in pool:
             worker.wait_ready()
         dataset_id = setup_dataset(server.base_url, keys["admin"], "load-analyst")
-        measured = asyncio.run(run_load(
-            server, f"POST {mechanism}", "POST", f"/v1/datasets/{dataset_id}/requests",
-            {"Authorization": f"Bearer {keys['analyst']}"}, request_body(mechanism),
-            committed, args.heavy_clients, args.warmup, args.duration,
-            extra_pids=[w.proc.pid for w in pool],
-        ))
+        measured = asyncio.run(
+            run_load(
+                server,
+                f"POST {mechanism}",
+                "POST",
+                f"/v1/datasets/{dataset_id}/requests",
+                {"Authorization": f"Bearer {keys['analyst']}"},
+                request_body(mechanism),
+                committed,
+                args.heavy_clients,
+                args.warmup,
+                args.duration,
+                extra_pids=[w.proc.pid for w in pool],
+            )
+        )
         measured.section, measured.workers = "queue", workers
         releases = measured.total_sent - measured.failures
         budget = check_budget(server.base_url, keys["admin"], dataset_id, releases)
-        check = {"section": "queue", "mechanism": mechanism, "workers": workers, "releases": releases,
-                 "budget": budget,
-                 "server_log_errors": server_errors(server.log_path, *(w.log_path for w in pool))}
+        check = {
+            "section": "queue",
+            "mechanism": mechanism,
+            "workers": workers,
+            "releases": releases,
+            "budget": budget,
+            "server_log_errors": server_errors(server.log_path, *(w.log_path for w in pool)),
+        }
         return measured, check
     finally:
         for worker in pool:
@@ -641,15 +787,19 @@ def source_digest(package: Path) -> str:
 
 
 def print_table(results: list[Measurement]) -> None:
-    header = (f"{'endpoint':38} {'procs':>5} {'wkrs':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
-              f"{'fail':>5} {'api cpu (per process)':>22} {'worker cpu':>16} {'machine cpu':>11}")
+    header = (
+        f"{'endpoint':38} {'procs':>5} {'wkrs':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'fail':>5} {'api cpu (per process)':>22} {'worker cpu':>16} {'machine cpu':>11}"
+    )
     print(header)
     print("-" * len(header))
     for m in results:
         split = "+".join(f"{c:.2f}" for c in m.server_cpu_cores_per_process)
         workers = "+".join(f"{c:.2f}" for c in m.worker_cpu_cores_per_process) or "-"
-        print(f"{m.endpoint:38} {m.processes:>5} {m.workers:>4} {m.requests_per_s:>9.1f} {m.p50_ms:>8.2f} "
-              f"{m.p99_ms:>8.2f} {m.failures:>5} {split:>22} {workers:>16} {m.machine_cpu_cores:>11.2f}")
+        print(
+            f"{m.endpoint:38} {m.processes:>5} {m.workers:>4} {m.requests_per_s:>9.1f} {m.p50_ms:>8.2f} "
+            f"{m.p99_ms:>8.2f} {m.failures:>5} {split:>22} {workers:>16} {m.machine_cpu_cores:>11.2f}"
+        )
 
 
 def efficiency(rates: dict[int, float]) -> dict[str, float | None]:
@@ -662,8 +812,11 @@ def per_worker_core(results: list[Measurement], endpoint: str) -> dict[str, floa
     """Requests per worker CPU-second at k workers, relative to k = 1: how much of the CPU the workers got
     turned into requests. Unlike throughput efficiency it does not depend on how many cores other
     processes left to the workers (on a shared machine, the dominant effect)."""
-    rate = {m.workers: m.requests_per_s / sum(m.worker_cpu_cores_per_process)
-            for m in results if m.endpoint == endpoint and sum(m.worker_cpu_cores_per_process) > 0}
+    rate = {
+        m.workers: m.requests_per_s / sum(m.worker_cpu_cores_per_process)
+        for m in results
+        if m.endpoint == endpoint and sum(m.worker_cpu_cores_per_process) > 0
+    }
     base = rate.get(1)
     return {str(k): (r / base if base else None) for k, r in sorted(rate.items())}
 
@@ -685,9 +838,7 @@ def register_bench_mechanisms() -> None:
     class BusyCount(Laplace):
         name: ClassVar[str] = "bench.busy_count"
 
-        def run(
-            self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise
-        ) -> Release:
+        def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
             end, x = time.thread_time() + seconds, 0
             while time.thread_time() < end:
                 for i in range(10_000):
@@ -697,9 +848,7 @@ def register_bench_mechanisms() -> None:
     class SleepyCount(Laplace):
         name: ClassVar[str] = "bench.sleepy_count"
 
-        def run(
-            self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise
-        ) -> Release:
+        def run(self, params: BaseModel, ctx: PublicContext, table: Table, noise: Noise) -> Release:
             time.sleep(seconds)
             return super().run(params, ctx, table, noise)
 
@@ -721,8 +870,9 @@ def main(argv: list[str] | None = None) -> int:
     from pg_database import DEFAULT_URL, fresh_database
     from sqlalchemy import make_url
 
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per configuration")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each window")
     parser.add_argument("--clients", type=int, default=32, help="concurrent closed-loop clients (cheap)")
@@ -731,17 +881,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4], help="queue worker counts")
     parser.add_argument("--busy", type=float, default=0.2, help="seconds of work per heavy request")
     parser.add_argument("--datasets", type=int, default=16, help="datasets for the many-filters run")
-    parser.add_argument("--sections", nargs="+", default=["api", "queue", "datasets"],
-                        choices=["api", "queue", "datasets", "filter_row"],
-                        help="filter_row: only the in-process filter-row runs of the datasets section")
-    parser.add_argument("--filter-row-runs", type=int, default=1,
-                        help="filter-row runs per process count (alternated: 1 process, then the most)")
-    parser.add_argument("--db-latency-ms", type=float, default=0.0,
-                        help="delay every byte between the services and PostgreSQL by this much each way "
-                             "(latency_proxy.py): a database on another host")
-    parser.add_argument("--ratio-rounds", type=int, default=5,
-                        help="after the api section's windows: this many short healthz/request window pairs, "
-                             "alternated (the machine's speed drifts between two long windows)")
+    parser.add_argument(
+        "--sections",
+        nargs="+",
+        default=["api", "queue", "datasets"],
+        choices=["api", "queue", "datasets", "filter_row"],
+        help="filter_row: only the in-process filter-row runs of the datasets section",
+    )
+    parser.add_argument(
+        "--filter-row-runs",
+        type=int,
+        default=1,
+        help="filter-row runs per process count (alternated: 1 process, then the most)",
+    )
+    parser.add_argument(
+        "--db-latency-ms",
+        type=float,
+        default=0.0,
+        help="delay every byte between the services and PostgreSQL by this much each way "
+        "(latency_proxy.py): a database on another host",
+    )
+    parser.add_argument(
+        "--ratio-rounds",
+        type=int,
+        default=5,
+        help="after the api section's windows: this many short healthz/request window pairs, "
+        "alternated (the machine's speed drifts between two long windows)",
+    )
     parser.add_argument("--ratio-window", type=float, default=3.0, help="seconds per interleaved window")
     parser.add_argument("--quick", action="store_true", help="a fast smoke run (seconds, not minutes)")
     parser.add_argument("--postgres-url", default=DEFAULT_URL, help="server to create the database on")
@@ -764,8 +930,11 @@ def main(argv: list[str] | None = None) -> int:
     loadavg_before = os.getloadavg()[0]
     digest_before = source_digest(ROOT / "service")
     if loadavg_before > 0.5 * (os.cpu_count() or 1):
-        print(f"warning: 1-min load average is {loadavg_before:.2f} on {os.cpu_count()} CPUs before the run; "
-              "other work on this machine will distort the numbers", file=sys.stderr)
+        print(
+            f"warning: 1-min load average is {loadavg_before:.2f} on {os.cpu_count()} CPUs before the run; "
+            "other work on this machine will distort the numbers",
+            file=sys.stderr,
+        )
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="expost-load-"))
         url = stack.enter_context(fresh_database(args.postgres_url))
@@ -818,8 +987,15 @@ def main(argv: list[str] | None = None) -> int:
                 for processes in sorted({1, max(args.processes)}):
                     filter_rows.append(run_filter_row(env, workdir, keys, args, processes))
                     print(f"... one filter row from {processes} process(es) done", file=sys.stderr)
-        verify = subprocess.run([EXPOST, "ledger", "verify"], env=env, cwd=workdir, capture_output=True,
-                                text=True, timeout=600, check=False)
+        verify = subprocess.run(
+            [EXPOST, "ledger", "verify"],
+            env=env,
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
 
     def rates(endpoint: str, key: str) -> dict[int, float]:
         return {getattr(m, key): m.requests_per_s for m in results if m.endpoint == endpoint}
@@ -836,29 +1012,48 @@ def main(argv: list[str] | None = None) -> int:
         by_endpoint = {m.endpoint: m for m in results if m.processes == processes and m.section == "api"}
         if {"GET /healthz", "POST /v1/datasets/{id}/requests"} <= set(by_endpoint):
             ceiling, real = by_endpoint["GET /healthz"], by_endpoint["POST /v1/datasets/{id}/requests"]
-            ratios[str(processes)] = (real.requests_per_s / ceiling.requests_per_s
-                                      if ceiling.requests_per_s else None)
+            ratios[str(processes)] = (
+                real.requests_per_s / ceiling.requests_per_s if ceiling.requests_per_s else None
+            )
     api_checks = [c for c in checks if c["section"] == "api" and c["interleaved_ratio"] is not None]
     interleaved = {str(c["processes"]): c["interleaved_ratio"] for c in api_checks}
-    ok = (all(m.failures == 0 for m in results) and all(c["budget"]["ok"] for c in checks)
-          and all(r["failures"] == 0 for c in checks for r in c.get("interleaved_rounds", ()))
-          and not any(c["server_log_errors"] for c in checks) and verify.returncode == 0
-          and all(row["failures"] == 0 and row["budget"]["ok"] for row in filter_rows))
+    ok = (
+        all(m.failures == 0 for m in results)
+        and all(c["budget"]["ok"] for c in checks)
+        and all(r["failures"] == 0 for c in checks for r in c.get("interleaved_rounds", ()))
+        and not any(c["server_log_errors"] for c in checks)
+        and verify.returncode == 0
+        and all(row["failures"] == 0 and row["budget"]["ok"] for row in filter_rows)
+    )
     report = {
         "benchmark": "service_load",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(), "loadavg_1min_before": loadavg_before},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "loadavg_1min_before": loadavg_before,
+        },
         "service_sha256": digest_before,
         "service_changed_during_run": source_digest(ROOT / "service") != digest_before,
         "note": "load generator, server, workers, PostgreSQL and Redis share the machine; cpu figures are "
-                "cores used (CPU s / wall s)",
-        "settings": {"duration_s": args.duration, "warmup_s": args.warmup, "clients": args.clients,
-                     "heavy_clients": args.heavy_clients, "processes": args.processes,
-                     "workers": args.workers, "busy_s": args.busy, "datasets": args.datasets,
-                     "quick": args.quick, "database": "postgresql", "db_latency_ms": args.db_latency_ms,
-                     "filter_row_runs": args.filter_row_runs,
-                     "request_epsilon": REQUEST_EPSILON, "budget_epsilon": 1e6},
+        "cores used (CPU s / wall s)",
+        "settings": {
+            "duration_s": args.duration,
+            "warmup_s": args.warmup,
+            "clients": args.clients,
+            "heavy_clients": args.heavy_clients,
+            "processes": args.processes,
+            "workers": args.workers,
+            "busy_s": args.busy,
+            "datasets": args.datasets,
+            "quick": args.quick,
+            "database": "postgresql",
+            "db_latency_ms": args.db_latency_ms,
+            "filter_row_runs": args.filter_row_runs,
+            "request_epsilon": REQUEST_EPSILON,
+            "budget_epsilon": 1e6,
+        },
         "results": [asdict(m) for m in results],
         "scaling_efficiency": scaling,
         "ratio_requests_to_healthz": ratios,
@@ -872,9 +1067,11 @@ def main(argv: list[str] | None = None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
 
-    print(f"cpu_count={os.cpu_count()}  clients={args.clients}/{args.heavy_clients}  "
-          f"duration={args.duration}s (+{args.warmup}s warm-up)  database=PostgreSQL  "
-          f"loadavg before={loadavg_before:.2f}")
+    print(
+        f"cpu_count={os.cpu_count()}  clients={args.clients}/{args.heavy_clients}  "
+        f"duration={args.duration}s (+{args.warmup}s warm-up)  database=PostgreSQL  "
+        f"loadavg before={loadavg_before:.2f}"
+    )
     print_table(results)
     for name, values in scaling.items():
         if values:
@@ -883,19 +1080,25 @@ def main(argv: list[str] | None = None) -> int:
     for c in api_checks:
         rounds = c["interleaved_rounds"]
         shown = "  ".join(f"{r['requests_per_s']:.0f}/{r['healthz_per_s']:.0f}" for r in rounds)
-        print(f"requests/healthz, {c['processes']} process(es), {len(rounds)} interleaved "
-              f"{args.ratio_window:g} s pairs: {c['interleaved_ratio']:.2f}  ({shown})")
+        print(
+            f"requests/healthz, {c['processes']} process(es), {len(rounds)} interleaved "
+            f"{args.ratio_window:g} s pairs: {c['interleaved_ratio']:.2f}  ({shown})"
+        )
     for row in filter_rows:
-        print(f"one filter row, {row['processes']} process(es), {row['tasks']} tasks, no HTTP: "
-              f"{row['requests_per_s']:.1f} committed/s  p99 {row['p99_ms']:.1f} ms  "
-              f"processes' cpu {row['process_cpu_cores']:.2f} cores  "
-              f"({row['requests_per_process_core_s'] or 0:.0f}/core-s)  "
-              f"machine {row['machine_cpu_cores']:.2f}  "
-              f"spent = releases x charge: {row['budget']['ok']}")
+        print(
+            f"one filter row, {row['processes']} process(es), {row['tasks']} tasks, no HTTP: "
+            f"{row['requests_per_s']:.1f} committed/s  p99 {row['p99_ms']:.1f} ms  "
+            f"processes' cpu {row['process_cpu_cores']:.2f} cores  "
+            f"({row['requests_per_process_core_s'] or 0:.0f}/core-s)  "
+            f"machine {row['machine_cpu_cores']:.2f}  "
+            f"spent = releases x charge: {row['budget']['ok']}"
+        )
     output = verify.stdout.strip()
     verdict = output.splitlines()[-1] if output else verify.stderr.strip()[-200:]
-    print(f"budget checks: {[c['budget']['ok'] for c in checks]}  ledger verify: exit {verify.returncode} "
-          f"({verdict})")
+    print(
+        f"budget checks: {[c['budget']['ok'] for c in checks]}  ledger verify: exit {verify.returncode} "
+        f"({verdict})"
+    )
     if report["service_changed_during_run"]:
         print("warning: service/ changed during the run: rows may measure different code", file=sys.stderr)
     print(f"written: {args.output}")

@@ -148,6 +148,7 @@ def calibration_model(n: int, rng: np.random.Generator) -> tuple[int, int]:
     """The note's model: ε_J = smallest grid value ≥ 21/c; Alg3 pays 2ε_J + ε′, doubling Σ_{i≤J} ε_i."""
     counts = synthetic_counts(n, rng)
     result = []
+
     def alg3_cost(j: int) -> float:
         return float(2 * GRID[j] + EPS_PRIME)
 

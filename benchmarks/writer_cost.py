@@ -56,8 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("EXPOST_")},
-            "PYTHONPATH": str(ROOT), "EXPOST_DATABASE_URL": url, "EXPOST_DATA_DIR": str(workdir / "data"),
-            "EXPOST_LOG_LEVEL": "INFO", "EXPOST_LOG_JSON": "true", "EXPOST_RATE_LIMIT": "",
+            "PYTHONPATH": str(ROOT),
+            "EXPOST_DATABASE_URL": url,
+            "EXPOST_DATA_DIR": str(workdir / "data"),
+            "EXPOST_LOG_LEVEL": "INFO",
+            "EXPOST_LOG_JSON": "true",
+            "EXPOST_RATE_LIMIT": "",
         }
         load.cli(env, workdir, "migrate")
         admin_key = load.create_key(env, workdir, "admin")
@@ -69,20 +73,34 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             server.stop()
         rows, budget = measure(url, workdir / "data", dataset_id, args)
-        verify = subprocess.run([load.EXPOST, "ledger", "verify"], env=env, cwd=workdir, capture_output=True,
-                                text=True, timeout=600, check=False)
+        verify = subprocess.run(
+            [load.EXPOST, "ledger", "verify"],
+            env=env,
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
 
     result = {
-        "benchmark": "writer_cost", "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "source_digest": load.source_digest(ROOT / "service"), "python": platform.python_version(),
-        "cpu_count": os.cpu_count(), "batches": args.batches, "rows": rows, "budget": budget,
+        "benchmark": "writer_cost",
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "source_digest": load.source_digest(ROOT / "service"),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "batches": args.batches,
+        "rows": rows,
+        "budget": budget,
         "ledger_verify": {"exit": verify.returncode, "output": verify.stdout.strip()[-300:]},
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
     for row in rows:
-        print(f"batch {row['batch_size']:3d}: writer CPU {row['cpu_us_per_job']:7.0f} µs/job, "
-              f"wall {row['wall_us_per_job']:7.0f} µs/job")
+        print(
+            f"batch {row['batch_size']:3d}: writer CPU {row['cpu_us_per_job']:7.0f} µs/job, "
+            f"wall {row['wall_us_per_job']:7.0f} µs/job"
+        )
     print(f"spent = jobs × charge: {budget['ok']}  ledger verify: exit {verify.returncode}")
     print(f"written: {args.output}")
     return 0 if budget["ok"] and verify.returncode == 0 else 1
@@ -135,8 +153,14 @@ def measure(
                 assert not failed, failed[:3]
             jobs += size * (args.batches + 5)
             measured = size * args.batches
-            rows.append({"batch_size": size, "jobs": measured, "cpu_us_per_job": 1e6 * cpu / measured,
-                         "wall_us_per_job": 1e6 * wall / measured})
+            rows.append(
+                {
+                    "batch_size": size,
+                    "jobs": measured,
+                    "cpu_us_per_job": 1e6 * cpu / measured,
+                    "wall_us_per_job": 1e6 * wall / measured,
+                }
+            )
         with runtime.sessions() as session:
             row = FilterRepository(session).get(dataset_id)
             assert row is not None
@@ -145,8 +169,12 @@ def measure(
         runtime.close()
     spent_units = spent.finite[len(spent) - 1]
     ok = spent_units == jobs * load.REQUEST_UNITS and not any(reserved.finite)
-    return rows, {"ok": ok, "pure_spent_units": spent_units, "expected_units": jobs * load.REQUEST_UNITS,
-                  "jobs": jobs}
+    return rows, {
+        "ok": ok,
+        "pure_spent_units": spent_units,
+        "expected_units": jobs * load.REQUEST_UNITS,
+        "jobs": jobs,
+    }
 
 
 if __name__ == "__main__":

@@ -64,8 +64,12 @@ def build_runtime(settings: Settings) -> Runtime:
     else:
         executor = InProcessExecutor(
             lambda on_claim: run_next(
-                sessions, tables, settings.lease_seconds, settings.heartbeat_seconds,
-                on_claim=on_claim, queue=settings.queue_name,
+                sessions,
+                tables,
+                settings.lease_seconds,
+                settings.heartbeat_seconds,
+                on_claim=on_claim,
+                queue=settings.queue_name,
             ),
             lambda claimed: stop_runs(sessions, claimed, SHUTDOWN_REASON),
             settings.worker_threads,

@@ -411,8 +411,13 @@ def _print_demo(info: dict[str, object]) -> None:
     keys = {role: info[role]["key"] for role in ("admin", "analyst", "viewer")}  # type: ignore[index]
     ds = info["dataset"]
     learning = info.get("learning_dataset", "(none: an older demo; delete var/demo-keys.json to remake it)")
-    learner = {"features": ["age", "tenure", "visits"], "label": "churn", "steps": 20, "target_epsilon": 0.5,
-               "target_delta": 1e-6}
+    learner = {
+        "features": ["age", "tenure", "visits"],
+        "label": "churn",
+        "steps": 20,
+        "target_epsilon": 0.5,
+        "target_delta": 1e-6,
+    }
     learner_body = json.dumps({"mechanism": "dp_gd", "params": learner})
     sys.stdout.write(f"""
 Demo dataset: {ds}   (budget ε = 1, δ = 1e-6; keys kept in var/demo-keys.json)
@@ -598,8 +603,12 @@ def _budget_tables(budget: Budget) -> list[Group | Table]:
             ("largest ε admissible", budget.epsilon_remaining),
             ("binding order", budget.binding_alpha),
             *(
-                [("δ share used (approximate DP)", f"{_fmt(budget.delta_spent + budget.delta_reserved)} of "
-                  f"{_fmt(budget.delta_share)}")]
+                [
+                    (
+                        "δ share used (approximate DP)",
+                        f"{_fmt(budget.delta_spent + budget.delta_reserved)} of {_fmt(budget.delta_share)}",
+                    )
+                ]
                 if budget.delta_share is not None
                 else []
             ),
@@ -634,9 +643,7 @@ def _spinner(enabled: bool | None, description: str) -> Iterator[Callable[[dict[
         eta = request.get("eta_seconds")
         extra = "" if done is None else f" {100 * float(done):.0f}%"
         extra += "" if eta is None else f", about {float(eta):.0f} s left"
-        progress.update(
-            task, description=f"request {request.get('id')}: {state}{extra} (poll {polls})"
-        )
+        progress.update(task, description=f"request {request.get('id')}: {state}{extra} (poll {polls})")
 
     with progress:
         yield update
@@ -868,8 +875,12 @@ def budget_set(
     """Set the dataset's (or an analyst's) (ε, δ) budget (admin)."""
     with _remote(url, key, as_json) as client:
         budget = client.set_budget(
-            dataset_id, epsilon, delta, analyst,
-            delta_share=delta_share, confirm_below_spent=confirm_below_spent,
+            dataset_id,
+            epsilon,
+            delta,
+            analyst,
+            delta_share=delta_share,
+            confirm_below_spent=confirm_below_spent,
         )
     if as_json:
         _print_json(budget.raw)

@@ -67,6 +67,8 @@ LAMBDA_SHIFT = 1 << LAMBDA_BITS  # λ_min moves by ≤ 1 = 1024 units between ne
 REPORT_EVENTS = 4  # λ̃ margin, residual, output noise, λ̃ noise (public report); +1 ñ noise, +1 GOE
 COUNT_SHARE = 0.2  # add/remove: share of ε₁ spent on the noisy row count ñ
 _PAD = 1.0 + 1e-12
+
+
 class AdaOpsRidgeParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

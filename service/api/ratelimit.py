@@ -80,16 +80,28 @@ class GuardMiddleware:
         refused = await self._rate_limited(scope, headers, path)
         if refused is not None:
             rate, retry_after = refused
-            await _problem(send, 429, "/problems/rate-limited", "Too many requests",
-                           f"rate limit exceeded ({rate} per key); retry later", path,
-                           [(b"retry-after", str(retry_after).encode())])
+            await _problem(
+                send,
+                429,
+                "/problems/rate-limited",
+                "Too many requests",
+                f"rate limit exceeded ({rate} per key); retry later",
+                path,
+                [(b"retry-after", str(retry_after).encode())],
+            )
             return
         multipart = headers.get(b"content-type", b"").startswith(b"multipart/")
         cap = self.max_upload if multipart else self.max_body
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > cap:
-            await _problem(send, 413, "/problems/payload-too-large", "Payload too large",
-                           f"the request body is larger than {cap} bytes", path)
+            await _problem(
+                send,
+                413,
+                "/problems/payload-too-large",
+                "Payload too large",
+                f"the request body is larger than {cap} bytes",
+                path,
+            )
             return
         await self.app(scope, _capped(receive, cap), send)
 
@@ -147,7 +159,11 @@ async def _problem(
     extra: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     problem: dict[str, Any] = {
-        "type": type_, "title": title, "status": status, "detail": detail, "instance": instance
+        "type": type_,
+        "title": title,
+        "status": status,
+        "detail": detail,
+        "instance": instance,
     }
     if status == 413:
         problem["errors"] = [{"field": "body", "reason": detail}]

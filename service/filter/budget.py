@@ -114,8 +114,12 @@ def check_not_below_spent(target: PrivacyFilter, capacity: list[int | None]) -> 
     raise Conflict(
         "the new capacity is below what is already spent and reserved in every slot, so no request could "
         "be admitted; send confirm_below_spent: true to set it anyway",
-        errors=[{"field": "confirm_below_spent",
-                 "reason": "required to set a capacity below what is already spent and reserved"}],
+        errors=[
+            {
+                "field": "confirm_below_spent",
+                "reason": "required to set a capacity below what is already spent and reserved",
+            }
+        ],
     )
 
 

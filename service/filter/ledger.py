@@ -61,7 +61,12 @@ def append(
 ) -> LedgerEntry:
     """Append one entry to the dataset's chain; the caller holds the lock on ``dataset_filter``."""
     values = entry_values(
-        dataset_filter.dataset_id, dataset_filter.last_seq, dataset_filter.last_hash, event, actor, payload,
+        dataset_filter.dataset_id,
+        dataset_filter.last_seq,
+        dataset_filter.last_hash,
+        event,
+        actor,
+        payload,
         request_id,
     )
     entry = LedgerEntry(**values)
@@ -121,6 +126,7 @@ class RebuiltFilter:
     epsilon: float | None = None
     delta: float | None = None
     delta_share: float | None = None
+
 
 @dataclass
 class VerifyReport:

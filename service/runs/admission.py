@@ -76,6 +76,7 @@ class Limits:
     open_sessions: int
     inline: frozenset[str] = frozenset()
 
+
 @dataclass(frozen=True)
 class Validated:
     """A request checked against public information only: nothing has read the data yet."""
@@ -93,12 +94,14 @@ class Validated:
     queue: str | None = None  # whose workers may claim it (EXPOST_QUEUE_NAME); None: only claimed by id
     delta: int = 0  # δ units on the δ-ledger (approximate-DP mechanisms only, docs/privacy.md §11)
 
+
 def validate(session: Session, principal: Principal, dataset_id: str, name: str, raw: Any) -> Validated:
     dataset = visible_dataset(session, principal, dataset_id)
     mechanism = MECHANISMS.get(name)
     if mechanism is None:
         raise InvalidInput("mechanism", f"unknown mechanism {name!r}; see GET /v1/mechanisms")
     return validated_for(dataset, mechanism, raw)
+
 
 def validated_for(
     dataset: Dataset,
@@ -130,11 +133,13 @@ def validated_for(
     charge, fp = UnitsVector.charge(worst), fingerprint(dataset.id, mechanism.name, params)
     return Validated(dataset, mechanism, params, context, worst, charge, fp, kind, delta=delta)
 
+
 def fingerprint(dataset_id: str, mechanism: str, params: BaseModel) -> str:
     canonical = canonical_json(
         {"dataset": dataset_id, "mechanism": mechanism, "params": params.model_dump(mode="json")}
     )
     return hashlib.sha256(canonical.encode()).hexdigest()
+
 
 def curve_record(curve: RdpCurve, delta: int = 0, charge: UnitsVector | None = None) -> dict[str, Any]:
     """A stored charge: the curve, its fixed-point units (``charge``, when the caller has them already:
@@ -142,6 +147,7 @@ def curve_record(curve: RdpCurve, delta: int = 0, charge: UnitsVector | None = N
     units = UnitsVector.charge(curve) if charge is None else charge
     record = {"curve": curve.as_dict(), "units": units.to_json()}
     return record | {"delta_units": delta} if delta else record
+
 
 def refusal(v: Validated, refused: Refused) -> BudgetExhausted:
     """The 409 body: requested vs spent, reserved and capacity per order, and what is affordable."""
@@ -162,6 +168,7 @@ def refusal(v: Validated, refused: Refused) -> BudgetExhausted:
             **details,
         )
     return BudgetExhausted(f"the {details['filter']} filter cannot afford this request{hint}", **details)
+
 
 def _never_reason(refused: Refused, v: Validated) -> str:
     """Why an unspent filter still refuses: a pure budget meeting a curve without a pure bound, or a worst
@@ -234,6 +241,7 @@ def _affordable_steps(v: Validated, admissible: Callable[[RdpCurve], bool]) -> i
             hi = mid
     return lo
 
+
 def admission_check(session: Session, principal: Principal, v: Validated) -> dict[str, Any]:
     """Dry run: would the request be admitted now? Takes no lock and writes nothing."""
     filters = FilterRepository(session)
@@ -288,9 +296,7 @@ def check_admissible_now(session: Session, principal: Principal, dataset_id: str
     check_admissible(session, principal, dataset_id)
 
 
-def new_request(
-    principal: Principal, v: Validated, fp: str, key: str | None, lease: float
-) -> dict[str, Any]:
+def new_request(principal: Principal, v: Validated, fp: str, key: str | None, lease: float) -> dict[str, Any]:
     """The columns of an admitted request's row (state ``running``, its worst case reserved)."""
     now = datetime.now(UTC)
     # A queued request has no lease: its lease starts when a worker claims it. An inline run is claimed
@@ -448,6 +454,7 @@ def effective_limits(session: Session, analyst: str, defaults: Limits) -> tuple[
     sessions = row.max_open_sessions if row and row.max_open_sessions else defaults.open_sessions
     return requests, sessions
 
+
 def check_limits(session: Session, analyst: str, v: Validated) -> None:
     """Raise 429 when admitting ``v`` would exceed the analyst's limit. Runs under the dataset's filter
     locks, so concurrent admissions on one dataset cannot both pass the last free slot."""
@@ -459,14 +466,19 @@ def check_limits(session: Session, analyst: str, v: Validated) -> None:
     if v.kind == "session" and open_sessions >= max_sessions:
         raise LimitExceeded(
             f"you have {open_sessions} open sessions, the limit is {max_sessions}; close one first",
-            limit="max_open_sessions", max=max_sessions, current=open_sessions,
+            limit="max_open_sessions",
+            max=max_sessions,
+            current=open_sessions,
         )
     if v.kind == "request" and active >= max_requests:
         raise LimitExceeded(
             f"you have {active} requests queued or running, the limit is {max_requests}; "
             "wait for one to finish or cancel one",
-            limit="max_running_requests", max=max_requests, current=active,
+            limit="max_running_requests",
+            max=max_requests,
+            current=active,
         )
+
 
 def admit(
     session: Session, principal: Principal, v: Validated, key: str | None, lease: float
@@ -478,6 +490,7 @@ def admit(
             return admit_locked(session, filters, principal, v, key, lease)
     except Refused as refused:
         raise refusal(v, refused) from None
+
 
 def admit_or_replay(
     sessions: sessionmaker[Session],

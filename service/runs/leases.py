@@ -8,6 +8,7 @@ import uuid
 
 _PROCESS_ID = f"{socket.gethostname()[:30]}:{os.getpid()}"
 
+
 def worker_id() -> str:
     """Names the claimant of a lease: host, process and a random part (unique per claim)."""
     return f"{_PROCESS_ID}:{uuid.uuid4().hex[:12]}"[:64]

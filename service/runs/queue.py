@@ -104,12 +104,11 @@ class QueueExecutor:
         self.broker.close()
 
 
-def settle_with_retry(
-    sessions: sessionmaker[Session], patience: float = 30.0
-) -> Any:
+def settle_with_retry(sessions: sessionmaker[Session], patience: float = 30.0) -> Any:
     """A settlement that survives a short database outage (restart, failover): retried with backoff for
     up to ``patience`` seconds. Settling is idempotent (a no-op once the request is no longer running),
     so a retry after a commit whose acknowledgement was lost charges nothing twice."""
+
     def settle(
         ref: RequestRef,
         realized: RdpCurve | None,
@@ -143,7 +142,12 @@ class QueueWorker:
         sessions, tables = self.sessions, self.tables
         self.runner = FairRunner(
             lambda on_claim: run_next(
-                sessions, tables, settings.lease_seconds, settings.heartbeat_seconds, settle, on_claim,
+                sessions,
+                tables,
+                settings.lease_seconds,
+                settings.heartbeat_seconds,
+                settle,
+                on_claim,
                 settings.queue_name,
             ),
             lambda claimed: stop_runs(sessions, claimed, SHUTDOWN_REASON),

@@ -103,7 +103,9 @@ def submit(
         except RuntimeError:  # the executor is shutting down or the broker is unreachable
             with runtime.sessions() as session:
                 aborted = abort(
-                    session, RequestRef.of(request), "the request could not be queued; nothing was charged",
+                    session,
+                    RequestRef.of(request),
+                    "the request could not be queued; nothing was charged",
                     unclaimed_only=True,
                 )
             if aborted:
@@ -358,12 +360,14 @@ def public_progress(request: AnalysisRequest) -> float | None:
         return None
     return 1.0 if request.state == RequestState.COMMITTED else request.progress
 
+
 def phase(request: AnalysisRequest) -> str | None:
     """``queued`` (reserved, waiting for a worker: cancelling it costs nothing), ``running`` (a worker
     claimed it), or None once settled."""
     if request.state != RequestState.RUNNING:
         return None
     return "queued" if request.lease_owner is None else "running"
+
 
 def eta_seconds(request: AnalysisRequest, now: datetime | None = None) -> float | None:
     """Seconds left of a running request, from public quantities only: the time since its worker started

@@ -42,6 +42,7 @@ class RequestRef:
     def of(cls, request: AnalysisRequest) -> RequestRef:
         return cls(request.id, request.dataset_id, request.analyst)
 
+
 def lock_running(session: Session, ref: RequestRef) -> tuple[list[PrivacyFilter], AnalysisRequest] | None:
     """Lock the request's filters, then re-read it; None unless it is still running."""
     filters = lock_filters(session, ref.dataset_id, ref.analyst)
@@ -107,15 +108,29 @@ def settle_batched(
     outcome = {"realized": charge.to_json(), "outcome": label}
     now = datetime.now(UTC)
     batch.filters.settle(
-        filters, request.scopes, reservation, charge, request.analyst, outcome, request.id,
-        reserved_delta(request), now,
+        filters,
+        request.scopes,
+        reservation,
+        charge,
+        request.analyst,
+        outcome,
+        request.id,
+        reserved_delta(request),
+        now,
     )
     metrics.ended(batch.session, request.dataset_id, request.kind, label, charge)
     state = RequestState.COMMITTED if error is None else RequestState.FAILED_CHARGED
-    batch.settled(request, {
-        "state": state, "realized": record, "release": release, "error": error,
-        "updated_at": now, "lease_expires_at": None,
-    })
+    batch.settled(
+        request,
+        {
+            "state": state,
+            "realized": record,
+            "release": release,
+            "error": error,
+            "updated_at": now,
+            "lease_expires_at": None,
+        },
+    )
 
 
 UNSTORABLE = "the mechanism failed; its worst case was charged"
@@ -143,7 +158,14 @@ def end_reservation(
     the ledger."""
     reservation = UnitsVector.from_json(request.worst_case["units"])
     settle_reservation(
-        session, filters, request.scopes, reservation, charge, request.analyst, details, request.id,
+        session,
+        filters,
+        request.scopes,
+        reservation,
+        charge,
+        request.analyst,
+        details,
+        request.id,
         reserved_delta(request),
     )
     metrics.ended(session, request.dataset_id, request.kind, str(details.get("outcome", "abort")), charge)
@@ -209,10 +231,12 @@ SettleFn = Callable[["RequestRef", RdpCurve | None, dict[str, Any] | None, str |
 
 _SETTLED = threading.Condition()
 
+
 def notify_settled() -> None:
     """Wake the threads of this process waiting in :func:`wait_settled` (a local settlement)."""
     with _SETTLED:
         _SETTLED.notify_all()
+
 
 def wait_settled(
     sessions: sessionmaker[Session],

@@ -51,6 +51,7 @@ log = structlog.get_logger("expost.requests")
 class LeaseLost(Exception):
     """Raised from a heartbeat when the request was settled (e.g. reaped) meanwhile: stop the run."""
 
+
 class Heartbeat:
     """The ``progress`` callback of a long-running run: at most every ``interval`` seconds it renews the
     request's lease (so a live run is never reaped) and stores the fraction when ``public``.
@@ -97,6 +98,7 @@ class Heartbeat:
         if not renewed:
             raise LeaseLost(self.request_id)
 
+
 def execute(
     dataset: Dataset,
     mechanism: Mechanism[Any],
@@ -133,6 +135,7 @@ def execute(
         return None, None, "the mechanism failed; its worst case was charged"
     return result.realized, result.output, None
 
+
 def claim(sessions: sessionmaker[Session], request_id: str, owner: str, lease_seconds: float) -> bool:
     """Take this queued request for ``owner`` (atomic conditional update); False if anyone else has it or
     it is settled. The lease starts now."""
@@ -141,7 +144,9 @@ def claim(sessions: sessionmaker[Session], request_id: str, owner: str, lease_se
         until = now + timedelta(seconds=lease_seconds)
         return RequestRepository(session).claim(request_id, owner, now, until)
 
+
 _NEVER = datetime.min.replace(tzinfo=UTC)
+
 
 def _utc(value: datetime) -> datetime:
     """Aggregates bypass the column type: SQLite returns naive (UTC) datetimes, or even strings."""
@@ -149,9 +154,11 @@ def _utc(value: datetime) -> datetime:
         value = datetime.fromisoformat(value)
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
+
 def runnable_mechanisms() -> list[str]:
     """What this process can run (a worker never claims a request of a mechanism it does not know)."""
     return sorted(MECHANISMS)
+
 
 def claim_next(
     sessions: sessionmaker[Session],
@@ -175,9 +182,7 @@ def claim_next(
             if not oldest:
                 return None
             load = repository.analyst_load(list(oldest))
-            chosen = min(
-                oldest, key=lambda a: (load[a][0], _utc(load[a][1] or _NEVER), _utc(oldest[a]), a)
-            )
+            chosen = min(oldest, key=lambda a: (load[a][0], _utc(load[a][1] or _NEVER), _utc(oldest[a]), a))
             request_id = repository.oldest_queued(chosen, known, queue)
             if request_id is None:
                 continue
@@ -185,6 +190,7 @@ def claim_next(
             if repository.claim(request_id, owner, now, now + timedelta(seconds=lease_seconds)):
                 return request_id
     return None
+
 
 def run_claimed(
     sessions: sessionmaker[Session],
@@ -231,6 +237,7 @@ def run_claimed(
     notify_settled()
     return "lost" if settled is None else "settled"
 
+
 def run_request(
     sessions: sessionmaker[Session],
     tables: TableCache,
@@ -260,8 +267,12 @@ def run_request(
     except (LookupError, ValidationError) as exc:  # e.g. a worker of another version: nothing read yet
         log.error("this worker cannot run the request", request_id=request_id, **failure_fields(exc))
         with sessions() as session:
-            abort(session, RequestRef.of(request), "no worker could run this request; nothing was charged",
-                  unclaimed_only=True)
+            abort(
+                session,
+                RequestRef.of(request),
+                "no worker could run this request; nothing was charged",
+                unclaimed_only=True,
+            )
         notify_settled()
         return "unrunnable"
     owner = worker_id()
@@ -269,6 +280,7 @@ def run_request(
         log.info("request already claimed or settled; not running it", request_id=request_id)
         return "duplicate"
     return run_claimed(sessions, tables, request_id, owner, lease_seconds, heartbeat_seconds, settle_fn)
+
 
 def run_next(
     sessions: sessionmaker[Session],
@@ -291,7 +303,9 @@ def run_next(
     outcome = run_claimed(sessions, tables, request_id, owner, lease_seconds, heartbeat_seconds, settle_fn)
     return request_id, outcome
 
+
 SHUTDOWN_REASON = "stopped at shutdown after its grace period; its worst case was charged (the data was read)"
+
 
 def stop_runs(sessions: sessionmaker[Session], claimed: list[tuple[str, str]], reason: str) -> int:
     """Settle the runs ``claimed`` [(request id, owner)] of this process with their worst case (a shutdown
@@ -312,6 +326,7 @@ def stop_runs(sessions: sessionmaker[Session], claimed: list[tuple[str, str]], r
         notify_settled()
     return stopped
 
+
 def _lock_expired(
     session: Session, ref: RequestRef, now: datetime
 ) -> tuple[list[PrivacyFilter], AnalysisRequest] | None:
@@ -322,6 +337,7 @@ def _lock_expired(
         return None
     expires = locked[1].lease_expires_at
     return locked if expires is not None and expires < now else None
+
 
 def reap_expired(sessions: sessionmaker[Session], max_queue_seconds: float | None = None) -> int:
     """Commit the worst case of claimed requests whose lease expired (a lost worker: it may have read

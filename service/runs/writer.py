@@ -350,14 +350,23 @@ def _lock_all(session: Session, batch: list[Job]) -> Locked:
 
 
 def _admission_job(
-    principal: Principal, v: admission.Validated, key: str | None, apply: Apply, alone: Callable[[], Any],
+    principal: Principal,
+    v: admission.Validated,
+    key: str | None,
+    apply: Apply,
+    alone: Callable[[], Any],
     settled: bool = False,
 ) -> Job:
     """An admission's job: the batch reads its Idempotency-Key's stored request and, for an analyst,
     whether the grant still holds."""
     return Job(
-        v.dataset.id, principal.name, apply, alone,
-        key=key, grant=principal.role is Role.analyst, settled=settled,
+        v.dataset.id,
+        principal.name,
+        apply,
+        alone,
+        key=key,
+        grant=principal.role is Role.analyst,
+        settled=settled,
     )
 
 

@@ -61,6 +61,8 @@ class RequestState(StrEnum):
     COMMITTED = "committed"
     FAILED_CHARGED = "failed_charged"
     ABORTED = "aborted"
+
+
 """Scope of the dataset-level filter; analyst sub-filters use the analyst's key name."""
 
 

@@ -141,8 +141,17 @@ def _lock_statement() -> Select[Any]:
     t = _table(PrivacyFilter)
     return (
         select(
-            t.c.id, t.c.dataset_id, t.c.scope, t.c.capacity, t.c.spent, t.c.reserved,
-            t.c.delta_capacity, t.c.delta_spent, t.c.delta_reserved, t.c.last_seq, t.c.last_hash,
+            t.c.id,
+            t.c.dataset_id,
+            t.c.scope,
+            t.c.capacity,
+            t.c.spent,
+            t.c.reserved,
+            t.c.delta_capacity,
+            t.c.delta_spent,
+            t.c.delta_reserved,
+            t.c.last_seq,
+            t.c.last_hash,
         )
         .where(tuple_(t.c.dataset_id, t.c.scope).in_(bindparam("pairs", expanding=True)))
         .order_by(t.c.dataset_id, t.c.id)
@@ -254,9 +263,11 @@ class DatasetRepository:
         API key is not revoked), read now in one statement."""
         dataset_ids = [d for d in dataset_ids if _storable(d)]
         analysts = [a for a in analysts if _storable(a)]
-        rows = self.session.connection().execute(
-            _admissible_statement(), {"dataset_ids": dataset_ids, "analysts": analysts}
-        ).tuples()
+        rows = (
+            self.session.connection()
+            .execute(_admissible_statement(), {"dataset_ids": dataset_ids, "analysts": analysts})
+            .tuples()
+        )
         archived, granted = set(), set()
         for dataset_id, archived_at, analyst in rows:
             if archived_at is not None:
@@ -407,9 +418,7 @@ class RequestRepository:
         """Plain rows of the requests stored under any (analyst, Idempotency-Key) of ``pairs``."""
         if not pairs:
             return []
-        return self.session.connection().execute(
-            _requests_by_keys(), {"pairs": list(pairs)}
-        ).mappings().all()
+        return self.session.connection().execute(_requests_by_keys(), {"pairs": list(pairs)}).mappings().all()
 
     def insert_many(self, rows: Sequence[dict[str, Any]]) -> None:
         """New request rows (every column given) in one executemany INSERT."""
@@ -452,9 +461,7 @@ class RequestRepository:
         assert isinstance(result, CursorResult)
         return result.rowcount == 1
 
-    def renew(
-        self, request_id: str, owner: str | None, until: datetime, progress: float | None
-    ) -> bool:
+    def renew(self, request_id: str, owner: str | None, until: datetime, progress: float | None) -> bool:
         """Heartbeat: extend the lease of a request still running (and still ``owner``'s when given);
         store ``progress`` unless None. False when the request was settled or reaped meanwhile."""
         conditions = [AnalysisRequest.id == request_id, AnalysisRequest.state == RequestState.RUNNING]
@@ -491,7 +498,9 @@ class RequestRepository:
                 select(AnalysisRequest.analyst, func.min(AnalysisRequest.created_at))
                 .where(*self._queued(mechanisms, queue))
                 .group_by(AnalysisRequest.analyst)
-            ).tuples().all()
+            )
+            .tuples()
+            .all()
         )
         return rows
 
@@ -507,14 +516,18 @@ class RequestRepository:
                     AnalysisRequest.lease_owner.is_not(None),
                 )
                 .group_by(AnalysisRequest.analyst)
-            ).tuples().all()
+            )
+            .tuples()
+            .all()
         )
         latest: dict[str, datetime | None] = dict(
             self.session.execute(
                 select(AnalysisRequest.analyst, func.max(AnalysisRequest.started_at))
                 .where(AnalysisRequest.analyst.in_(analysts), AnalysisRequest.kind == "request")
                 .group_by(AnalysisRequest.analyst)
-            ).tuples().all()
+            )
+            .tuples()
+            .all()
         )
         return {a: (int(running.get(a, 0)), latest.get(a)) for a in analysts}
 
@@ -557,7 +570,9 @@ class RequestRepository:
                     (AnalysisRequest.kind == "session") | AnalysisRequest.mechanism.not_in(not_counted),
                 )
                 .group_by(AnalysisRequest.kind)
-            ).tuples().all()
+            )
+            .tuples()
+            .all()
         )
         return int(rows.get("request", 0)), int(rows.get("session", 0))
 

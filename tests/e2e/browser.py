@@ -35,8 +35,9 @@ CHROMIUM_ARGS = [
 
 def unavailable(reason: str) -> None:
     if IN_CI:
-        pytest.fail(f"{reason} (CI=true: the browser tests must run; `make browser` installs Chromium)",
-                    pytrace=False)
+        pytest.fail(
+            f"{reason} (CI=true: the browser tests must run; `make browser` installs Chromium)", pytrace=False
+        )
     pytest.skip(f"{reason}; `make browser` installs it (as root: apt-get install chromium)")
 
 

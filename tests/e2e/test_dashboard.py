@@ -141,8 +141,12 @@ def test_a_viewer_watches_the_budget_curve_change(world: World, tmp_path: Path) 
             f"/v1/datasets/{ds}/sessions",
             json={
                 "mechanism": "above_threshold",
-                "params": {"threshold": 300, "epsilon_threshold": 0.02, "max_query_epsilon": 0.02,
-                           "max_queries": 5},
+                "params": {
+                    "threshold": 300,
+                    "epsilon_threshold": 0.02,
+                    "max_query_epsilon": 0.02,
+                    "max_queries": 5,
+                },
             },
         )
         assert opened.status_code == 201, opened.text

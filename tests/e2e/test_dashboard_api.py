@@ -24,15 +24,39 @@ from tests.integration.helpers import World, assert_problem, db_session, get_bud
 RDP_BUDGET = {"epsilon": 1.0, "delta": 1e-6}
 SESSION_PARAMS = {"threshold": 10_000, "epsilon_threshold": 0.05, "max_query_epsilon": 0.05, "max_queries": 4}
 REQUEST_KEYS = {
-    "id", "analyst", "mechanism", "worst_case_pure", "worst_case_binding", "since", "lease_expires_at",
+    "id",
+    "analyst",
+    "mechanism",
+    "worst_case_pure",
+    "worst_case_binding",
+    "since",
+    "lease_expires_at",
 }
 SESSION_KEYS = {
-    "id", "analyst", "mechanism", "asked", "max_queries", "worst_case_pure", "worst_case_binding", "since",
+    "id",
+    "analyst",
+    "mechanism",
+    "asked",
+    "max_queries",
+    "worst_case_pure",
+    "worst_case_binding",
+    "since",
     "expires_at",
 }
 REFUSAL_KEYS = {
-    "id", "dataset_id", "analyst", "kind", "mechanism", "params", "problem_type", "filter", "binding_alpha",
-    "requested_pure", "shortfall", "detail", "created_at",
+    "id",
+    "dataset_id",
+    "analyst",
+    "kind",
+    "mechanism",
+    "params",
+    "problem_type",
+    "filter",
+    "binding_alpha",
+    "requested_pure",
+    "shortfall",
+    "detail",
+    "created_at",
 }
 
 
@@ -74,7 +98,10 @@ class TestActivity:
         world = make_world(live_server, budget=RDP_BUDGET)
         ds = world.dataset_id
         assert activity(world.viewer, ds) | {"binding_alpha": None} == {
-            "dataset_id": ds, "binding_alpha": None, "requests": [], "sessions": [],
+            "dataset_id": ds,
+            "binding_alpha": None,
+            "requests": [],
+            "sessions": [],
         }
         with reserved_request(live_server, world, 0.2) as rid:
             opened = world.analyst.post(
@@ -236,7 +263,11 @@ class TestPage:
             assert response.headers.get("etag")
             assert client.get(asset, headers={"If-None-Match": response.headers["etag"]}).status_code == 304
         assert "Chart.js v4" in client.get("/dashboard/static/vendor/chart.umd.min.js").text[:200]
-        for bad in ("/dashboard/static/../routers/dashboard.py", "/dashboard/static/%2e%2e/app.py",
-                    "/dashboard/static/missing.js", "/dashboard/static/"):
+        for bad in (
+            "/dashboard/static/../routers/dashboard.py",
+            "/dashboard/static/%2e%2e/app.py",
+            "/dashboard/static/missing.js",
+            "/dashboard/static/",
+        ):
             assert client.get(bad).status_code == 404, bad
         assert client.get("/dashboard/", follow_redirects=False).status_code == 308

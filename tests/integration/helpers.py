@@ -54,22 +54,35 @@ class World:
     dataset_id: str
 
     def new_key(self, role: Role) -> tuple[str, httpx.Client]:
-        response = self.admin.post("/v1/keys", json={"name": f"{role.value}-{secrets.token_hex(4)}",
-                                                     "role": role.value})
+        response = self.admin.post(
+            "/v1/keys", json={"name": f"{role.value}-{secrets.token_hex(4)}", "role": role.value}
+        )
         assert response.status_code == 201, response.text
         body = response.json()
         return body["name"], self.server.client(body["key"])
 
-    def request(self, client: httpx.Client, params: dict[str, Any], mechanism: str = "laplace",
-                key: str | None = None, dataset_id: str | None = None) -> httpx.Response:
+    def request(
+        self,
+        client: httpx.Client,
+        params: dict[str, Any],
+        mechanism: str = "laplace",
+        key: str | None = None,
+        dataset_id: str | None = None,
+    ) -> httpx.Response:
         headers = {"Idempotency-Key": key} if key else {}
-        return client.post(f"/v1/datasets/{dataset_id or self.dataset_id}/requests",
-                           json={"mechanism": mechanism, "params": params}, headers=headers)
+        return client.post(
+            f"/v1/datasets/{dataset_id or self.dataset_id}/requests",
+            json={"mechanism": mechanism, "params": params},
+            headers=headers,
+        )
 
 
 def upload(admin: httpx.Client, csv: bytes = CSV, schema: dict[str, Any] | None = None) -> httpx.Response:
-    return admin.post("/v1/datasets", files={"file": ("data.csv", csv, "text/csv")},
-                      data={"schema": json.dumps(schema or SCHEMA), "name": "test data"})
+    return admin.post(
+        "/v1/datasets",
+        files={"file": ("data.csv", csv, "text/csv")},
+        data={"schema": json.dumps(schema or SCHEMA), "name": "test data"},
+    )
 
 
 PURE_BUDGET: dict[str, float] = {"epsilon": 1.0, "delta": 0.0}
@@ -134,8 +147,11 @@ def ledger_items(client: httpx.Client, dataset_id: str, page: int = 1000) -> lis
 
 
 def get_budget(client: httpx.Client, dataset_id: str, analyst: str | None = None) -> dict[str, Any]:
-    path = f"/v1/datasets/{dataset_id}/budget" if analyst is None else (
-        f"/v1/datasets/{dataset_id}/analysts/{analyst}/budget")
+    path = (
+        f"/v1/datasets/{dataset_id}/budget"
+        if analyst is None
+        else (f"/v1/datasets/{dataset_id}/analysts/{analyst}/budget")
+    )
     response = client.get(path)
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()

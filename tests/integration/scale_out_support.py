@@ -270,7 +270,12 @@ class Cluster:
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "tests.integration.scale_out_support", *args],
-            env=self.env, cwd=self.workdir, capture_output=True, text=True, timeout=timeout, check=False,
+            env=self.env,
+            cwd=self.workdir,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
 
     def _spawn(self, kind: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
@@ -278,7 +283,10 @@ class Cluster:
         with log.open("wb") as out:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "tests.integration.scale_out_support", *args],
-                env=env or self.env, cwd=self.workdir, stdout=out, stderr=subprocess.STDOUT,
+                env=env or self.env,
+                cwd=self.workdir,
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         proc = Proc(popen, log, kind)
@@ -307,8 +315,9 @@ class Cluster:
 
     def worker(self, threads: int = 1, wait: bool = True, **env: str) -> Proc:
         extra = {**self.env, **env}
-        proc = self._spawn("worker", ["worker", "--queue", "--threads", str(threads), "--interval", "0.5"],
-                           extra)
+        proc = self._spawn(
+            "worker", ["worker", "--queue", "--threads", str(threads), "--interval", "0.5"], extra
+        )
         if wait:
             self.wait_worker(proc)
         return proc
@@ -410,8 +419,9 @@ EXPOST = str(Path(sys.executable).with_name("expost"))
 
 def run_cli(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The installed ``expost`` CLI, run to completion."""
-    return subprocess.run([EXPOST, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120,
-                          check=False)
+    return subprocess.run(
+        [EXPOST, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def _children(pid: int) -> list[int]:
@@ -453,14 +463,22 @@ def wait_ready(
             if ready and log_path.read_text(errors="replace").count("expost started") >= workers:
                 return
         time.sleep(0.1)
-    raise RuntimeError(f"expost serve: /readyz or {workers} startup lines missing after {timeout} s:\n"
-                       f"{log_path.read_text()[-4000:]}")
+    raise RuntimeError(
+        f"expost serve: /readyz or {workers} startup lines missing after {timeout} s:\n"
+        f"{log_path.read_text()[-4000:]}"
+    )
 
 
 def cli_create_key(env: dict[str, str], cwd: Path, role: str, name: str) -> subprocess.Popen[str]:
     """``expost keys create`` started (several may run at once); :func:`cli_keys_from` collects the keys."""
-    return subprocess.Popen([EXPOST, "keys", "create", "--role", role, "--name", name], env=env, cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [EXPOST, "keys", "create", "--role", role, "--name", name],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def cli_keys_from(*procs: subprocess.Popen[str]) -> list[str]:
@@ -577,8 +595,17 @@ class PrivatePostgres:
         return subprocess.run(command, capture_output=True, text=True, timeout=120, check=check)
 
     def start(self) -> None:
-        self._run("pg_ctl", "-D", str(self.directory / "data"), "-l", str(self.directory / "pg.log"),
-                  "-o", f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1", "-w", "start")
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.directory / "data"),
+            "-l",
+            str(self.directory / "pg.log"),
+            "-o",
+            f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1",
+            "-w",
+            "start",
+        )
 
     def stop(self, mode: str = "fast") -> None:
         self._run("pg_ctl", "-D", str(self.directory / "data"), "-m", mode, "-w", "stop", check=False)
@@ -612,8 +639,9 @@ def private_postgres() -> Iterator[PrivatePostgres]:
         shutil.chown(directory, user, user)
         directory.chmod(0o700)
     pg = PrivatePostgres(directory, free_port(), bin_dir, user)
-    pg._run("initdb", "-D", str(directory / "data"), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-            "--no-sync")
+    pg._run(
+        "initdb", "-D", str(directory / "data"), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"
+    )
     pg.start()
     try:
         with psycopg.connect(f"postgresql://postgres@127.0.0.1:{pg.port}/postgres", autocommit=True) as conn:
@@ -633,4 +661,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

@@ -119,12 +119,23 @@ NOT_FUZZED: dict[str, str] = {
 # Operations whose only inputs are the key and string path parameters, which no value can make invalid
 # against the schema: fuzzed in positive mode only (negative mode would have nothing to negate).
 POSITIVE_ONLY = {
-    "GET /healthz", "GET /readyz", "GET /v1/keys", "GET /v1/datasets", "GET /v1/mechanisms", "GET /v1/me",
-    "GET /v1/datasets/{dataset_id}", "GET /v1/datasets/{dataset_id}/grants",
-    "GET /v1/datasets/{dataset_id}/budget", "GET /v1/datasets/{dataset_id}/analysts/{analyst}/budget",
-    "GET /v1/requests/{request_id}", "GET /v1/sessions/{session_id}", "POST /v1/sessions/{session_id}/close",
-    "POST /v1/requests/{request_id}/cancel", "GET /v1/analysts/{analyst}/limits",
-    "DELETE /v1/keys/{name}", "DELETE /v1/datasets/{dataset_id}/grants/{analyst}",
+    "GET /healthz",
+    "GET /readyz",
+    "GET /v1/keys",
+    "GET /v1/datasets",
+    "GET /v1/mechanisms",
+    "GET /v1/me",
+    "GET /v1/datasets/{dataset_id}",
+    "GET /v1/datasets/{dataset_id}/grants",
+    "GET /v1/datasets/{dataset_id}/budget",
+    "GET /v1/datasets/{dataset_id}/analysts/{analyst}/budget",
+    "GET /v1/requests/{request_id}",
+    "GET /v1/sessions/{session_id}",
+    "POST /v1/sessions/{session_id}/close",
+    "POST /v1/requests/{request_id}/cancel",
+    "GET /v1/analysts/{analyst}/limits",
+    "DELETE /v1/keys/{name}",
+    "DELETE /v1/datasets/{dataset_id}/grants/{analyst}",
     "POST /v1/datasets/{dataset_id}/archive",
 }
 
@@ -183,8 +194,15 @@ def fuzz(live_server: LiveServer) -> Iterator[FuzzWorld]:
     assert released.status_code == 200, released.text
     opened = world.analyst.post(  # never halts (threshold far above any count), never fills up
         f"/v1/datasets/{world.dataset_id}/sessions",
-        json={"mechanism": "above_threshold", "params": {
-            "threshold": 10**9, "epsilon_threshold": 0.01, "max_query_epsilon": 1.0, "max_queries": 10_000}},
+        json={
+            "mechanism": "above_threshold",
+            "params": {
+                "threshold": 10**9,
+                "epsilon_threshold": 0.01,
+                "max_query_epsilon": 1.0,
+                "max_queries": 10_000,
+            },
+        },
     )
     assert opened.status_code == 201, opened.text
     schema = schemathesis.openapi.from_url(live_server.base_url + "/openapi.json")
@@ -193,8 +211,10 @@ def fuzz(live_server: LiveServer) -> Iterator[FuzzWorld]:
         yield FuzzWorld(
             world=world,
             schema=schema,
-            keys={role: client.headers["Authorization"].removeprefix("Bearer ")
-                  for role, client in ((ADMIN, world.admin), (ANALYST, world.analyst))},
+            keys={
+                role: client.headers["Authorization"].removeprefix("Bearer ")
+                for role, client in ((ADMIN, world.admin), (ANALYST, world.analyst))
+            },
             path_parameters={
                 "dataset_id": world.dataset_id,
                 "analyst": world.analyst_name,
@@ -298,8 +318,35 @@ def run(fuzz: FuzzWorld, strategy: st.SearchStrategy[Case]) -> None:
 # of every mechanism with edge-case values, half of them with one mutation somewhere inside.
 
 WEIRD = st.one_of(
-    st.sampled_from([None, True, False, "", " ", "\x00", "é", "1e400", "NaN", 0, -1, 0.0, -0.0, 1e-320,
-                     5e-324, 1e308, -1e308, 2**53 + 1, 2**63, 10**300, 10**301, [], {}, [1], {"a": 1}]),
+    st.sampled_from(
+        [
+            None,
+            True,
+            False,
+            "",
+            " ",
+            "\x00",
+            "é",
+            "1e400",
+            "NaN",
+            0,
+            -1,
+            0.0,
+            -0.0,
+            1e-320,
+            5e-324,
+            1e308,
+            -1e308,
+            2**53 + 1,
+            2**63,
+            10**300,
+            10**301,
+            [],
+            {},
+            [1],
+            {"a": 1},
+        ]
+    ),
     st.text(max_size=5),
     st.floats(allow_nan=False, allow_infinity=False),
     st.integers(),
@@ -327,8 +374,9 @@ WHERE = st.lists(
 )
 SCALAR_QUERY = st.one_of(
     st.fixed_dictionaries({"kind": st.just("count")}, optional={"where": WHERE}),
-    st.fixed_dictionaries({"kind": st.just("sum"), "column": st.sampled_from(["age", "income"])},
-                          optional={"where": WHERE}),
+    st.fixed_dictionaries(
+        {"kind": st.just("sum"), "column": st.sampled_from(["age", "income"])}, optional={"where": WHERE}
+    ),
     st.fixed_dictionaries({"kind": st.just("mean"), "column": st.sampled_from(["age", "income"])}),
 )
 QUERY = st.one_of(
@@ -340,7 +388,7 @@ QUERY = st.one_of(
 )
 QUERY_STEP = st.fixed_dictionaries({"query": SCALAR_QUERY}, optional={"epsilon": st.floats(1e-6, 0.5)})
 GEOMETRIC = {
-    "threshold": st.integers(-10**6, 10**6),
+    "threshold": st.integers(-(10**6), 10**6),
     "epsilon_threshold": st.floats(1e-6, 0.5),
     "max_query_epsilon": st.floats(0.5, 1.0),
     "max_queries": st.integers(1, 20),
@@ -350,6 +398,7 @@ LAPLACE_SESSION = {
     "epsilon": st.floats(1e-6, 1.0),
     "max_queries": st.integers(1, 20),
 }
+
 
 def _body(mechanism: str, required: dict[str, Any], optional: dict[str, Any] | None = None) -> Any:
     params = st.fixed_dictionaries(required, optional=optional)
@@ -570,12 +619,16 @@ def test_a_dataset_name_with_a_nul_character_is_bad_input(live_server: LiveServe
     files = sorted(p.name for p in data_dir.rglob("*"))
     before = world.admin.get("/v1/datasets").json()
     csv_bytes = b"n\n" + b"".join(f"{i}\n".encode() for i in range(7919, 7930))  # no other test's file
-    schema = {"columns": [{"name": "n", "type": "int", "min": 0, "max": 10_000}],
-              "neighboring": "replace_one"}
-    response = world.admin.post("/v1/datasets", files={"file": ("nul.csv", csv_bytes, "text/csv")},
-                                data={"schema": json.dumps(schema), "name": "a\x00b"})
+    schema = {
+        "columns": [{"name": "n", "type": "int", "min": 0, "max": 10_000}],
+        "neighboring": "replace_one",
+    }
+    response = world.admin.post(
+        "/v1/datasets",
+        files={"file": ("nul.csv", csv_bytes, "text/csv")},
+        data={"schema": json.dumps(schema), "name": "a\x00b"},
+    )
     body = assert_problem(response, 422, "/problems/invalid-input")
     assert body["errors"] == [{"field": "name", "reason": "must not contain a NUL character"}]
     assert sorted(p.name for p in data_dir.rglob("*")) == files
     assert world.admin.get("/v1/datasets").json() == before
-

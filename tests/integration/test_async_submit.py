@@ -376,8 +376,9 @@ class TestReplay:
         warm(runtime, analyst, dataset_id)
 
         async def twice() -> tuple[AnalysisRequest | None, AnalysisRequest | None]:
-            return await fast(runtime, analyst, dataset_id, key="k"), await fast(runtime, analyst, dataset_id,
-                                                                                  key="k")
+            return await fast(runtime, analyst, dataset_id, key="k"), await fast(
+                runtime, analyst, dataset_id, key="k"
+            )
 
         first, again = run(twice)
         assert first is not None
@@ -438,9 +439,13 @@ class TestCancelled:
         v = inline_validated(runtime, analyst, dataset_id)
         started, release = threading.Event(), threading.Event()
         holder: list[Any] = []
-        blocker = threading.Thread(target=lambda: holder.append(runtime.writer.admit_and_run(
-            analyst, v, "holder", 300.0, held_run(runtime, v, started, release)
-        )))
+        blocker = threading.Thread(
+            target=lambda: holder.append(
+                runtime.writer.admit_and_run(
+                    analyst, v, "holder", 300.0, held_run(runtime, v, started, release)
+                )
+            )
+        )
         blocker.start()
         try:
             assert started.wait(10)  # the writer is inside the holder's batch
@@ -479,9 +484,13 @@ class TestCancelled:
         outcomes: list[Any] = []
 
         def hold(key: str, started: threading.Event, release: threading.Event) -> threading.Thread:
-            thread = threading.Thread(target=lambda: outcomes.append(runtime.writer.admit_and_run(
-                analyst, v, key, 300.0, held_run(runtime, v, started, release)
-            )))
+            thread = threading.Thread(
+                target=lambda: outcomes.append(
+                    runtime.writer.admit_and_run(
+                        analyst, v, key, 300.0, held_run(runtime, v, started, release)
+                    )
+                )
+            )
             thread.start()
             return thread
 

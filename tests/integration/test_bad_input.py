@@ -57,8 +57,17 @@ def snapshot(world: World) -> Snapshot:
     engine = _ENGINES.setdefault(url, make_engine(url))
     with Session(engine) as session:
         filters = [
-            (f.dataset_id, f.scope, f.epsilon, f.delta, f.capacity, f.spent, f.reserved, f.last_seq,
-             f.last_hash)
+            (
+                f.dataset_id,
+                f.scope,
+                f.epsilon,
+                f.delta,
+                f.capacity,
+                f.spent,
+                f.reserved,
+                f.last_seq,
+                f.last_hash,
+            )
             for f in session.scalars(select(PrivacyFilter).order_by(PrivacyFilter.id))
         ]
         ledger = session.execute(
@@ -72,8 +81,12 @@ def snapshot(world: World) -> Snapshot:
         keys = session.scalar(select(func.count()).select_from(ApiKey))
     data_dir = Path(world.server.settings.data_dir)
     return Snapshot(
-        filters=filters, ledger=tuple(ledger), requests=int(requests or 0), datasets=datasets,
-        grants=grants, keys=int(keys or 0),
+        filters=filters,
+        ledger=tuple(ledger),
+        requests=int(requests or 0),
+        datasets=datasets,
+        grants=grants,
+        keys=int(keys or 0),
         files=sorted(p.name for p in data_dir.rglob("*")) if data_dir.exists() else [],
     )
 
@@ -118,29 +131,45 @@ REQUEST_CASES: list[tuple[str, str, str]] = [
     ("sigma negative", GAUSS_WITH.format("-1"), "params.sigma"),
     ("sigma zero", GAUSS_WITH.format("0"), "params.sigma"),
     ("sigma NaN", GAUSS_WITH.format("NaN"), "params.sigma"),
-    ("unknown mechanism", '{"mechanism": "laplace2", "params": {"query": {"kind": "count"}, "epsilon": 0.1}}',
-     "mechanism"),
+    (
+        "unknown mechanism",
+        '{"mechanism": "laplace2", "params": {"query": {"kind": "count"}, "epsilon": 0.1}}',
+        "mechanism",
+    ),
     ("unknown column", laplace({"kind": "sum", "column": "height"}), "params.query.column"),
     ("sum on a categorical column", laplace({"kind": "sum", "column": "region"}), "params.query.column"),
     ("histogram on a float column", laplace({"kind": "histogram", "column": "age"}), "params.query.column"),
-    ("mean with where",
-     laplace({"kind": "mean", "column": "age", "where": [{"column": "age", "op": "gt", "value": 30}]}),
-     "params.query.kind"),
-    ("where on an unknown column",
-     laplace({"kind": "count", "where": [{"column": "x", "op": "eq", "value": 1}]}),
-     "params.query.where.0.column"),
-    ("where with an undeclared category",
-     laplace({"kind": "count", "where": [{"column": "region", "op": "eq", "value": "central"}]}),
-     "params.query.where.0.value"),
-    ("where lt on a categorical column",
-     laplace({"kind": "count", "where": [{"column": "region", "op": "lt", "value": "north"}]}),
-     "params.query.where.0.op"),
-    ("where compares a number with a string",
-     laplace({"kind": "count", "where": [{"column": "age", "op": "gt", "value": "30"}]}),
-     "params.query.where.0.value"),
-    ("where value NaN",
-     '{"mechanism": "laplace", "params": {"query": {"kind": "count", "where": '
-     '[{"column": "age", "op": "gt", "value": NaN}]}, "epsilon": 0.1}}', "params.query*"),
+    (
+        "mean with where",
+        laplace({"kind": "mean", "column": "age", "where": [{"column": "age", "op": "gt", "value": 30}]}),
+        "params.query.kind",
+    ),
+    (
+        "where on an unknown column",
+        laplace({"kind": "count", "where": [{"column": "x", "op": "eq", "value": 1}]}),
+        "params.query.where.0.column",
+    ),
+    (
+        "where with an undeclared category",
+        laplace({"kind": "count", "where": [{"column": "region", "op": "eq", "value": "central"}]}),
+        "params.query.where.0.value",
+    ),
+    (
+        "where lt on a categorical column",
+        laplace({"kind": "count", "where": [{"column": "region", "op": "lt", "value": "north"}]}),
+        "params.query.where.0.op",
+    ),
+    (
+        "where compares a number with a string",
+        laplace({"kind": "count", "where": [{"column": "age", "op": "gt", "value": "30"}]}),
+        "params.query.where.0.value",
+    ),
+    (
+        "where value NaN",
+        '{"mechanism": "laplace", "params": {"query": {"kind": "count", "where": '
+        '[{"column": "age", "op": "gt", "value": NaN}]}, "epsilon": 0.1}}',
+        "params.query*",
+    ),
     ("unknown query kind", laplace({"kind": "median", "column": "age"}), "params.query*"),
     ("extra unknown key in params", laplace({"kind": "count"}, seed=42), "params.seed"),
     ("extra unknown key in the query", laplace({"kind": "count", "noise": 0}), "params.query*"),
@@ -149,11 +178,16 @@ REQUEST_CASES: list[tuple[str, str, str]] = [
     ("missing query", '{"mechanism": "laplace", "params": {"epsilon": 0.1}}', "params.query"),
     ("params as a list", '{"mechanism": "laplace", "params": [{"query": {"kind": "count"}}, 0.1]}', "params"),
     ("params as a string", '{"mechanism": "laplace", "params": "count"}', "params"),
-    ("mechanism as a number", '{"mechanism": 7, "params": {"query": {"kind": "count"}, "epsilon": 0.1}}',
-     "mechanism"),
-    ("extra top-level key",
-     '{"mechanism": "laplace", "params": {"query": {"kind": "count"}, "epsilon": 0.1}, "priority": 1}',
-     "priority"),
+    (
+        "mechanism as a number",
+        '{"mechanism": 7, "params": {"query": {"kind": "count"}, "epsilon": 0.1}}',
+        "mechanism",
+    ),
+    (
+        "extra top-level key",
+        '{"mechanism": "laplace", "params": {"query": {"kind": "count"}, "epsilon": 0.1}, "priority": 1}',
+        "priority",
+    ),
     ("body is a list", "[1, 2]", "body"),
 ]
 
@@ -164,24 +198,31 @@ class TestRequestInput:
     def test_malformed_request(self, world: World, endpoint: str, label: str, body: str, field: str) -> None:
         client = world.analyst
         before = snapshot(world)
-        response = client.post(f"/v1/datasets/{world.dataset_id}/{endpoint}", content=body,
-                               headers={"Content-Type": "application/json"})
+        response = client.post(
+            f"/v1/datasets/{world.dataset_id}/{endpoint}",
+            content=body,
+            headers={"Content-Type": "application/json"},
+        )
         problem = assert_problem(response, 422, "/problems/invalid-input")
         assert_field(problem, field)
         assert snapshot(world) == before
 
     def test_malformed_json_is_a_problem_not_a_crash(self, world: World) -> None:
         before = snapshot(world)
-        response = world.analyst.post(f"/v1/datasets/{world.dataset_id}/requests",
-                                      content='{"mechanism": "laplace", "params": ',
-                                      headers={"Content-Type": "application/json"})
+        response = world.analyst.post(
+            f"/v1/datasets/{world.dataset_id}/requests",
+            content='{"mechanism": "laplace", "params": ',
+            headers={"Content-Type": "application/json"},
+        )
         assert_problem(response, 422, "/problems/invalid-input")
         assert snapshot(world) == before
 
     def test_malformed_json_names_the_body(self, world: World) -> None:
-        response = world.analyst.post(f"/v1/datasets/{world.dataset_id}/requests",
-                                      content='{"mechanism": "laplace", "params": ',
-                                      headers={"Content-Type": "application/json"})
+        response = world.analyst.post(
+            f"/v1/datasets/{world.dataset_id}/requests",
+            content='{"mechanism": "laplace", "params": ',
+            headers={"Content-Type": "application/json"},
+        )
         assert_field(assert_problem(response, 422, "/problems/invalid-input"), "body")
 
     def test_idempotency_key_longer_than_200_chars(self, world: World) -> None:
@@ -224,7 +265,8 @@ class TestBudgetInput:
     @pytest.mark.parametrize(("label", "body", "field"), BUDGET_CASES, ids=[c[0] for c in BUDGET_CASES])
     def test_malformed_budget(self, world: World, scope: str, label: str, body: str, field: str) -> None:
         path = f"/v1/datasets/{world.dataset_id}" + (
-            "/budget" if scope == "dataset" else f"/analysts/{world.analyst_name}/budget")
+            "/budget" if scope == "dataset" else f"/analysts/{world.analyst_name}/budget"
+        )
         before = snapshot(world)
         response = world.admin.put(path, content=body, headers={"Content-Type": "application/json"})
         assert_field(assert_problem(response, 422, "/problems/invalid-input"), field)
@@ -233,16 +275,19 @@ class TestBudgetInput:
     def test_a_sub_budget_for_an_ungranted_analyst_is_not_found(self, world: World) -> None:
         stranger, _ = world.new_key(Role.analyst)
         before = snapshot(world)
-        response = world.admin.put(f"/v1/datasets/{world.dataset_id}/analysts/{stranger}/budget",
-                                   json={"epsilon": 0.5, "delta": 1e-6})
+        response = world.admin.put(
+            f"/v1/datasets/{world.dataset_id}/analysts/{stranger}/budget",
+            json={"epsilon": 0.5, "delta": 1e-6},
+        )
         assert_problem(response, 404, "/problems/not-found")
         assert snapshot(world) == before
 
     def test_the_analyst_budget_route_cannot_reach_the_dataset_filter(self, live_server: LiveServer) -> None:
         world = make_world(live_server)  # its own world: the bug rewrites the dataset budget
         before = snapshot(world)
-        response = world.admin.put(f"/v1/datasets/{world.dataset_id}/analysts/*/budget",
-                                   json={"epsilon": 1000.0, "delta": 0.5})
+        response = world.admin.put(
+            f"/v1/datasets/{world.dataset_id}/analysts/*/budget", json={"epsilon": 1000.0, "delta": 0.5}
+        )
         assert 400 <= response.status_code < 500, response.text
         assert snapshot(world) == before
 
@@ -274,19 +319,38 @@ UPLOAD_CASES: list[tuple[str, bytes, str | None, str, str | None]] = [
     ("schema min > max", CSV, column_0(min=90, max=18), "schema.columns.0*", "min"),
     ("schema NaN bound", CSV, column_0(min=float("nan")), "schema.columns.0*", None),
     ("schema unknown column type", CSV, column_0(type="decimal"), "schema.columns.0*", None),
-    ("schema duplicate names", CSV,
-     schema_with(columns=[SCHEMA["columns"][0], SCHEMA["columns"][0], *SCHEMA["columns"][1:]]),
-     "schema", "age"),
-    ("schema without neighboring", CSV, json.dumps({"columns": SCHEMA["columns"]}),
-     "schema.neighboring", None),
+    (
+        "schema duplicate names",
+        CSV,
+        schema_with(columns=[SCHEMA["columns"][0], SCHEMA["columns"][0], *SCHEMA["columns"][1:]]),
+        "schema",
+        "age",
+    ),
+    (
+        "schema without neighboring",
+        CSV,
+        json.dumps({"columns": SCHEMA["columns"]}),
+        "schema.neighboring",
+        None,
+    ),
     ("schema missing", CSV, None, "schema", None),
     ("CSV with a bad number", CSV.replace(b"\n21,", b"\ntwenty-one,", 1), json.dumps(SCHEMA), "file", "age"),
     ("CSV with NaN", CSV.replace(b"\n21,", b"\nnan,", 1), json.dumps(SCHEMA), "file", "age"),
     ("CSV missing a column", b"age,income\n30,1000\n", json.dumps(SCHEMA), "file", "region"),
-    ("CSV with an extra column", b"age,income,region,zip\n30,1000,north,1\n", json.dumps(SCHEMA), "file",
-     "zip"),
-    ("CSV with an unknown category", CSV.replace(b",east\n", b",central\n", 1), json.dumps(SCHEMA), "file",
-     "region"),
+    (
+        "CSV with an extra column",
+        b"age,income,region,zip\n30,1000,north,1\n",
+        json.dumps(SCHEMA),
+        "file",
+        "zip",
+    ),
+    (
+        "CSV with an unknown category",
+        CSV.replace(b",east\n", b",central\n", 1),
+        json.dumps(SCHEMA),
+        "file",
+        "region",
+    ),
     ("CSV ragged row", b"age,income,region\n30,1000\n", json.dumps(SCHEMA), "file", "row"),
     ("CSV empty", b"", json.dumps(SCHEMA), "file", "empty"),
     ("CSV header only", b"age,income,region\n", json.dumps(SCHEMA), "file", "no data"),
@@ -295,8 +359,9 @@ UPLOAD_CASES: list[tuple[str, bytes, str | None, str, str | None]] = [
 
 
 class TestUploadInput:
-    @pytest.mark.parametrize(("label", "csv", "schema", "field", "word"), UPLOAD_CASES,
-                             ids=[c[0] for c in UPLOAD_CASES])
+    @pytest.mark.parametrize(
+        ("label", "csv", "schema", "field", "word"), UPLOAD_CASES, ids=[c[0] for c in UPLOAD_CASES]
+    )
     def test_malformed_upload(
         self, world: World, label: str, csv: bytes, schema: str | None, field: str, word: str | None
     ) -> None:
@@ -317,8 +382,11 @@ class TestUploadInput:
 
     def test_name_too_long(self, world: World) -> None:
         before = snapshot(world)
-        response = world.admin.post("/v1/datasets", files={"file": ("d.csv", CSV, "text/csv")},
-                                    data={"schema": json.dumps(SCHEMA), "name": "n" * 201})
+        response = world.admin.post(
+            "/v1/datasets",
+            files={"file": ("d.csv", CSV, "text/csv")},
+            data={"schema": json.dumps(SCHEMA), "name": "n" * 201},
+        )
         assert_field(assert_problem(response, 422, "/problems/invalid-input"), "name")
         assert snapshot(world) == before
 
@@ -343,14 +411,17 @@ class TestUploadInput:
 
 
 class TestQueryAndGrantInput:
-    @pytest.mark.parametrize(("params", "field"), [
-        ({"limit": 0}, "limit"),
-        ({"limit": 100000}, "limit"),
-        ({"limit": -5}, "limit"),
-        ({"limit": "ten"}, "limit"),
-        ({"after": -1}, "after"),
-        ({"after": "x"}, "after"),
-    ])
+    @pytest.mark.parametrize(
+        ("params", "field"),
+        [
+            ({"limit": 0}, "limit"),
+            ({"limit": 100000}, "limit"),
+            ({"limit": -5}, "limit"),
+            ({"limit": "ten"}, "limit"),
+            ({"after": -1}, "after"),
+            ({"after": "x"}, "after"),
+        ],
+    )
     def test_bad_ledger_paging(self, world: World, params: dict[str, Any], field: str) -> None:
         response = world.admin.get(f"/v1/datasets/{world.dataset_id}/ledger", params=params)
         problem = assert_problem(response, 422, "/problems/invalid-input")
@@ -363,19 +434,23 @@ class TestQueryAndGrantInput:
             assert 1 <= len(response.json()["items"]) <= limit
 
     def test_ledger_after_beyond_64_bits_is_not_a_server_error(self, world: World) -> None:
-        response = world.admin.get(f"/v1/datasets/{world.dataset_id}/ledger",
-                                   params={"after": 10**20, "limit": 10})
+        response = world.admin.get(
+            f"/v1/datasets/{world.dataset_id}/ledger", params={"after": 10**20, "limit": 10}
+        )
         assert response.status_code in (200, 422), response.text
         if response.status_code == 200:
             assert response.json()["items"] == []
         else:
             assert_problem(response, 422, "/problems/invalid-input")
 
-    @pytest.mark.parametrize(("label", "analyst"), [
-        ("no such key", "nobody-here"),
-        ("empty", ""),
-        ("too long", "a" * 101),
-    ])
+    @pytest.mark.parametrize(
+        ("label", "analyst"),
+        [
+            ("no such key", "nobody-here"),
+            ("empty", ""),
+            ("too long", "a" * 101),
+        ],
+    )
     def test_bad_grant(self, world: World, label: str, analyst: str) -> None:
         before = snapshot(world)
         response = world.admin.post(f"/v1/datasets/{world.dataset_id}/grants", json={"analyst": analyst})
@@ -396,12 +471,15 @@ class TestQueryAndGrantInput:
         assert snapshot(world) == before
         assert_field(problem, "analyst")
 
-    @pytest.mark.parametrize(("body", "field"), [
-        ({"name": "ok-name", "role": "superuser"}, "role"),
-        ({"name": "bad name!", "role": "viewer"}, "name"),
-        ({"name": "", "role": "viewer"}, "name"),
-        ({"role": "viewer"}, "name"),
-    ])
+    @pytest.mark.parametrize(
+        ("body", "field"),
+        [
+            ({"name": "ok-name", "role": "superuser"}, "role"),
+            ({"name": "bad name!", "role": "viewer"}, "name"),
+            ({"name": "", "role": "viewer"}, "name"),
+            ({"role": "viewer"}, "name"),
+        ],
+    )
     def test_bad_key(self, world: World, body: dict[str, Any], field: str) -> None:
         before = world.admin.get("/v1/keys").json()
         response = world.admin.post("/v1/keys", json=body)
@@ -423,6 +501,10 @@ class TestSnapshotIsSensitive:
         assert after.ledger[0] == before.ledger[0] + 2  # reserve + commit
         assert after.filters != before.filters
         assert after.requests == before.requests + 1
-        assert world.admin.post("/v1/keys", json={"name": f"k-{world.analyst_name}", "role": "viewer"}
-                                ).status_code == 201
+        assert (
+            world.admin.post(
+                "/v1/keys", json={"name": f"k-{world.analyst_name}", "role": "viewer"}
+            ).status_code
+            == 201
+        )
         assert snapshot(world).keys == after.keys + 1

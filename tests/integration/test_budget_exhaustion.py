@@ -51,8 +51,12 @@ class TestPureBudgetExhaustion:
         affordable = refused.json()["affordable"]
         assert affordable["parameter"] == "epsilon"
         assert 0.249 < affordable["value"] <= 0.25
-        assert world.request(world.analyst, {"query": {"kind": "count"},
-                                             "epsilon": affordable["value"]}).status_code == 200
+        assert (
+            world.request(
+                world.analyst, {"query": {"kind": "count"}, "epsilon": affordable["value"]}
+            ).status_code
+            == 200
+        )
 
     def test_budget_view_and_etag(self, live_server: LiveServer) -> None:
         world = make_world(live_server, {"epsilon": 1.0, "delta": 1e-6})

@@ -36,9 +36,7 @@ def test_a_claim_waits_for_an_abort_that_has_checked_the_lease(live_server: Live
             assert locked is not None
             assert locked[1].lease_owner is None
             claimer = threading.Thread(
-                target=lambda: claimed.append(
-                    worker.claim(sessions, request.id, "racing-worker", 60)
-                )
+                target=lambda: claimed.append(worker.claim(sessions, request.id, "racing-worker", 60))
             )
             claimer.start()
             claimer.join(1.0)

@@ -125,8 +125,22 @@ CLIENT_DIST = ROOT / "clients" / "python"
 # Top-level modules of the server and its dependencies: importing the client must load none of them. (Not
 # rich: httpx itself imports it for its command line when it happens to be installed.)
 SERVER_MODULES = (
-    "service", "mechanisms", "fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg",
-    "dramatiq", "redis", "limits", "typer", "structlog", "prometheus_client", "numpy", "scipy",
+    "service",
+    "mechanisms",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "sqlalchemy",
+    "alembic",
+    "psycopg",
+    "dramatiq",
+    "redis",
+    "limits",
+    "typer",
+    "structlog",
+    "prometheus_client",
+    "numpy",
+    "scipy",
 )
 
 
@@ -152,7 +166,9 @@ def client_only_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     python = venv / "bin" / "python"
     done = subprocess.run(
         [str(python), "-m", "pip", "install", "--quiet", str(source)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return python
@@ -199,9 +215,19 @@ def test_the_client_installs_alone_and_works_without_the_server_packages(
     """``pip install ./clients/python`` into a plain virtualenv brings httpx and pydantic (and their own
     dependencies) only; there the client submits, is refused, and polls against the live server."""
     done = subprocess.run(
-        [str(client_only_python), "-c", CLIENT_ONLY_SCRIPT, world.server.base_url, world.analyst_key,
-         world.dataset_id, json.dumps(SERVER_MODULES)],
-        capture_output=True, text=True, timeout=120, cwd=client_only_python.parent,
+        [
+            str(client_only_python),
+            "-c",
+            CLIENT_ONLY_SCRIPT,
+            world.server.base_url,
+            world.analyst_key,
+            world.dataset_id,
+            json.dumps(SERVER_MODULES),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=client_only_python.parent,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     seen = json.loads(done.stdout)
@@ -209,8 +235,21 @@ def test_the_client_installs_alone_and_works_without_the_server_packages(
     assert seen["importable"] == []  # not even installed
     assert seen["loaded"] == []
     httpx_and_pydantic_closure = {
-        "expost-client", "httpx", "httpcore", "h11", "anyio", "sniffio", "idna", "certifi", "pydantic",
-        "pydantic-core", "annotated-types", "typing-extensions", "typing-inspection", "pip", "setuptools",
+        "expost-client",
+        "httpx",
+        "httpcore",
+        "h11",
+        "anyio",
+        "sniffio",
+        "idna",
+        "certifi",
+        "pydantic",
+        "pydantic-core",
+        "annotated-types",
+        "typing-extensions",
+        "typing-inspection",
+        "pip",
+        "setuptools",
     }
     assert set(seen["installed"]) <= httpx_and_pydantic_closure, seen["installed"]
     assert (Path(seen["typed"]) / "py.typed").is_file()  # PEP 561: type checkers use its annotations
@@ -237,7 +276,10 @@ def test_type_checkers_see_the_installed_clients_types(tmp_path: Path) -> None:
     )
     done = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(user_code)],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -1159,8 +1201,13 @@ REPORT_SCHEMA: dict[str, Any] = {
     ],
     "neighboring": "add_remove",
 }
-REPORT_PARAMS = {"features": ["x1", "x2"], "label": "label", "regularization": 2.0, "sigma": 3.0,
-                 "max_rows": 1000}
+REPORT_PARAMS = {
+    "features": ["x1", "x2"],
+    "label": "label",
+    "regularization": 2.0,
+    "sigma": 3.0,
+    "max_rows": 1000,
+}
 RECORD = {"x1": 0.4, "x2": -0.2, "label": "yes"}
 
 

@@ -69,8 +69,9 @@ class Service:
     analysts: dict[str, str]  # name -> key
 
     def admin(self) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {self.admin_key}"},
-                            timeout=60)
+        return httpx.Client(
+            base_url=self.base_url, headers={"Authorization": f"Bearer {self.admin_key}"}, timeout=60
+        )
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return run_cli(self.env, self.workdir, *args)
@@ -121,11 +122,16 @@ def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 [EXPOST, "serve", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)],
-                env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env=env,
+                cwd=workdir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         wait_ready(proc, base_url, log_path, workers)
-        service = Service(backend, base_url, env, workdir, log_path, admin_key,
-                          {"race-analyst-0": analyst_key})
+        service = Service(
+            backend, base_url, env, workdir, log_path, admin_key, {"race-analyst-0": analyst_key}
+        )
         with service.admin() as admin:
             for i in range(1, 1 + EXTRA_ANALYSTS):
                 created = admin.post("/v1/keys", json={"name": f"race-analyst-{i}", "role": "analyst"})
@@ -163,8 +169,9 @@ async def _race_async(service: Service, dataset_id: str, body: dict[str, Any], n
     async def one(i: int) -> tuple[str, httpx.Response]:
         analyst = analysts[i % len(analysts)]
         headers = {"Authorization": f"Bearer {service.analysts[analyst]}"}
-        async with httpx.AsyncClient(base_url=service.base_url, timeout=120, headers=headers,
-                                     verify=TLS) as client:
+        async with httpx.AsyncClient(
+            base_url=service.base_url, timeout=120, headers=headers, verify=TLS
+        ) as client:
             await client.get("/healthz")  # open this client's connection before the start
             await barrier.wait()
             response = await client.post(f"/v1/datasets/{dataset_id}/requests", json=body)
@@ -229,8 +236,11 @@ def check_ledger(service: Service, dataset_id: str, admitted: int) -> None:
 
 
 def budget_of(service: Service, dataset_id: str, analyst: str | None = None) -> dict[str, Any]:
-    path = f"/v1/datasets/{dataset_id}/budget" if analyst is None else \
-        f"/v1/datasets/{dataset_id}/analysts/{analyst}/budget"
+    path = (
+        f"/v1/datasets/{dataset_id}/budget"
+        if analyst is None
+        else f"/v1/datasets/{dataset_id}/analysts/{analyst}/budget"
+    )
     with service.admin() as admin:
         response = admin.get(path)
     assert response.status_code == 200, response.text
@@ -289,8 +299,11 @@ def test_rdp_budget_race_admits_what_sequential_admission_admits(service: Servic
     assert 1 < expected < CLIENTS // 2
     offset = service.log_size()
 
-    result = race(service, dataset["id"], {"mechanism": "gaussian",
-                                           "params": {"query": {"kind": "count"}, "sigma": GAUSSIAN_SIGMA}})
+    result = race(
+        service,
+        dataset["id"],
+        {"mechanism": "gaussian", "params": {"query": {"kind": "count"}, "sigma": GAUSSIAN_SIGMA}},
+    )
 
     check_outcome(service, result, admitted=expected, log_offset=offset)
     for _, response in result.admitted():
@@ -304,8 +317,10 @@ def test_rdp_budget_race_admits_what_sequential_admission_admits(service: Servic
     assert view["pure"]["spent"] == "inf"  # the Gaussian has no pure bound
     assert_nothing_reserved(view)
     check_ledger(service, dataset["id"], admitted=expected)
-    print(f"\n[{service.backend}] RDP race: {dict(result.statuses)} (sequential rule: {expected}) "
-          f"in {result.seconds:.2f} s")
+    print(
+        f"\n[{service.backend}] RDP race: {dict(result.statuses)} (sequential rule: {expected}) "
+        f"in {result.seconds:.2f} s"
+    )
 
 
 class TestMixedTraffic:
@@ -318,14 +333,27 @@ class TestMixedTraffic:
         (PostgreSQL would report a deadlock as one) and the ledger rebuilds the filters exactly."""
         world = make_world(live_server, {"epsilon": 100.0, "delta": 1e-6})
         other_name, other = world.new_key(Role.analyst)
-        assert world.admin.post(f"/v1/datasets/{world.dataset_id}/grants",
-                                json={"analyst": other_name}).status_code == 201
+        assert (
+            world.admin.post(
+                f"/v1/datasets/{world.dataset_id}/grants", json={"analyst": other_name}
+            ).status_code
+            == 201
+        )
         keys = [key_of(world.analyst), key_of(other)]
         admin_key = key_of(world.admin)
         opened = [
-            world.analyst.post(f"/v1/datasets/{world.dataset_id}/sessions", json={
-                "mechanism": "above_threshold", "params": {
-                    "threshold": 150, "epsilon_threshold": 1.0, "max_query_epsilon": 0.5, "max_queries": 50}})
+            world.analyst.post(
+                f"/v1/datasets/{world.dataset_id}/sessions",
+                json={
+                    "mechanism": "above_threshold",
+                    "params": {
+                        "threshold": 150,
+                        "epsilon_threshold": 1.0,
+                        "max_query_epsilon": 0.5,
+                        "max_queries": 50,
+                    },
+                },
+            )
             for _ in range(3)
         ]
         sids = [o.json()["id"] for o in opened]
@@ -335,20 +363,31 @@ class TestMixedTraffic:
             if kind == 5:
                 with live_server.client(admin_key) as client:
                     scope = "budget" if i % 12 == 5 else f"analysts/{other_name}/budget"
-                    return client.put(f"/v1/datasets/{world.dataset_id}/{scope}",
-                                      json={"epsilon": 100.0 + i, "delta": 1e-6})
+                    return client.put(
+                        f"/v1/datasets/{world.dataset_id}/{scope}", json={"epsilon": 100.0 + i, "delta": 1e-6}
+                    )
             with live_server.client(keys[i % 2]) as client:
                 if kind in (0, 1):
                     mechanism = "gaussian" if kind else "laplace"
                     params = {"query": {"kind": "count"}, **({"sigma": 5.0} if kind else {"epsilon": 0.05})}
-                    return client.post(f"/v1/datasets/{world.dataset_id}/requests",
-                                       json={"mechanism": mechanism, "params": params})
+                    return client.post(
+                        f"/v1/datasets/{world.dataset_id}/requests",
+                        json={"mechanism": mechanism, "params": params},
+                    )
                 if kind == 2:
-                    return client.post(f"/v1/datasets/{world.dataset_id}/requests",
-                                       json={"mechanism": "above_threshold.batch", "params": {
-                                           "threshold": 150, "epsilon_threshold": 0.5,
-                                           "max_query_epsilon": 0.2, "max_queries": 3,
-                                           "queries": [BELOW, BELOW]}})
+                    return client.post(
+                        f"/v1/datasets/{world.dataset_id}/requests",
+                        json={
+                            "mechanism": "above_threshold.batch",
+                            "params": {
+                                "threshold": 150,
+                                "epsilon_threshold": 0.5,
+                                "max_query_epsilon": 0.2,
+                                "max_queries": 3,
+                                "queries": [BELOW, BELOW],
+                            },
+                        },
+                    )
                 if i % 2:  # the other analyst cannot see the sessions: 404, never a 5xx
                     return client.post(f"/v1/sessions/{sids[i % 3]}/queries", json={**BELOW, "epsilon": 0.1})
                 if kind == 3:

@@ -64,8 +64,10 @@ def compose_tool() -> str:
     """The docker-compose binary; a failure under CI=true, a skip with the reason elsewhere."""
     tool = shutil.which("docker-compose")
     if tool is None:
-        message = ("docker-compose is not installed, so docker-compose.yml cannot be validated: run "
-                   "`make compose-tools` as root (apt-get install docker-compose)")
+        message = (
+            "docker-compose is not installed, so docker-compose.yml cannot be validated: run "
+            "`make compose-tools` as root (apt-get install docker-compose)"
+        )
         if IN_CI:
             pytest.fail(message + " (CI=true: this check must run)", pytrace=False)
         pytest.skip(message)
@@ -74,8 +76,15 @@ def compose_tool() -> str:
 
 def test_the_compose_file_validates() -> None:
     tool = compose_tool()
-    done = subprocess.run([tool, "-f", str(COMPOSE), "config", "--quiet"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, check=False, env={**os.environ, "POSTGRES_PASSWORD": "x"})
+    done = subprocess.run(
+        [tool, "-f", str(COMPOSE), "config", "--quiet"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "POSTGRES_PASSWORD": "x"},
+    )
     assert done.returncode == 0, done.stderr + done.stdout
 
 
@@ -83,12 +92,20 @@ def test_the_validator_rejects_a_broken_compose_file(tmp_path: Path) -> None:
     """`docker-compose config` really checks (an unknown key, a dependency on a missing service)."""
     tool = compose_tool()
     missing_dependency = {"depends_on": {"db": {"condition": "service_healthy"}}}
-    for broken in ({"services": {"api": {"image": "x", "bogus": 1}}},
-                   {"services": {"api": {"image": "x", **missing_dependency}}}):
+    for broken in (
+        {"services": {"api": {"image": "x", "bogus": 1}}},
+        {"services": {"api": {"image": "x", **missing_dependency}}},
+    ):
         path = tmp_path / "docker-compose.yml"
         path.write_text(yaml.safe_dump(broken))
-        done = subprocess.run([tool, "-f", str(path), "config", "--quiet"], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=120, check=False)
+        done = subprocess.run(
+            [tool, "-f", str(path), "config", "--quiet"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert done.returncode != 0, broken
 
 
@@ -121,8 +138,11 @@ def test_the_compose_file_has_postgres_api_worker_and_a_data_volume() -> None:
     declared = set(config.get("volumes") or {})
     data_dir = api_env["EXPOST_DATA_DIR"]
     mounted = named_volumes(api)
-    data_volumes = [name for name, target in mounted.items()
-                    if data_dir == target or data_dir.startswith(target.rstrip("/") + "/")]
+    data_volumes = [
+        name
+        for name, target in mounted.items()
+        if data_dir == target or data_dir.startswith(target.rstrip("/") + "/")
+    ]
     assert data_volumes, f"no named volume holds the data directory {data_dir}: {mounted}"
     assert set(data_volumes) <= declared
     assert worker_env["EXPOST_DATA_DIR"] == data_dir
@@ -250,23 +270,28 @@ def test_the_image_commands_are_the_documented_ones() -> None:
 
 def test_the_image_commands_exist_in_the_cli() -> None:
     for words in expost_commands():
-        done = subprocess.run([EXPOST, words[1], "--help"], capture_output=True, text=True, timeout=120,
-                              check=False)
+        done = subprocess.run(
+            [EXPOST, words[1], "--help"], capture_output=True, text=True, timeout=120, check=False
+        )
         assert done.returncode == 0, done.stderr
         for option in words[2::2]:
             assert option in done.stdout, f"`expost {words[1]}` has no {option} option"
     worker = compose()["services"]["worker"]["command"]
     worker_words = worker if isinstance(worker, list) else shlex.split(worker)
-    done = subprocess.run([EXPOST, *worker_words[1:], "--help"], capture_output=True, text=True, timeout=120,
-                          check=False)
+    done = subprocess.run(
+        [EXPOST, *worker_words[1:], "--help"], capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr
 
 
 def test_every_setting_is_documented_with_its_default() -> None:
     from service.config import Settings
 
-    rows = {line.split("|")[1].strip().strip("`"): line for line in OPERATIONS.read_text().splitlines()
-            if line.startswith("| `EXPOST_")}
+    rows = {
+        line.split("|")[1].strip().strip("`"): line
+        for line in OPERATIONS.read_text().splitlines()
+        if line.startswith("| `EXPOST_")
+    }
     for name, info in Settings.model_fields.items():
         variable = f"EXPOST_{name.upper()}"
         assert variable in rows, f"docs/operations.md does not document {variable}"

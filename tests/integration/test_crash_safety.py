@@ -189,15 +189,23 @@ def test_kill_9_of_a_worker_mid_run_charges_its_worst_case_once(database: str, t
         assert survivor.alive()
 
 
-async def burst(base: str, key: str, dataset_id: str, total: int, concurrency: int,
-                mechanisms: list[str], stop: threading.Event | None = None) -> Counter[str]:
+async def burst(
+    base: str,
+    key: str,
+    dataset_id: str,
+    total: int,
+    concurrency: int,
+    mechanisms: list[str],
+    stop: threading.Event | None = None,
+) -> Counter[str]:
     """``total`` requests with ``concurrency`` in flight; returns status codes and transport errors."""
     seen: Counter[str] = Counter()
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(total):
         queue.put_nowait(i)
-    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {key}"},
-                                 timeout=httpx.Timeout(15.0)) as client:
+    async with httpx.AsyncClient(
+        base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=httpx.Timeout(15.0)
+    ) as client:
 
         async def one() -> None:
             while not queue.empty() and not (stop is not None and stop.is_set()):
@@ -216,15 +224,26 @@ async def burst(base: str, key: str, dataset_id: str, total: int, concurrency: i
 
 
 def test_kill_9_of_the_api_during_a_burst_loses_no_charge(database: str, tmp_path: Path) -> None:
-    with cluster(tmp_path, database, lease_seconds="2", inline_mechanisms='["laplace"]',
-                 test_sleep="0.2") as c:
+    with cluster(
+        tmp_path, database, lease_seconds="2", inline_mechanisms='["laplace"]', test_sleep="0.2"
+    ) as c:
         api, base, _ = c.start(workers=1, threads=2)  # the worker's reaper settles what the API left
         world = c.setup_world(base)
         seen: Counter[str] = Counter()
 
         def run() -> None:
-            seen.update(asyncio.run(burst(base, world.analyst_key, world.dataset_id, 400, 24,
-                                          ["laplace", "laplace", "laplace", "test.sleepy_count"])))
+            seen.update(
+                asyncio.run(
+                    burst(
+                        base,
+                        world.analyst_key,
+                        world.dataset_id,
+                        400,
+                        24,
+                        ["laplace", "laplace", "laplace", "test.sleepy_count"],
+                    )
+                )
+            )
 
         thread = threading.Thread(target=run)
         thread.start()
@@ -259,16 +278,36 @@ def wait_for_commits(c: Cluster, dataset_ids: list[str], at_least: int, timeout:
 
 @pytest.mark.postgres
 def test_a_postgres_restart_during_a_burst_loses_no_charge(tmp_path: Path) -> None:
-    with private_postgres() as pg, cluster(tmp_path, pg.url, lease_seconds="3", pool_size="4",
-                                            inline_mechanisms='["laplace"]', test_busy="0.02") as c:
+    with (
+        private_postgres() as pg,
+        cluster(
+            tmp_path,
+            pg.url,
+            lease_seconds="3",
+            pool_size="4",
+            inline_mechanisms='["laplace"]',
+            test_busy="0.02",
+        ) as c,
+    ):
         _, base, _ = c.start(workers=1, threads=2)
         world = c.setup_world(base)
         stop = threading.Event()
         seen: Counter[str] = Counter()
 
         def run() -> None:
-            seen.update(asyncio.run(burst(base, world.analyst_key, world.dataset_id, 100_000, 8,
-                                          ["laplace", "laplace", "test.busy_count"], stop)))
+            seen.update(
+                asyncio.run(
+                    burst(
+                        base,
+                        world.analyst_key,
+                        world.dataset_id,
+                        100_000,
+                        8,
+                        ["laplace", "laplace", "test.busy_count"],
+                        stop,
+                    )
+                )
+            )
 
         thread = threading.Thread(target=run)
         thread.start()

@@ -42,8 +42,10 @@ class TestMetadataRevealsNoRow:
         known = [secrets.randbelow(1001) for _ in range(30)]
         prefix = b"income\n" + b"".join(f"{v}\n".encode() for v in known)
         hidden = secrets.randbelow(1001)
-        schema = {"columns": [{"name": "income", "type": "int", "min": 0, "max": 1000}],
-                  "neighboring": "add_remove"}
+        schema = {
+            "columns": [{"name": "income", "type": "int", "min": 0, "max": 1000}],
+            "neighboring": "add_remove",
+        }
         dataset_id = add_dataset(world, prefix + f"{hidden}\n".encode(), schema, BIG)
         published = world.analyst.get(f"/v1/datasets/{dataset_id}").json()["content_sha256"]
         recovered = next(

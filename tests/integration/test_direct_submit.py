@@ -98,8 +98,12 @@ def _cases() -> list[tuple[str, dict[str, Any], str | None, int]]:
     return [
         ("Idempotency-Key too long", {"json": COUNT, "headers": {KEY: "k" * 201}}, "headers", 422),
         ("empty Idempotency-Key", {"json": COUNT, "headers": {KEY: ""}}, "headers", 422),
-        ("Idempotency-Key not ASCII", {"json": COUNT, "headers": {KEY: "k\xe9".encode("latin-1")}}, "headers",
-         422),
+        (
+            "Idempotency-Key not ASCII",
+            {"json": COUNT, "headers": {KEY: "k\xe9".encode("latin-1")}},
+            "headers",
+            422,
+        ),
         ("Prefer too long", {"json": COUNT, "headers": {"Prefer": "async;" + "x" * 200}}, "headers", 422),
         ("text body", {"content": body, "headers": {"content-type": "text/plain"}}, None, 422),
         ("form body", {"data": {"mechanism": "laplace"}}, None, 422),
@@ -110,8 +114,12 @@ def _cases() -> list[tuple[str, dict[str, Any], str | None, int]]:
         ("not UTF-8", {"content": b'{"mechanism": "\xff"}', "headers": JSON}, "body", 422),
         ("nested too deeply", {"content": "[" * 100_000 + "]" * 100_000, "headers": JSON}, None, 422),
         ("nested within the bound", {"content": "[" * 500 + "]" * 500, "headers": JSON}, "body", 422),
-        ("an integer of 5000 digits", {"content": '{"mechanism": ' + "9" * 5000 + "}", "headers": JSON},
-         None, 422),
+        (
+            "an integer of 5000 digits",
+            {"content": '{"mechanism": ' + "9" * 5000 + "}", "headers": JSON},
+            None,
+            422,
+        ),
         ("JSON array", {"json": [COUNT]}, "body", 422),
         ("no mechanism", {"json": {"params": COUNT["params"]}}, "body", 422),
         ("an extra member", {"json": {**COUNT, "priority": 1}}, "body", 422),
@@ -148,13 +156,17 @@ def test_what_the_direct_route_does_not_serve_gets_the_fastapi_routes_answer(
     _, admin_key = live_server.create_key(Role.admin)
     _, viewer_key = live_server.create_key(Role.viewer)
     for what, credentials, status in (
-        ("no key", None, 401), ("unknown key", "xp_unknown", 401), ("admin", admin_key, 403),
+        ("no key", None, 401),
+        ("unknown key", "xp_unknown", 401),
+        ("admin", admin_key, 403),
         ("viewer", viewer_key, 403),
     ):
         for body, expected in ((json.dumps(COUNT), status), ("{", 422), ('{"mechanism": 1}', status)):
             # FastAPI decodes the body before it authenticates, and validates it after
-            answers = [_problem(server.client(credentials).post(url, content=body, headers=JSON))
-                       for server in (live_server, fastapi_only)]
+            answers = [
+                _problem(server.client(credentials).post(url, content=body, headers=JSON))
+                for server in (live_server, fastapi_only)
+            ]
             assert answers[0] == answers[1], (what, body)
             assert answers[0][0] == expected, (what, body, answers[0])
     unknown = "/v1/datasets/ds_unknown/requests"
@@ -170,18 +182,26 @@ def test_a_mounted_app_hands_what_it_declines_to_its_own_router(live_server: Liv
     reach this app's FastAPI route (not the outer router, which would answer 404)."""
     world = make_world(live_server)
     path = f"/api/v1/datasets/{world.dataset_id}/requests"
-    declined_ones = [{"json": COUNT, "headers": {KEY: "k" * 201}}, {"content": "{", "headers": JSON},
-                     {"json": {**COUNT, "priority": 1}}]
+    declined_ones = [
+        {"json": COUNT, "headers": {KEY: "k" * 201}},
+        {"content": "{", "headers": JSON},
+        {"json": {**COUNT, "priority": 1}},
+    ]
 
     async def answers(direct_submit: bool) -> list[tuple[int, str, Any]]:
-        inner = create_app(live_server.settings.model_copy(
-            update={"direct_submit": direct_submit, "queue_name": f"t{uuid.uuid4().hex[:12]}"}
-        ))
+        inner = create_app(
+            live_server.settings.model_copy(
+                update={"direct_submit": direct_submit, "queue_name": f"t{uuid.uuid4().hex[:12]}"}
+            )
+        )
         outer = Starlette(routes=[Mount("/api", app=inner)])
         transport = httpx.ASGITransport(app=outer)
-        async with inner.router.lifespan_context(inner), httpx.AsyncClient(
-            transport=transport, base_url="http://test", headers=world.analyst.headers
-        ) as client:
+        async with (
+            inner.router.lifespan_context(inner),
+            httpx.AsyncClient(
+                transport=transport, base_url="http://test", headers=world.analyst.headers
+            ) as client,
+        ):
             served = await client.post(path, json=COUNT)
             assert served.status_code == 200, served.text
             return [_problem(await client.post(path, **arguments)) for arguments in declined_ones]

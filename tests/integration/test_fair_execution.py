@@ -117,7 +117,11 @@ def test_cancel_a_queued_request_charges_nothing_and_a_running_one_its_worst_cas
     database_url: str, tmp_path: Path, gated: GatedCount
 ) -> None:
     settings = server_settings(
-        database_url, tmp_path, worker_threads=1, wait_seconds=0.2, heartbeat_seconds=0.05,
+        database_url,
+        tmp_path,
+        worker_threads=1,
+        wait_seconds=0.2,
+        heartbeat_seconds=0.05,
         inline_mechanisms={"laplace"},
     )
     with running_server(settings) as server:
@@ -217,8 +221,13 @@ def test_per_analyst_limits_answer_429_naming_the_limit(
     database_url: str, tmp_path: Path, gated: GatedCount
 ) -> None:
     settings = server_settings(
-        database_url, tmp_path, worker_threads=2, wait_seconds=0.2, inline_mechanisms={"laplace"},
-        max_running_requests_per_analyst=3, max_open_sessions_per_analyst=5,
+        database_url,
+        tmp_path,
+        worker_threads=2,
+        wait_seconds=0.2,
+        inline_mechanisms={"laplace"},
+        max_running_requests_per_analyst=3,
+        max_open_sessions_per_analyst=5,
     )
     with running_server(settings) as server:
         world = make_world(server, {"epsilon": 10.0, "delta": 0.0})
@@ -226,8 +235,12 @@ def test_per_analyst_limits_answer_429_naming_the_limit(
         defaults = world.analyst.get(path)  # an analyst sees its own limits
         assert defaults.status_code == 200, defaults.text
         assert defaults.json() == {
-            "analyst": world.analyst_name, "max_running_requests": 3, "max_open_sessions": 5,
-            "running_requests": 0, "open_sessions": 0, "custom": False,
+            "analyst": world.analyst_name,
+            "max_running_requests": 3,
+            "max_open_sessions": 5,
+            "running_requests": 0,
+            "open_sessions": 0,
+            "custom": False,
         }
         other_name, other = world.new_key(Role.analyst)
         assert_problem(other.get(path), 403)
@@ -250,13 +263,21 @@ def test_per_analyst_limits_answer_429_naming_the_limit(
         assert granted.status_code == 201
         assert world.request(other, COUNT, mechanism=gated.name).status_code == 202  # per analyst
 
-        session_params = {"threshold": 100, "epsilon_threshold": 0.1, "max_query_epsilon": 0.1,
-                          "max_queries": 2}
-        opened = world.analyst.post(f"/v1/datasets/{world.dataset_id}/sessions",
-                                    json={"mechanism": "above_threshold", "params": session_params})
+        session_params = {
+            "threshold": 100,
+            "epsilon_threshold": 0.1,
+            "max_query_epsilon": 0.1,
+            "max_queries": 2,
+        }
+        opened = world.analyst.post(
+            f"/v1/datasets/{world.dataset_id}/sessions",
+            json={"mechanism": "above_threshold", "params": session_params},
+        )
         assert opened.status_code == 201, opened.text
-        second = world.analyst.post(f"/v1/datasets/{world.dataset_id}/sessions",
-                                    json={"mechanism": "above_threshold", "params": session_params})
+        second = world.analyst.post(
+            f"/v1/datasets/{world.dataset_id}/sessions",
+            json={"mechanism": "above_threshold", "params": session_params},
+        )
         body = assert_problem(second, 429, "/problems/limit-exceeded")
         assert (body["limit"], body["max"]) == ("max_open_sessions", 1)
         in_use = world.admin.get(path).json()
@@ -320,7 +341,9 @@ def test_the_client_and_the_cli_cancel(database_url: str, tmp_path: Path, gated:
             with pytest.raises(LimitExceededError) as refused:
                 client.submit(world.dataset_id, gated.name, COUNT, wait=False)
             assert (refused.value.status, refused.value.limit, refused.value.maximum) == (
-                429, "max_running_requests", 1,
+                429,
+                "max_running_requests",
+                1,
             )
             gated.gate.set()
         with db_session(database_url) as session:

@@ -70,8 +70,15 @@ def make_cluster(workdir: Path, database_url: str, executor: str, **settings: st
     if executor == "queue":
         require_redis()
     made = Cluster.create(
-        workdir, database_url, executor=executor, test_step=str(STEP), worker_threads=str(WORKERS),
-        wait_seconds="0", poll_seconds="0.5", heartbeat_seconds="0.2", **settings,
+        workdir,
+        database_url,
+        executor=executor,
+        test_step=str(STEP),
+        worker_threads=str(WORKERS),
+        wait_seconds="0",
+        poll_seconds="0.5",
+        heartbeat_seconds="0.2",
+        **settings,
     )
     try:
         yield made
@@ -101,8 +108,9 @@ def second_analyst(c: Cluster, base: str, world: World) -> httpx.Client:
 
 def submit(client: httpx.Client, dataset_id: str, steps: int) -> str:
     params = {"query": {"kind": "count"}, "epsilon": 0.01, "steps": steps}
-    response = client.post(f"/v1/datasets/{dataset_id}/requests",
-                           json={"mechanism": "test.steps_count", "params": params})
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/requests", json={"mechanism": "test.steps_count", "params": params}
+    )
     assert response.status_code == 202, response.text
     assert response.headers["Retry-After"].isdigit()
     rid: str = response.json()["id"]
@@ -166,8 +174,10 @@ def test_a_flood_from_one_analyst_does_not_starve_another(
             assert body["release"] is not None, body
             found = rows(c.database_url, [ds])
             waited = (found[short].started_at - found[short].created_at).total_seconds()  # type: ignore[operator]
-            print(f"\n[{executor}] B's short run: queue wait {waited:.2f} s, answered in {answered:.2f} s "
-                  f"(bound {QUEUE_WAIT_BOUND:.1f} s; FIFO would wait ~{len(flood) // WORKERS} runs)")
+            print(
+                f"\n[{executor}] B's short run: queue wait {waited:.2f} s, answered in {answered:.2f} s "
+                f"(bound {QUEUE_WAIT_BOUND:.1f} s; FIFO would wait ~{len(flood) // WORKERS} runs)"
+            )
             assert waited <= QUEUE_WAIT_BOUND, waited
             assert sum(found[rid].state == "committed" for rid in flood) <= WORKERS  # B overtook the flood
 

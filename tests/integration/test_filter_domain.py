@@ -38,8 +38,9 @@ def reserved_pure(sessions: sessionmaker[Session], dataset_id: str) -> tuple[int
 def admitted(sessions: sessionmaker[Session], setup: tuple[str, Principal]) -> settlement.RequestRef:
     dataset_id, principal = setup
     with sessions() as session:
-        validated = admission.validate(session, principal, dataset_id, "laplace",
-                                      {"query": {"kind": "count"}, "epsilon": 0.3})
+        validated = admission.validate(
+            session, principal, dataset_id, "laplace", {"query": {"kind": "count"}, "epsilon": 0.3}
+        )
     with sessions() as session:
         request, created = admission.admit(session, principal, validated, None, 300.0)
     assert created
@@ -87,13 +88,15 @@ class TestTransitions:
         assert reserved_pure(sessions, setup[0]) == (0, 300_000_000_000)
         assert verified(sessions) == []
 
-    def test_an_infinite_reservation_is_released_bit_for_bit(self, sessions: sessionmaker[Session],
-                                                             tmp_path: Path) -> None:
+    def test_an_infinite_reservation_is_released_bit_for_bit(
+        self, sessions: sessionmaker[Session], tmp_path: Path
+    ) -> None:
         """A Gaussian (pure slot +∞) reserved and aborted leaves the totals exactly as before."""
         dataset_id, (analyst,) = world_in_db(sessions, tmp_path, epsilon=1.0, delta=1e-6)
         with sessions() as session:
-            validated = admission.validate(session, analyst, dataset_id, "gaussian",
-                                          {"query": {"kind": "count"}, "sigma": 10.0})
+            validated = admission.validate(
+                session, analyst, dataset_id, "gaussian", {"query": {"kind": "count"}, "sigma": 10.0}
+            )
             before = FilterRepository(session).get(dataset_id)
             assert before is not None
             spent, reserved = dict(before.spent), dict(before.reserved)

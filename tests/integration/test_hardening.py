@@ -65,8 +65,16 @@ def written(world: World) -> Written:
             return tuple(session.execute(select(func.count(), *columns).select_from(model)).one())
 
         filters = tuple(
-            (f.dataset_id, f.scope, f.epsilon, f.delta, json.dumps(f.capacity), json.dumps(f.spent),
-             json.dumps(f.reserved), f.last_seq)
+            (
+                f.dataset_id,
+                f.scope,
+                f.epsilon,
+                f.delta,
+                json.dumps(f.capacity),
+                json.dumps(f.spent),
+                json.dumps(f.reserved),
+                f.last_seq,
+            )
             for f in session.scalars(select(PrivacyFilter).order_by(PrivacyFilter.id))
         )
         rows = (
@@ -100,8 +108,9 @@ def world(live_server: LiveServer) -> World:
 
 
 def upload(world: World, csv: bytes, schema: str) -> httpx.Response:
-    return world.admin.post("/v1/datasets", files={"file": ("d.csv", csv, "text/csv")},
-                            data={"schema": schema, "name": "hostile"})
+    return world.admin.post(
+        "/v1/datasets", files={"file": ("d.csv", csv, "text/csv")}, data={"schema": schema, "name": "hostile"}
+    )
 
 
 # ----- JSON that the decoder cannot take ------------------------------------------------------------------
@@ -130,13 +139,23 @@ def json_operations(world: World) -> list[tuple[str, str]]:
 
 
 class TestUndecodableJson:
-    @pytest.mark.parametrize(("label", "schema", "word"), [
-        ("nested too deeply", "[" * DEEP + "]" * DEEP, "nested"),
-        ("nested objects too deeply", '{"columns": ' + '{"a": ' * DEEP + "1" + "}" * DEEP + "}", "nested"),
-        ("an integer of 5000 digits",
-         '{"columns": [{"name": "age", "type": "int", "min": 0, "max": ' + "9" * DIGITS + "}], "
-         '"neighboring": "replace_one"}', "digits"),
-    ])
+    @pytest.mark.parametrize(
+        ("label", "schema", "word"),
+        [
+            ("nested too deeply", "[" * DEEP + "]" * DEEP, "nested"),
+            (
+                "nested objects too deeply",
+                '{"columns": ' + '{"a": ' * DEEP + "1" + "}" * DEEP + "}",
+                "nested",
+            ),
+            (
+                "an integer of 5000 digits",
+                '{"columns": [{"name": "age", "type": "int", "min": 0, "max": ' + "9" * DIGITS + "}], "
+                '"neighboring": "replace_one"}',
+                "digits",
+            ),
+        ],
+    )
     def test_a_schema_upload_json_decodes_or_names_the_schema(
         self, world: World, label: str, schema: str, word: str
     ) -> None:
@@ -158,14 +177,25 @@ class TestUndecodableJson:
     ) -> None:
         opened = world.analyst.post(
             f"/v1/datasets/{world.dataset_id}/sessions",
-            json={"mechanism": "above_threshold", "params": {
-                "threshold": 10**9, "epsilon_threshold": 0.01, "max_query_epsilon": 0.01, "max_queries": 5}},
+            json={
+                "mechanism": "above_threshold",
+                "params": {
+                    "threshold": 10**9,
+                    "epsilon_threshold": 0.01,
+                    "max_query_epsilon": 0.01,
+                    "max_queries": 5,
+                },
+            },
         )
         assert opened.status_code == 201, opened.text
         released = world.request(world.analyst, COUNT)
         assert released.status_code == 200, released.text
-        ids = {"{dataset_id}": world.dataset_id, "{analyst}": world.analyst_name,
-               "{session_id}": opened.json()["id"], "{request_id}": released.json()["id"]}
+        ids = {
+            "{dataset_id}": world.dataset_id,
+            "{analyst}": world.analyst_name,
+            "{session_id}": opened.json()["id"],
+            "{request_id}": released.json()["id"],
+        }
         operations = json_operations(world)
         assert ("PUT", "/v1/datasets/{dataset_id}/budget") in operations
         assert ("POST", "/v1/datasets/{dataset_id}/requests") in operations
@@ -176,8 +206,9 @@ class TestUndecodableJson:
                 path = path.replace(name, value)
             for client in (world.admin, world.analyst):
                 before = written(world)
-                response = client.request(method, path, content=body,
-                                          headers={"Content-Type": "application/json"})
+                response = client.request(
+                    method, path, content=body, headers={"Content-Type": "application/json"}
+                )
                 problem = assert_problem(response, 422, INVALID)
                 assert_names(problem, "body", word)
                 assert written(world) == before, (method, template)
@@ -191,16 +222,23 @@ STRICT_BUDGETS: list[tuple[str, dict[str, Any], str]] = [
     ("delta a numeric string", {"epsilon": 1.0, "delta": "0"}, "delta"),
     ("delta a boolean", {"epsilon": 1.0, "delta": False}, "delta"),
     ("delta_share a numeric string", {"epsilon": 1.0, "delta": 1e-6, "delta_share": "1e-7"}, "delta_share"),
-    ("confirm_below_spent a string", {"epsilon": 1.0, "delta": 0, "confirm_below_spent": "true"},
-     "confirm_below_spent"),
-    ("confirm_below_spent a number", {"epsilon": 1.0, "delta": 0, "confirm_below_spent": 1},
-     "confirm_below_spent"),
+    (
+        "confirm_below_spent a string",
+        {"epsilon": 1.0, "delta": 0, "confirm_below_spent": "true"},
+        "confirm_below_spent",
+    ),
+    (
+        "confirm_below_spent a number",
+        {"epsilon": 1.0, "delta": 0, "confirm_below_spent": 1},
+        "confirm_below_spent",
+    ),
 ]
 
 
 def budget_path(world: World, scope: str) -> str:
     return f"/v1/datasets/{world.dataset_id}" + (
-        "/budget" if scope == "dataset" else f"/analysts/{world.analyst_name}/budget")
+        "/budget" if scope == "dataset" else f"/analysts/{world.analyst_name}/budget"
+    )
 
 
 class TestBudgetInput:
@@ -275,15 +313,32 @@ class TestIdempotencyKey:
     def test_a_bad_key_is_named(self, world: World, label: str, key: bytes) -> None:
         opened = world.analyst.post(
             f"/v1/datasets/{world.dataset_id}/sessions",
-            json={"mechanism": "above_threshold", "params": {
-                "threshold": 10**9, "epsilon_threshold": 0.01, "max_query_epsilon": 0.01, "max_queries": 5}},
+            json={
+                "mechanism": "above_threshold",
+                "params": {
+                    "threshold": 10**9,
+                    "epsilon_threshold": 0.01,
+                    "max_query_epsilon": 0.01,
+                    "max_queries": 5,
+                },
+            },
         )
         assert opened.status_code == 201, opened.text
         session_id = opened.json()["id"]
         calls: list[tuple[str, dict[str, Any] | None]] = [
             (f"/v1/datasets/{world.dataset_id}/requests", {"mechanism": "laplace", "params": COUNT}),
-            (f"/v1/datasets/{world.dataset_id}/sessions", {"mechanism": "above_threshold", "params": {
-                "threshold": 10**9, "epsilon_threshold": 0.01, "max_query_epsilon": 0.01, "max_queries": 5}}),
+            (
+                f"/v1/datasets/{world.dataset_id}/sessions",
+                {
+                    "mechanism": "above_threshold",
+                    "params": {
+                        "threshold": 10**9,
+                        "epsilon_threshold": 0.01,
+                        "max_query_epsilon": 0.01,
+                        "max_queries": 5,
+                    },
+                },
+            ),
             (f"/v1/sessions/{session_id}/queries", {"query": {"kind": "count"}, "epsilon": 0.01}),
         ]
         for path, body in calls:
@@ -333,17 +388,34 @@ ECHO_CASES: list[tuple[str, bytes, dict[str, Any], str]] = [
     ("not a number", CSV.replace(ROW, b"\n" + long_cell("x") + b",", 1), SCHEMA, "age"),
     ("not a finite number", CSV.replace(ROW, b"\n" + long_cell(" ") + b"inf,", 1), SCHEMA, "age"),
     ("not a declared value", CSV.replace(b",east\n", b"," + long_cell("y") + b"\n", 1), SCHEMA, "region"),
-    ("not an integer", CSV.replace(ROW, b"\n21." + long_cell("5") + b",", 1),
-     {**SCHEMA, "columns": [{"name": "age", "type": "int", "min": 18, "max": 90}, *SCHEMA["columns"][1:]]},
-     "age"),
-    ("a column not in the schema", b"age,income,region," + long_cell("z") + b"\n30,1000,north,1\n", SCHEMA,
-     "schema"),
-    ("duplicate columns",
-     b"age,income,region," + long_cell("d") + b"," + long_cell("d") + b"\n1,2,north,3,4\n", SCHEMA,
-     "duplicate"),
-    ("many columns not in the schema",
-     b"age,income,region," + b",".join(b"c%d" % i for i in range(LONG)) + b"\n30,1000,north" + b",1" * LONG
-     + b"\n", SCHEMA, "more"),
+    (
+        "not an integer",
+        CSV.replace(ROW, b"\n21." + long_cell("5") + b",", 1),
+        {**SCHEMA, "columns": [{"name": "age", "type": "int", "min": 18, "max": 90}, *SCHEMA["columns"][1:]]},
+        "age",
+    ),
+    (
+        "a column not in the schema",
+        b"age,income,region," + long_cell("z") + b"\n30,1000,north,1\n",
+        SCHEMA,
+        "schema",
+    ),
+    (
+        "duplicate columns",
+        b"age,income,region," + long_cell("d") + b"," + long_cell("d") + b"\n1,2,north,3,4\n",
+        SCHEMA,
+        "duplicate",
+    ),
+    (
+        "many columns not in the schema",
+        b"age,income,region,"
+        + b",".join(b"c%d" % i for i in range(LONG))
+        + b"\n30,1000,north"
+        + b",1" * LONG
+        + b"\n",
+        SCHEMA,
+        "more",
+    ),
 ]
 
 
@@ -378,8 +450,11 @@ class TestLedgerViews:
         request_id = released.json()["id"]
 
         def reserve_entry(client: httpx.Client) -> dict[str, Any]:
-            [entry] = [e for e in ledger_items(client, world.dataset_id)
-                       if e["event"] == "reserve" and e["request_id"] == request_id]
+            [entry] = [
+                e
+                for e in ledger_items(client, world.dataset_id)
+                if e["event"] == "reserve" and e["request_id"] == request_id
+            ]
             return entry
 
         _, stranger = world.new_key(Role.analyst)

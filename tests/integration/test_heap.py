@@ -53,7 +53,14 @@ def test_the_runtimes_of_stopped_apps_are_freed_in_a_frozen_process() -> None:
     """Several apps started and stopped in one fresh process (as in tests): the first one froze the heap,
     and still none of their runtimes (engines, caches, threads) outlives its app."""
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", STOPPED_APPS_SCRIPT], cwd=root, capture_output=True,
-                          text=True, timeout=120, check=False, env={**os.environ, "PYTHONPATH": str(root)})
+    done = subprocess.run(
+        [sys.executable, "-c", STOPPED_APPS_SCRIPT],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[-2] == "True [True, True, True]", done.stdout[-500:]

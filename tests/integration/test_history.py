@@ -39,8 +39,12 @@ COUNT = {"query": {"kind": "count"}, "epsilon": 0.01}
 # never halts (the threshold is far above any count of the data) and never fills up
 SESSION = {"threshold": 10**9, "epsilon_threshold": 0.01, "max_query_epsilon": 0.01, "max_queries": 100}
 LONG = {  # runs for far longer than the test takes to cancel it
-    "features": ["age", "tenure"], "label": "churn", "steps": 10000, "clip": 1.0,
-    "target_epsilon": 2.0, "target_delta": 1e-6,
+    "features": ["age", "tenure"],
+    "label": "churn",
+    "steps": 10000,
+    "clip": 1.0,
+    "target_epsilon": 2.0,
+    "target_delta": 1e-6,
 }
 
 
@@ -67,8 +71,9 @@ def submitted(world: World, client: httpx.Client, dataset_id: str) -> str:
 
 
 def opened(client: httpx.Client, dataset_id: str) -> str:
-    response = client.post(f"/v1/datasets/{dataset_id}/sessions",
-                           json={"mechanism": "above_threshold", "params": SESSION})
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/sessions", json={"mechanism": "above_threshold", "params": SESSION}
+    )
     assert response.status_code == 201, response.text
     return str(response.json()["id"])
 
@@ -76,15 +81,19 @@ def opened(client: httpx.Client, dataset_id: str) -> str:
 @pytest.fixture(scope="module")
 def history(live_server: LiveServer) -> History:
     world = make_world(live_server, BIG)
-    second = add_dataset(world, demo_learning_csv(rows=2000), DEMO_LEARNING_SCHEMA,
-                         {"epsilon": 50.0, "delta": 1e-6})
+    second = add_dataset(
+        world, demo_learning_csv(rows=2000), DEMO_LEARNING_SCHEMA, {"epsilon": 50.0, "delta": 1e-6}
+    )
     other_name, other = world.new_key(Role.analyst)
     granted = world.admin.post(f"/v1/datasets/{world.dataset_id}/grants", json={"analyst": other_name})
     assert granted.status_code == 201, granted.text
     mine = [submitted(world, world.analyst, world.dataset_id) for _ in range(5)]
     mine += [submitted(world, world.analyst, second) for _ in range(2)]
-    long = world.analyst.post(f"/v1/datasets/{second}/requests", json={"mechanism": "dp_gd", "params": LONG},
-                              headers={"Prefer": "respond-async"})
+    long = world.analyst.post(
+        f"/v1/datasets/{second}/requests",
+        json={"mechanism": "dp_gd", "params": LONG},
+        headers={"Prefer": "respond-async"},
+    )
     assert long.status_code == 202, long.text
     cancelled = world.analyst.post(f"/v1/requests/{long.json()['id']}/cancel")
     assert cancelled.status_code == 200, cancelled.text
@@ -97,10 +106,14 @@ def history(live_server: LiveServer) -> History:
     assert closed.status_code == 200, closed.text
     their_sessions = [opened(other, world.dataset_id)]
     return History(
-        world, other, other_name, second,
+        world,
+        other,
+        other_name,
+        second,
         {world.analyst_name: mine, other_name: theirs},
         {world.analyst_name: my_sessions, other_name: their_sessions},
-        cancelled.json()["id"], my_sessions[0],
+        cancelled.json()["id"],
+        my_sessions[0],
     )
 
 
@@ -213,15 +226,19 @@ def test_walking_the_pages_yields_every_item_once(history: History, limit: int) 
 def test_items_created_at_the_same_instant_are_paged_by_id(live_server: LiveServer, history: History) -> None:
     """The cursor is (created_at, id): ties on the timestamp neither repeat nor skip an item."""
     name, client = history.world.new_key(Role.analyst)
-    granted = history.world.admin.post(f"/v1/datasets/{history.world.dataset_id}/grants",
-                                       json={"analyst": name})
+    granted = history.world.admin.post(
+        f"/v1/datasets/{history.world.dataset_id}/grants", json={"analyst": name}
+    )
     assert granted.status_code == 201, granted.text
     made = [submitted(history.world, client, history.world.dataset_id) for _ in range(5)]
     with db_session(live_server.settings.database_url) as session, session.begin():
         instant = session.get(AnalysisRequest, made[0])
         assert instant is not None
-        session.execute(update(AnalysisRequest).where(AnalysisRequest.id.in_(made[1:4]))
-                        .values(created_at=instant.created_at))
+        session.execute(
+            update(AnalysisRequest)
+            .where(AnalysisRequest.id.in_(made[1:4]))
+            .values(created_at=instant.created_at)
+        )
     paged = walk(client, "/v1/requests", limit=1)
     assert sorted(ids(paged)) == sorted(made)
     assert_newest_first(paged)
@@ -301,8 +318,10 @@ def test_a_cursor_from_someone_elses_listing_is_bad_input_not_a_leak(history: Hi
 
 @pytest.fixture
 def clients(live_server: LiveServer, history: History) -> Iterator[tuple[ExpostClient, ExpostClient]]:
-    with ExpostClient(live_server.base_url, key_of(history.analyst)) as analyst, \
-            ExpostClient(live_server.base_url, key_of(history.world.admin)) as admin:
+    with (
+        ExpostClient(live_server.base_url, key_of(history.analyst)) as analyst,
+        ExpostClient(live_server.base_url, key_of(history.world.admin)) as admin,
+    ):
         yield analyst, admin
 
 

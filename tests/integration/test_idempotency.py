@@ -45,9 +45,14 @@ def events_for(items: list[dict[str, object]], request_id: str) -> Counter[str]:
 
 def request_rows(server: LiveServer, dataset_id: str) -> int:
     with db_session(server.settings.database_url) as session:
-        return int(session.scalar(
-            select(func.count()).select_from(AnalysisRequest).where(AnalysisRequest.dataset_id == dataset_id)
-        ) or 0)
+        return int(
+            session.scalar(
+                select(func.count())
+                .select_from(AnalysisRequest)
+                .where(AnalysisRequest.dataset_id == dataset_id)
+            )
+            or 0
+        )
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +94,9 @@ class TestReplay:
         first = world.request(world.analyst, {"query": {"kind": "count"}, "epsilon": 0.1}, key="spelling")
         assert first.status_code == 200, first.text
         # keys in another order, a default spelled out, an int-valued float written as such
-        again = world.request(world.analyst, {"epsilon": 0.10, "query": {"where": [], "kind": "count"}},
-                              key="spelling")
+        again = world.request(
+            world.analyst, {"epsilon": 0.10, "query": {"where": [], "kind": "count"}}, key="spelling"
+        )
         assert again.status_code == 200, again.text
         assert again.json()["id"] == first.json()["id"]
         assert get_budget(world.viewer, world.dataset_id)["pure"]["spent"] == 0.1
@@ -108,8 +114,10 @@ class TestReplay:
 
     def test_concurrent_retries_with_one_key_charge_once(self, live_server: LiveServer) -> None:
         world = make_world(live_server)
-        clients = [live_server.client(world.analyst.headers["Authorization"].removeprefix("Bearer "))
-                   for _ in range(6)]
+        clients = [
+            live_server.client(world.analyst.headers["Authorization"].removeprefix("Bearer "))
+            for _ in range(6)
+        ]
         try:
             with ThreadPoolExecutor(len(clients)) as pool:
                 responses = list(pool.map(lambda c: world.request(c, COUNT, key="racing"), clients))
@@ -121,7 +129,8 @@ class TestReplay:
         assert len({r.json()["release"]["value"] for r in responses}) == 1
         assert get_budget(world.viewer, world.dataset_id)["pure"]["spent"] == 0.1
         assert events_for(ledger_items(world.admin, world.dataset_id), responses[0].json()["id"]) == Counter(
-            {"reserve": 1, "commit": 1})
+            {"reserve": 1, "commit": 1}
+        )
         assert request_rows(live_server, world.dataset_id) == 1
 
 
@@ -150,10 +159,18 @@ class TestKeyReuse:
         other = upload(world.admin)
         assert other.status_code == 201, other.text
         other_id = other.json()["id"]
-        assert world.admin.post(f"/v1/datasets/{other_id}/grants",
-                                json={"analyst": world.analyst_name}).status_code == 201
-        assert world.admin.put(f"/v1/datasets/{other_id}/budget",
-                               json={"epsilon": 1.0, "delta": 0.0}).status_code == 200
+        assert (
+            world.admin.post(
+                f"/v1/datasets/{other_id}/grants", json={"analyst": world.analyst_name}
+            ).status_code
+            == 201
+        )
+        assert (
+            world.admin.put(
+                f"/v1/datasets/{other_id}/budget", json={"epsilon": 1.0, "delta": 0.0}
+            ).status_code
+            == 200
+        )
         assert world.request(world.analyst, COUNT, key="cross-dataset").status_code == 200
         reused = world.request(world.analyst, COUNT, key="cross-dataset", dataset_id=other_id)
         assert_problem(reused, 422, "/problems/idempotency-key-reused")
@@ -192,8 +209,10 @@ class TestKeyReuse:
             except Exception as exc:
                 outcomes[name] = exc
 
-        threads = [threading.Thread(target=run, args=(n, v), name=n) for n, v in (("first", first),
-                                                                                   ("second", second))]
+        threads = [
+            threading.Thread(target=run, args=(n, v), name=n)
+            for n, v in (("first", first), ("second", second))
+        ]
         threads[0].start()
         assert inserted.wait(20)
         threads[1].start()
@@ -209,8 +228,12 @@ class TestKeysArePerAnalyst:
     def test_two_analysts_may_use_the_same_key_independently(self, live_server: LiveServer) -> None:
         world = make_world(live_server)
         other_name, other = world.new_key(Role.analyst)
-        assert world.admin.post(f"/v1/datasets/{world.dataset_id}/grants",
-                                json={"analyst": other_name}).status_code == 201
+        assert (
+            world.admin.post(
+                f"/v1/datasets/{world.dataset_id}/grants", json={"analyst": other_name}
+            ).status_code
+            == 201
+        )
         mine = world.request(world.analyst, COUNT, key="shared-key")
         theirs = world.request(other, {"query": {"kind": "count"}, "epsilon": 0.2}, key="shared-key")
         assert mine.status_code == 200, mine.text
@@ -223,8 +246,10 @@ class TestKeysArePerAnalyst:
         assert same_body.json()["id"] != mine_again.json()["id"]
 
         # each analyst's replay returns that analyst's own request
-        assert world.request(other, {"query": {"kind": "count"}, "epsilon": 0.2},
-                             key="shared-key").json()["id"] == theirs.json()["id"]
+        assert (
+            world.request(other, {"query": {"kind": "count"}, "epsilon": 0.2}, key="shared-key").json()["id"]
+            == theirs.json()["id"]
+        )
         assert world.request(world.analyst, COUNT, key="shared-key").json()["id"] == mine.json()["id"]
         budget = get_budget(world.viewer, world.dataset_id)
         assert budget["pure"]["spent"] == 0.5  # 0.1 + 0.2 + 0.1 + 0.1, each charged once, exactly
@@ -236,8 +261,12 @@ class TestKeysArePerAnalyst:
         """Idempotency keys are per analyst: another analyst's key never replays (or 422s on) a release."""
         world = make_world(live_server, {"epsilon": 10.0, "delta": 0.0})
         other_name, other = world.new_key(Role.analyst)
-        assert world.admin.post(f"/v1/datasets/{world.dataset_id}/grants",
-                                json={"analyst": other_name}).status_code == 201
+        assert (
+            world.admin.post(
+                f"/v1/datasets/{world.dataset_id}/grants", json={"analyst": other_name}
+            ).status_code
+            == 201
+        )
         mine = world.request(world.analyst, COUNT, key="shared-key")
         same = world.request(other, COUNT, key="shared-key")  # same key, same body
         different = world.request(other, {**COUNT, "epsilon": 0.2}, key="other-key")

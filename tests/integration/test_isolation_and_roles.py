@@ -159,19 +159,23 @@ ENDPOINTS: dict[str, Call] = {
     "POST grants": lambda c, m: c.post(f"{_ds(m)}/grants", json={"analyst": m.world.analyst_name}),
     "GET grants": lambda c, m: c.get(f"{_ds(m)}/grants"),
     "PUT budget": lambda c, m: c.put(f"{_ds(m)}/budget", json=RDP_BUDGET),
-    "PUT analyst budget": lambda c, m: c.put(f"{_ds(m)}/analysts/{m.world.analyst_name}/budget",
-                                             json=RDP_BUDGET),
+    "PUT analyst budget": lambda c, m: c.put(
+        f"{_ds(m)}/analysts/{m.world.analyst_name}/budget", json=RDP_BUDGET
+    ),
     "GET budget": lambda c, m: c.get(f"{_ds(m)}/budget"),
     "GET analyst budget": lambda c, m: c.get(f"{_ds(m)}/analysts/{m.world.analyst_name}/budget"),
-    "POST requests": lambda c, m: c.post(f"{_ds(m)}/requests",
-                                         json={"mechanism": "laplace", "params": COUNT}),
-    "POST requests:estimate": lambda c, m: c.post(f"{_ds(m)}/requests:estimate",
-                                                  json={"mechanism": "laplace", "params": COUNT}),
+    "POST requests": lambda c, m: c.post(
+        f"{_ds(m)}/requests", json={"mechanism": "laplace", "params": COUNT}
+    ),
+    "POST requests:estimate": lambda c, m: c.post(
+        f"{_ds(m)}/requests:estimate", json={"mechanism": "laplace", "params": COUNT}
+    ),
     "GET /v1/requests/{rid}": lambda c, m: c.get(f"/v1/requests/{m.request_id}"),
     "GET ledger": lambda c, m: c.get(f"{_ds(m)}/ledger"),
     "GET /v1/mechanisms": lambda c, m: c.get("/v1/mechanisms"),
-    "POST /v1/keys": lambda c, m: c.post("/v1/keys",
-                                         json={"name": f"k-{secrets.token_hex(4)}", "role": "viewer"}),
+    "POST /v1/keys": lambda c, m: c.post(
+        "/v1/keys", json={"name": f"k-{secrets.token_hex(4)}", "role": "viewer"}
+    ),
     "GET /v1/keys": lambda c, m: c.get("/v1/keys"),
 }
 
@@ -199,8 +203,13 @@ assert set(EXPECTED) == set(ENDPOINTS)
 CASES = [
     (endpoint, caller, status)
     for endpoint, (admin, analyst, viewer) in EXPECTED.items()
-    for caller, status in (("no key", 401), ("bad key", 401), ("admin", admin), ("analyst", analyst),
-                           ("viewer", viewer))
+    for caller, status in (
+        ("no key", 401),
+        ("bad key", 401),
+        ("admin", admin),
+        ("analyst", analyst),
+        ("viewer", viewer),
+    )
 ]
 
 

@@ -22,12 +22,23 @@ FEATURES = ["age", "tenure", "visits"]
 
 LEARNERS: dict[str, dict[str, Any]] = {
     "dp_gd": {
-        "features": FEATURES, "label": "churn", "model": "logistic", "regularization": 0.01,
-        "steps": 20, "clip": 1.0, "target_epsilon": 2.0, "target_delta": 1e-6,
+        "features": FEATURES,
+        "label": "churn",
+        "model": "logistic",
+        "regularization": 0.01,
+        "steps": 20,
+        "clip": 1.0,
+        "target_epsilon": 2.0,
+        "target_delta": 1e-6,
     },
     "rgm.gd": {
-        "features": FEATURES, "label": "spend", "model": "ridge", "regularization": 0.05,
-        "steps": 20, "target_epsilon": 0.05, "target_alpha": 2.0,
+        "features": FEATURES,
+        "label": "spend",
+        "model": "ridge",
+        "regularization": 0.05,
+        "steps": 20,
+        "target_epsilon": 0.05,
+        "target_alpha": 2.0,
     },
 }
 
@@ -91,8 +102,9 @@ def test_the_logistic_learner_finds_the_signal(world: World) -> None:
         ("rgm.gd", {"steps": 0}, "params.steps"),
     ],
 )
-def test_bad_learner_params_name_the_field(world: World, mechanism: str, change: dict[str, Any],
-                                           field: str) -> None:
+def test_bad_learner_params_name_the_field(
+    world: World, mechanism: str, change: dict[str, Any], field: str
+) -> None:
     response = world.request(world.analyst, {**LEARNERS[mechanism], **change}, mechanism)
     problem = assert_problem(response, 422)
     assert field in [error["field"] for error in problem["errors"]], problem

@@ -127,8 +127,10 @@ class TestFailedMechanismIsCharged:
         self, live_server: LiveServer, failing: FailingLaplace
     ) -> None:
         world = make_world(live_server, {"epsilon": 1.0, "delta": 1e-6})
-        estimate = world.analyst.post(f"/v1/datasets/{world.dataset_id}/requests:estimate",
-                                      json={"mechanism": failing.name, "params": COUNT})
+        estimate = world.analyst.post(
+            f"/v1/datasets/{world.dataset_id}/requests:estimate",
+            json={"mechanism": failing.name, "params": COUNT},
+        )
         assert estimate.status_code == 200, estimate.text
         worst = estimate.json()["worst_case"]
         assert worst["pure"] == 0.1
@@ -178,15 +180,19 @@ class TestReaper:
                 future = pool.submit(world.request, world.analyst, COUNT, blocking.name)
                 assert blocking.started.wait(10), "the mechanism never started"
                 with db_session(live_server.settings.database_url) as session:
-                    rid = session.scalars(select(AnalysisRequest.id).where(
-                        AnalysisRequest.dataset_id == world.dataset_id)).one()
+                    rid = session.scalars(
+                        select(AnalysisRequest.id).where(AnalysisRequest.dataset_id == world.dataset_id)
+                    ).one()
                 assert request_row(live_server, rid).state == "running"
                 running = get_budget(world.viewer, world.dataset_id)
                 assert (running["pure"]["spent"], running["pure"]["reserved"]) == (0.0, 0.1)
 
                 with db_session(live_server.settings.database_url) as session, session.begin():
-                    session.execute(update(AnalysisRequest).where(AnalysisRequest.id == rid).values(
-                        lease_expires_at=datetime.now(UTC) - timedelta(hours=1)))
+                    session.execute(
+                        update(AnalysisRequest)
+                        .where(AnalysisRequest.id == rid)
+                        .values(lease_expires_at=datetime.now(UTC) - timedelta(hours=1))
+                    )
                 deadline = time.monotonic() + 5
                 while request_row(live_server, rid).state == "running" and time.monotonic() < deadline:
                     time.sleep(0.1)
@@ -208,7 +214,8 @@ class TestReaper:
         budget = get_budget(world.viewer, world.dataset_id)
         assert (budget["pure"]["spent"], budget["pure"]["reserved"]) == (0.1, 0.0)
         assert events_for(ledger_items(world.admin, world.dataset_id), rid) == Counter(
-            {"reserve": 1, "commit": 1})
+            {"reserve": 1, "commit": 1}
+        )
         stored = world.analyst.get(f"/v1/requests/{rid}").json()
         assert (stored["state"], stored["release"]) == ("failed_charged", None)
 
@@ -220,10 +227,16 @@ class TestAnalystSubBudget:
     def test_the_analyst_filter_refuses_while_others_still_spend(self, live_server: LiveServer) -> None:
         world = make_world(live_server, {"epsilon": 1.0, "delta": 0.0})
         other_name, other = world.new_key(Role.analyst)
-        assert world.admin.post(f"/v1/datasets/{world.dataset_id}/grants",
-                                json={"analyst": other_name}).status_code == 201
-        capped = world.admin.put(f"/v1/datasets/{world.dataset_id}/analysts/{world.analyst_name}/budget",
-                                 json={"epsilon": 0.25, "delta": 0.0})
+        assert (
+            world.admin.post(
+                f"/v1/datasets/{world.dataset_id}/grants", json={"analyst": other_name}
+            ).status_code
+            == 201
+        )
+        capped = world.admin.put(
+            f"/v1/datasets/{world.dataset_id}/analysts/{world.analyst_name}/budget",
+            json={"epsilon": 0.25, "delta": 0.0},
+        )
         assert capped.status_code == 200, capped.text
         assert (capped.json()["scope"], capped.json()["analyst"]) == ("analyst", world.analyst_name)
 
@@ -256,15 +269,17 @@ class TestAnalystSubBudget:
 
 class TestEstimate:
     def estimate(self, world: World, client: Any, epsilon: float) -> dict[str, Any]:
-        response = client.post(f"/v1/datasets/{world.dataset_id}/requests:estimate",
-                               json={"mechanism": "laplace", "params": {"query": {"kind": "count"},
-                                                                        "epsilon": epsilon}})
+        response = client.post(
+            f"/v1/datasets/{world.dataset_id}/requests:estimate",
+            json={"mechanism": "laplace", "params": {"query": {"kind": "count"}, "epsilon": epsilon}},
+        )
         assert response.status_code == 200, response.text
         body: dict[str, Any] = response.json()
         return body
 
     def test_estimate_charges_nothing_and_predicts_admission(self, live_server: LiveServer) -> None:
         world = make_world(live_server, {"epsilon": 1.0, "delta": 0.0})
+
         def state() -> tuple[Any, ...]:
             return ledger_items(world.admin, world.dataset_id), get_budget(world.viewer, world.dataset_id)
 
@@ -296,8 +311,13 @@ class TestEstimate:
 
     def test_estimate_reports_the_analyst_filter(self, live_server: LiveServer) -> None:
         world = make_world(live_server)
-        assert world.admin.put(f"/v1/datasets/{world.dataset_id}/analysts/{world.analyst_name}/budget",
-                               json={"epsilon": 0.1, "delta": 0.0}).status_code == 200
+        assert (
+            world.admin.put(
+                f"/v1/datasets/{world.dataset_id}/analysts/{world.analyst_name}/budget",
+                json={"epsilon": 0.1, "delta": 0.0},
+            ).status_code
+            == 200
+        )
         no = self.estimate(world, world.analyst, 0.2)
         assert no["admitted"] is False
         assert no["refusal"]["filter"] == f"analyst:{world.analyst_name}"
@@ -314,18 +334,28 @@ class TestNoBudget:
         assert get_budget(world.viewer, world.dataset_id)["budget_set"] is False
         assert_problem(world.request(world.analyst, COUNT), 409, "/problems/no-budget")
         assert_problem(world.request(world.analyst, COUNT, key="nb"), 409, "/problems/no-budget")
-        estimate = world.analyst.post(f"/v1/datasets/{world.dataset_id}/requests:estimate",
-                                      json={"mechanism": "laplace", "params": COUNT})
+        estimate = world.analyst.post(
+            f"/v1/datasets/{world.dataset_id}/requests:estimate",
+            json={"mechanism": "laplace", "params": COUNT},
+        )
         assert estimate.status_code == 200, estimate.text
         assert estimate.json()["admitted"] is False
         assert "budget" in estimate.json()["reason"]
         assert ledger_items(world.admin, world.dataset_id) == before
         with db_session(live_server.settings.database_url) as session:
-            assert session.scalars(select(AnalysisRequest).where(
-                AnalysisRequest.dataset_id == world.dataset_id)).all() == []
+            assert (
+                session.scalars(
+                    select(AnalysisRequest).where(AnalysisRequest.dataset_id == world.dataset_id)
+                ).all()
+                == []
+            )
         # nothing was left behind: once a budget is set the same key works
-        assert world.admin.put(f"/v1/datasets/{world.dataset_id}/budget",
-                               json={"epsilon": 1.0, "delta": 0.0}).status_code == 200
+        assert (
+            world.admin.put(
+                f"/v1/datasets/{world.dataset_id}/budget", json={"epsilon": 1.0, "delta": 0.0}
+            ).status_code
+            == 200
+        )
         assert world.request(world.analyst, COUNT, key="nb").status_code == 200
         assert get_budget(world.viewer, world.dataset_id)["pure"]["spent"] == 0.1
 
@@ -343,8 +373,9 @@ class FreshWorld:
 def fresh_world(like: LiveServer, directory: Path, n_datasets: int) -> Iterator[FreshWorld]:
     """A new database on the live server's backend, filled through a real server that is then stopped."""
     with fresh_database(like.settings.database_url, directory) as url:
-        settings = Settings(database_url=url, data_dir=directory / "data", wait_seconds=20,
-                            reaper_interval_seconds=0.5)
+        settings = Settings(
+            database_url=url, data_dir=directory / "data", wait_seconds=20, reaper_interval_seconds=0.5
+        )
         with running_server(settings) as server:
             world = make_world(server, {"epsilon": 1.0, "delta": 1e-6})
             ids = [world.dataset_id]
@@ -352,16 +383,35 @@ def fresh_world(like: LiveServer, directory: Path, n_datasets: int) -> Iterator[
                 created = upload(world.admin)
                 assert created.status_code == 201, created.text
                 ids.append(created.json()["id"])
-                assert world.admin.post(f"/v1/datasets/{ids[-1]}/grants",
-                                        json={"analyst": world.analyst_name}).status_code == 201
-                assert world.admin.put(f"/v1/datasets/{ids[-1]}/budget",
-                                       json={"epsilon": 1.0, "delta": 1e-6}).status_code == 200
+                assert (
+                    world.admin.post(
+                        f"/v1/datasets/{ids[-1]}/grants", json={"analyst": world.analyst_name}
+                    ).status_code
+                    == 201
+                )
+                assert (
+                    world.admin.put(
+                        f"/v1/datasets/{ids[-1]}/budget", json={"epsilon": 1.0, "delta": 1e-6}
+                    ).status_code
+                    == 200
+                )
             for dataset_id in ids:
                 assert world.request(world.analyst, COUNT, dataset_id=dataset_id).status_code == 200
-                assert world.request(world.analyst, {"query": {"kind": "count"}, "sigma": 20.0},
-                                     mechanism="gaussian", dataset_id=dataset_id).status_code == 200
-                assert world.request(world.analyst, {"query": {"kind": "count"}, "epsilon": 5.0},
-                                     dataset_id=dataset_id).status_code == 409
+                assert (
+                    world.request(
+                        world.analyst,
+                        {"query": {"kind": "count"}, "sigma": 20.0},
+                        mechanism="gaussian",
+                        dataset_id=dataset_id,
+                    ).status_code
+                    == 200
+                )
+                assert (
+                    world.request(
+                        world.analyst, {"query": {"kind": "count"}, "epsilon": 5.0}, dataset_id=dataset_id
+                    ).status_code
+                    == 409
+                )
             for client in (world.admin, world.analyst, world.viewer):
                 client.close()
         yield FreshWorld(url, ids)
@@ -373,14 +423,18 @@ def problems_of(problems: list[str], dataset_id: str) -> list[str]:
 
 def entries(database_url: str, dataset_id: str) -> list[LedgerEntry]:
     with db_session(database_url) as session:
-        return list(session.scalars(
-            select(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id).order_by(LedgerEntry.seq)))
+        return list(
+            session.scalars(
+                select(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id).order_by(LedgerEntry.seq)
+            )
+        )
 
 
 def zero_spent(database_url: str, dataset_id: str) -> None:
     with db_session(database_url) as session, session.begin():
-        row = session.scalars(select(PrivacyFilter).where(
-            PrivacyFilter.dataset_id == dataset_id, PrivacyFilter.scope == "*")).one()
+        row = session.scalars(
+            select(PrivacyFilter).where(PrivacyFilter.dataset_id == dataset_id, PrivacyFilter.scope == "*")
+        ).one()
         slots = len(row.spent["finite"])
         row.spent = {"finite": [0] * slots, "infinite": [0] * slots}
 
@@ -401,13 +455,24 @@ class TestLedgerVerify:
         self, live_server: LiveServer, failing: FailingLaplace
     ) -> None:
         world = make_world(live_server, {"epsilon": 1.0, "delta": 1e-6})
-        assert world.admin.put(f"/v1/datasets/{world.dataset_id}/analysts/{world.analyst_name}/budget",
-                               json={"epsilon": 0.6, "delta": 1e-6}).status_code == 200
+        assert (
+            world.admin.put(
+                f"/v1/datasets/{world.dataset_id}/analysts/{world.analyst_name}/budget",
+                json={"epsilon": 0.6, "delta": 1e-6},
+            ).status_code
+            == 200
+        )
         assert world.request(world.analyst, COUNT, key="v").status_code == 200
         assert world.request(world.analyst, COUNT, key="v").status_code == 200
         assert world.request(world.analyst, COUNT, mechanism=failing.name).status_code == 500
-        assert world.request(world.analyst, {"query": {"kind": "histogram", "column": "region"},
-                                             "sigma": 50.0}, mechanism="gaussian").status_code == 200
+        assert (
+            world.request(
+                world.analyst,
+                {"query": {"kind": "histogram", "column": "region"}, "sigma": 50.0},
+                mechanism="gaussian",
+            ).status_code
+            == 200
+        )
         assert world.request(world.analyst, {"query": {"kind": "count"}, "epsilon": 0.5}).status_code == 409
         with db_session(live_server.settings.database_url) as session:
             report = verify(session)
@@ -422,8 +487,9 @@ class TestLedgerVerify:
         body = json.loads(commit.body)
         body["realized"]["finite"] = [0] * len(body["realized"]["finite"])
         with db_session(tamperable.database_url) as session, session.begin():
-            session.execute(update(LedgerEntry).where(*entry_key(target, commit.seq)).values(
-                body=canonical_json(body)))
+            session.execute(
+                update(LedgerEntry).where(*entry_key(target, commit.seq)).values(body=canonical_json(body))
+            )
         problems = verify_report(tamperable.database_url)
         assert f"{target}#{commit.seq}: hash chain broken" in problems
         assert problems_of(problems, untouched) == []
@@ -448,10 +514,14 @@ class TestLedgerVerify:
         forged = canonical_json(body)
         new_hash = chain_hash(last.prev_hash, forged)
         with db_session(tamperable.database_url) as session, session.begin():
-            session.execute(update(LedgerEntry).where(*entry_key(target, last.seq)).values(
-                body=forged, hash=new_hash))
-            session.execute(update(PrivacyFilter).where(
-                PrivacyFilter.dataset_id == target, PrivacyFilter.scope == "*").values(last_hash=new_hash))
+            session.execute(
+                update(LedgerEntry).where(*entry_key(target, last.seq)).values(body=forged, hash=new_hash)
+            )
+            session.execute(
+                update(PrivacyFilter)
+                .where(PrivacyFilter.dataset_id == target, PrivacyFilter.scope == "*")
+                .values(last_hash=new_hash)
+            )
         found = problems_of(verify_report(tamperable.database_url), target)
         assert not any("hash chain" in p for p in found), found
         assert any(p.startswith(f"{target}/*: spent is") for p in found), found
@@ -475,8 +545,9 @@ def expost(database_url: str, directory: Path, *args: str) -> subprocess.Complet
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXPOST_")}
     env.update(EXPOST_DATABASE_URL=database_url, EXPOST_DATA_DIR=str(directory / "data"))
     assert EXPOST.exists(), EXPOST
-    return subprocess.run([str(EXPOST), *args], env=env, cwd=directory, capture_output=True, text=True,
-                          timeout=60, check=False)
+    return subprocess.run(
+        [str(EXPOST), *args], env=env, cwd=directory, capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 class TestCli:

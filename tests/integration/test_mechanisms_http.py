@@ -44,8 +44,9 @@ class TestGaussian:
     def test_refused_on_a_pure_budget(self, live_server: LiveServer) -> None:
         world = make_world(live_server, {"epsilon": 1000.0, "delta": 0.0})
         before = ledger_items(world.admin, world.dataset_id)
-        refused = world.request(world.analyst, {"query": {"kind": "count"}, "sigma": 1000.0},
-                                mechanism="gaussian")
+        refused = world.request(
+            world.analyst, {"query": {"kind": "count"}, "sigma": 1000.0}, mechanism="gaussian"
+        )
         problem = assert_problem(refused, 409, "/problems/not-admissible")  # σ cannot help
         assert problem["requested"]["pure"] == "inf"  # no pure bound, whatever σ
         assert problem["pure"]["requested"] == "inf"
@@ -60,8 +61,9 @@ class TestGaussian:
         self, live_server: LiveServer, sigma: float
     ) -> None:
         world = make_world(live_server, RDP_BUDGET)
-        response = world.request(world.analyst, {"query": {"kind": "count"}, "sigma": sigma},
-                                 mechanism="gaussian")
+        response = world.request(
+            world.analyst, {"query": {"kind": "count"}, "sigma": sigma}, mechanism="gaussian"
+        )
         assert response.status_code == 200, response.text
         body = response.json()
         assert body["state"] == "committed"
@@ -106,7 +108,8 @@ class TestReleases:
             stored = client.get(f"/v1/requests/{rid}")
             assert stored.status_code == 200, stored.text
             assert {k: v for k, v in stored.json().items() if k not in stamps} == {
-                k: v for k, v in posted.json().items() if k not in stamps}
+                k: v for k, v in posted.json().items() if k not in stamps
+            }
             for stamp in stamps:  # the same instant (the offset spelling is checked below)
                 assert _instant(stored.json()[stamp]) == _instant(posted.json()[stamp])
         assert stored.json()["release"]["value"] == posted.json()["release"]["value"]
@@ -119,8 +122,12 @@ class TestReleases:
         assert posted.status_code == 200, posted.text
         stored = world.analyst.get(f"/v1/requests/{posted.json()['id']}").json()
         dataset = world.analyst.get(f"/v1/datasets/{world.dataset_id}").json()
-        for stamp in (posted.json()["created_at"], stored["created_at"], stored["updated_at"],
-                      dataset["created_at"]):
+        for stamp in (
+            posted.json()["created_at"],
+            stored["created_at"],
+            stored["updated_at"],
+            dataset["created_at"],
+        ):
             assert datetime.fromisoformat(stamp).utcoffset() == timedelta(0), stamp
 
 
@@ -134,8 +141,12 @@ class TestLedgerPagination:
     def test_pages_walk_every_entry_in_order_on_one_hash_chain(self, live_server: LiveServer) -> None:
         world = make_world(live_server, RDP_BUDGET)
         for i in range(4):
-            assert world.request(world.analyst, {"query": {"kind": "count"}, "epsilon": 0.1 + i / 100}
-                                 ).status_code == 200
+            assert (
+                world.request(
+                    world.analyst, {"query": {"kind": "count"}, "epsilon": 0.1 + i / 100}
+                ).status_code
+                == 200
+            )
         assert world.request(world.analyst, {"query": {"kind": "count"}, "epsilon": 50.0}).status_code == 409
         full = world.admin.get(f"/v1/datasets/{world.dataset_id}/ledger", params={"limit": 1000}).json()
         assert full["next_after"] is None
@@ -146,8 +157,9 @@ class TestLedgerPagination:
             walked: list[dict[str, Any]] = []
             after, pages = 0, 0
             while True:
-                page = world.admin.get(f"/v1/datasets/{world.dataset_id}/ledger",
-                                       params={"after": after, "limit": limit})
+                page = world.admin.get(
+                    f"/v1/datasets/{world.dataset_id}/ledger", params={"after": after, "limit": limit}
+                )
                 assert page.status_code == 200, page.text
                 body = page.json()
                 pages += 1
@@ -169,8 +181,9 @@ class TestLedgerPagination:
             assert entry["hash"] == chain_hash(previous, canonical_json(body))
             previous = entry["hash"]
         assert ledger_items(world.admin, world.dataset_id, page=4) == everything
-        beyond = world.admin.get(f"/v1/datasets/{world.dataset_id}/ledger",
-                                 params={"after": everything[-1]["seq"]}).json()
+        beyond = world.admin.get(
+            f"/v1/datasets/{world.dataset_id}/ledger", params={"after": everything[-1]["seq"]}
+        ).json()
         assert beyond == {"items": [], "next_after": None}
 
 
@@ -190,8 +203,10 @@ class TestSumSensitivity:
         self, live_server: LiveServer, neighboring: str, where: bool, scale: float
     ) -> None:
         world = make_world(live_server, BIG)
-        schema = {"columns": [{"name": "x", "type": "float", "min": 10, "max": 20}],
-                  "neighboring": neighboring}
+        schema = {
+            "columns": [{"name": "x", "type": "float", "min": 10, "max": 20}],
+            "neighboring": neighboring,
+        }
         csv = b"x\n" + b"".join(f"{10 + secrets.randbelow(11)}\n".encode() for _ in range(20))
         dataset_id = add_dataset(world, csv, schema, BIG)
         query: dict[str, Any] = {"kind": "sum", "column": "x"}

@@ -86,9 +86,7 @@ class Recorder:
         self.responses.append(response)
 
     def texts(self) -> list[str]:
-        return [
-            "\n".join([*(f"{k}: {v}" for k, v in r.headers.items()), r.text]) for r in self.responses
-        ]
+        return ["\n".join([*(f"{k}: {v}" for k, v in r.headers.items()), r.text]) for r in self.responses]
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -210,9 +208,9 @@ class TestObservability:
             opened[mechanism] = response.json()["id"]
             secrets[mechanism] = secret_of(server.settings.database_url, opened[mechanism])
         _, during = scrape(world.viewer)
-        assert value(
-            during, "expost_reservations_held", dataset=world.dataset_id, kind="session"
-        ) == len(SESSIONS)
+        assert value(during, "expost_reservations_held", dataset=world.dataset_id, kind="session") == len(
+            SESSIONS
+        )
         for mechanism in SESSIONS:
             assert value(during, "expost_sessions_open", mechanism=mechanism) >= 1
         for mechanism, (_, ask) in SESSIONS.items():
@@ -276,14 +274,17 @@ class TestObservability:
         assert unbudgeted.status_code == 201, unbudgeted.text
         other = unbudgeted.json()["id"]
         assert world.admin.post(f"/v1/datasets/{other}/grants", json={"analyst": world.analyst_name})
-        no_budget = world.request(world.analyst, {"query": {"kind": "count"}, "epsilon": 0.1},
-                                  dataset_id=other)
+        no_budget = world.request(
+            world.analyst, {"query": {"kind": "count"}, "epsilon": 0.1}, dataset_id=other
+        )
         assert no_budget.status_code == 409
         assert no_budget.json()["type"] == "/problems/no-budget"
         session_refused = world.analyst.post(
             f"/v1/datasets/{world.dataset_id}/sessions",
-            json={"mechanism": "above_threshold.laplace",
-                  "params": {"threshold": 1.0, "epsilon": 60.0, "max_sensitivity": 1.0, "max_queries": 2}},
+            json={
+                "mechanism": "above_threshold.laplace",
+                "params": {"threshold": 1.0, "epsilon": 60.0, "max_sensitivity": 1.0, "max_queries": 2},
+            },
         )
         assert session_refused.status_code == 409
         assert session_refused.json()["type"] == "/problems/not-admissible"
@@ -320,16 +321,29 @@ class TestObservability:
         assert 0.7 + 5e-7 + 1e-9 - 1e-12 <= charged <= 0.7 + 1e-6 + 2e-9 + 2e-9 + 1e-9, charged
         closed = sum(
             delta("expost_sessions_closed_total", mechanism=m, reason=r)
-            for m in SESSIONS for r in ("closed", "halted")
+            for m in SESSIONS
+            for r in ("closed", "halted")
         )
         assert closed == len(SESSIONS)
         assert value(after, "expost_reservations_held", dataset=world.dataset_id, kind="session") == 0
-        assert delta(
-            "expost_http_request_duration_seconds_count", route=REQUESTS_ROUTE, method="POST", status="4xx"
-        ) >= 3
-        assert delta(
-            "expost_http_request_duration_seconds_count", route=REQUESTS_ROUTE, method="POST", status="2xx"
-        ) >= 3
+        assert (
+            delta(
+                "expost_http_request_duration_seconds_count",
+                route=REQUESTS_ROUTE,
+                method="POST",
+                status="4xx",
+            )
+            >= 3
+        )
+        assert (
+            delta(
+                "expost_http_request_duration_seconds_count",
+                route=REQUESTS_ROUTE,
+                method="POST",
+                status="2xx",
+            )
+            >= 3
+        )
         assert delta(
             "expost_http_request_duration_seconds_count", route=QUERIES_ROUTE, method="POST", status="2xx"
         ) == len(SESSIONS)
@@ -415,15 +429,22 @@ def test_multiprocess_metrics_add_up_over_server_processes(tmp_path: Path) -> No
         "EXPOST_LOG_JSON": "true",
         "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
     }
-    migrated = subprocess.run([EXPOST, "migrate"], env=env, cwd=tmp_path, capture_output=True, text=True,
-                              timeout=120, check=False)
+    migrated = subprocess.run(
+        [EXPOST, "migrate"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+    )
     assert migrated.returncode == 0, migrated.stderr
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "server.log"
     with log_path.open("wb") as log:
-        proc = subprocess.Popen([EXPOST, "serve", "--port", str(port), "--workers", "2"], env=env,
-                                cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [EXPOST, "serve", "--port", str(port), "--workers", "2"],
+            env=env,
+            cwd=tmp_path,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 60
         while log_path.read_text(errors="replace").count('"expost started"') < 2:
@@ -438,11 +459,19 @@ def test_multiprocess_metrics_add_up_over_server_processes(tmp_path: Path) -> No
                 assert client.get("/healthz").status_code == 200
             total += 1
             if total % 10 == 0:
-                pids = {str(line["pid"]) for line in json_lines(log_path.read_text())
-                        if line.get("event") == "http request" and line.get("route") == "/healthz"}
+                pids = {
+                    str(line["pid"])
+                    for line in json_lines(log_path.read_text())
+                    if line.get("event") == "http request" and line.get("route") == "/healthz"
+                }
         healthz = [
-            value(samples(httpx.get(f"{base}/metrics/", timeout=10).text),
-                  "expost_http_request_duration_seconds_count", route="/healthz", method="GET", status="2xx")
+            value(
+                samples(httpx.get(f"{base}/metrics/", timeout=10).text),
+                "expost_http_request_duration_seconds_count",
+                route="/healthz",
+                method="GET",
+                status="2xx",
+            )
             for _ in range(6)  # several scrapes: whichever process answers reports the same sum
         ]
         assert healthz == [float(total)] * 6, healthz

@@ -33,11 +33,17 @@ def referenced_urls(html: str) -> list[str]:
     return urls
 
 
-@pytest.mark.parametrize(("page", "title", "expected"), [
-    ("/docs", "expost - Swagger UI",
-     {"/docs/static/swagger-ui/swagger-ui-bundle.js", "/docs/static/swagger-ui/swagger-ui.css"}),
-    ("/redoc", "expost - ReDoc", {"/docs/static/redoc/redoc.standalone.js"}),
-])
+@pytest.mark.parametrize(
+    ("page", "title", "expected"),
+    [
+        (
+            "/docs",
+            "expost - Swagger UI",
+            {"/docs/static/swagger-ui/swagger-ui-bundle.js", "/docs/static/swagger-ui/swagger-ui.css"},
+        ),
+        ("/redoc", "expost - ReDoc", {"/docs/static/redoc/redoc.standalone.js"}),
+    ],
+)
 def test_the_reference_pages_load_only_what_the_app_serves(
     live_server: LiveServer, page: str, title: str, expected: set[str]
 ) -> None:
@@ -72,11 +78,15 @@ def test_the_assets_are_the_libraries_and_nothing_else_is_served(live_server: Li
         bundle = client.get("/docs/static/swagger-ui/swagger-ui-bundle.js")
         assert "SwaggerUIBundle" in bundle.text[:2000]
         assert "Redoc" in client.get("/docs/static/redoc/redoc.standalone.js").text[:2000]
-        again = client.get("/docs/static/swagger-ui/swagger-ui-bundle.js",
-                           headers={"If-None-Match": bundle.headers["etag"]})
+        again = client.get(
+            "/docs/static/swagger-ui/swagger-ui-bundle.js", headers={"If-None-Match": bundle.headers["etag"]}
+        )
         assert again.status_code == 304
-        for path in ("/docs/static/missing.js", "/docs/static/%2e%2e/index.html",
-                     "/docs/static/%2e%2e/%2e%2e/routers/docs.py"):
+        for path in (
+            "/docs/static/missing.js",
+            "/docs/static/%2e%2e/index.html",
+            "/docs/static/%2e%2e/%2e%2e/routers/docs.py",
+        ):
             assert client.get(path).status_code == 404, path
         # the pages are not part of the API's description
         document = client.get("/openapi.json").json()
@@ -109,8 +119,14 @@ def test_serve_on_a_busy_port_exits_at_once_naming_the_port(tmp_path: Path) -> N
         busy.listen()
         port = busy.getsockname()[1]
         started = time.monotonic()
-        done = subprocess.run([str(EXPOST), "serve", "--port", str(port)], env=env, capture_output=True,
-                              text=True, timeout=60, cwd=tmp_path)
+        done = subprocess.run(
+            [str(EXPOST), "serve", "--port", str(port)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
         took = time.monotonic() - started
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert f"port {port} on 127.0.0.1 is already in use" in done.stderr
@@ -124,8 +140,14 @@ def test_serve_on_a_free_port_starts_and_shows_the_docs_without_alembic_noise(tm
     env = serve_env(tmp_path)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([str(EXPOST), "serve", "--port", str(port)], env=env, cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(
+        [str(EXPOST), "serve", "--port", str(port)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -152,8 +174,9 @@ def test_make_run_passes_the_port_to_serve(args: list[str], port: str) -> None:
     make = shutil.which("make")
     assert make is not None, "make is needed to run the project (`make run`, `make test`)"
     env = {k: v for k, v in os.environ.items() if k not in {"PORT", "MAKEFLAGS", "MAKELEVEL"}}
-    done = subprocess.run([make, "-n", "run", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [make, "-n", "run", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     serve = [line for line in done.stdout.splitlines() if "expost serve" in line]
     assert serve, done.stdout

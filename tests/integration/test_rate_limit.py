@@ -21,8 +21,11 @@ PROBLEM_KEYS = {"type", "title", "status", "detail", "instance"}
 @pytest.fixture(scope="module")
 def limited(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     settings = server_settings(
-        database_url, tmp_path_factory.mktemp("limited"),
-        rate_limit="8/minute", rate_limit_reports="2/minute", max_body_bytes=4000,
+        database_url,
+        tmp_path_factory.mktemp("limited"),
+        rate_limit="8/minute",
+        rate_limit_reports="2/minute",
+        max_body_bytes=4000,
     )
     with running_server(settings) as server:
         yield server
@@ -53,16 +56,25 @@ def test_refusals_have_one_shape_for_good_and_unknown_keys(limited: LiveServer) 
                 client.get("/v1/datasets")
             refused = client.get("/v1/datasets")
             body = assert_problem(refused, 429, "/problems/rate-limited")
-            shapes.append((sorted(body), body["type"], body["title"], body["detail"],
-                           sorted(k for k in refused.headers if k in ("retry-after", "content-type"))))
+            shapes.append(
+                (
+                    sorted(body),
+                    body["type"],
+                    body["title"],
+                    body["detail"],
+                    sorted(k for k in refused.headers if k in ("retry-after", "content-type")),
+                )
+            )
     assert shapes[0] == shapes[1]
 
 
 def test_privacy_reports_have_a_stricter_limit(limited: LiveServer) -> None:
     _, key = limited.create_key(Role.analyst)
     with limited.client(key) as client:
-        statuses = [client.post("/v1/requests/rq_missing/privacy-report", json={"record": {}}).status_code
-                    for _ in range(3)]
+        statuses = [
+            client.post("/v1/requests/rq_missing/privacy-report", json={"record": {}}).status_code
+            for _ in range(3)
+        ]
         assert 429 not in statuses[:2]
         assert statuses[2] == 429
         assert client.get("/v1/datasets").status_code == 200  # only that route is exhausted so far
@@ -86,8 +98,9 @@ def test_bodies_over_the_limit_are_413_declared_or_chunked(limited: LiveServer, 
     assert_problem(chunked, 413)
     after = world.admin.get(f"/v1/datasets/{world.dataset_id}/budget").json()
     assert after == before  # nothing was charged or reserved
-    small = world.analyst.post(path, json={"mechanism": "laplace",
-                                           "params": {"query": {"kind": "count"}, "epsilon": 0.1}})
+    small = world.analyst.post(
+        path, json={"mechanism": "laplace", "params": {"query": {"kind": "count"}, "epsilon": 0.1}}
+    )
     assert small.status_code == 200, small.text
 
 

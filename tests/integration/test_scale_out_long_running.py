@@ -327,7 +327,10 @@ class TestHttp:
         monkeypatch.setitem(MECHANISMS, secret.name, secret)
         # listed as inline on purpose: a long-running mechanism must still go to the executor
         settings = server_settings(
-            database_url, tmp_path, wait_seconds=0.3, heartbeat_seconds=0.0,
+            database_url,
+            tmp_path,
+            wait_seconds=0.3,
+            heartbeat_seconds=0.0,
             inline_mechanisms={public.name, secret.name, "laplace"},
         )
         with running_server(settings) as server:

@@ -30,8 +30,14 @@ def queue_server(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setitem(MECHANISMS, SleepyCount.name, SleepyCount())
     queue = f"t{time.time_ns()}"
     settings = server_settings(
-        database_url, tmp_path, executor="queue", broker_url=REDIS_URL, queue_name=queue,
-        wait_seconds=0.2, heartbeat_seconds=0.1, inline_mechanisms={"laplace"},
+        database_url,
+        tmp_path,
+        executor="queue",
+        broker_url=REDIS_URL,
+        queue_name=queue,
+        wait_seconds=0.2,
+        heartbeat_seconds=0.1,
+        inline_mechanisms={"laplace"},
     )
     with running_server(settings) as server:
         yield server
@@ -101,8 +107,9 @@ def test_replicas_share_one_rate_limit_through_redis(database_url: str, tmp_path
 
 def test_a_worker_stops_cleanly_while_idle(database_url: str, tmp_path: Path) -> None:
     require_redis()
-    settings = server_settings(database_url, tmp_path, executor="queue", broker_url=REDIS_URL,
-                               queue_name=f"t{time.time_ns()}")
+    settings = server_settings(
+        database_url, tmp_path, executor="queue", broker_url=REDIS_URL, queue_name=f"t{time.time_ns()}"
+    )
     worker = QueueWorker(settings, threads=1)
     worker.start()
     stopper = threading.Thread(target=worker.stop)

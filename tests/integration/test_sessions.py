@@ -248,8 +248,15 @@ class TestSerializationAndRetries:
         world = make_world(live_server, {"epsilon": 10.0, "delta": 0.0})
         opened = world.analyst.post(
             f"/v1/datasets/{world.dataset_id}/sessions",
-            json={"mechanism": "above_threshold", "params": {
-                "threshold": 150, "epsilon_threshold": 1.0, "max_query_epsilon": 0.5, "max_queries": 50}},
+            json={
+                "mechanism": "above_threshold",
+                "params": {
+                    "threshold": 150,
+                    "epsilon_threshold": 1.0,
+                    "max_query_epsilon": 0.5,
+                    "max_queries": 50,
+                },
+            },
         )
         assert opened.status_code == 201, opened.text
         sid, key = opened.json()["id"], key_of(world.analyst)
@@ -260,8 +267,11 @@ class TestSerializationAndRetries:
                 barrier.wait()
                 if i % 4 == 0:
                     return client.post(f"/v1/sessions/{sid}/close")
-                return client.post(f"/v1/sessions/{sid}/queries", json={**BELOW, "epsilon": 0.2},
-                                   headers={"Idempotency-Key": f"q{i}"})
+                return client.post(
+                    f"/v1/sessions/{sid}/queries",
+                    json={**BELOW, "epsilon": 0.2},
+                    headers={"Idempotency-Key": f"q{i}"},
+                )
 
         with ThreadPoolExecutor(16) as pool:
             responses = list(pool.map(one, range(16)))
@@ -283,20 +293,29 @@ class TestSerializationAndRetries:
         world = make_world(live_server, {"epsilon": 10.0, "delta": 0.0})
         opened = world.analyst.post(
             f"/v1/datasets/{world.dataset_id}/sessions",
-            json={"mechanism": "above_threshold.dropping", "params": {
-                "threshold": 1e9, "epsilon_threshold": 1.0, "max_query_epsilon": 0.5, "max_queries": 10}},
+            json={
+                "mechanism": "above_threshold.dropping",
+                "params": {
+                    "threshold": 1e9,
+                    "epsilon_threshold": 1.0,
+                    "max_query_epsilon": 0.5,
+                    "max_queries": 10,
+                },
+            },
         )
         assert opened.status_code == 201, opened.text
         sid = opened.json()["id"]
-        first = world.analyst.post(f"/v1/sessions/{sid}/queries", json={**BELOW, "epsilon": 0.5},
-                                   headers={"Idempotency-Key": "q0"})
+        first = world.analyst.post(
+            f"/v1/sessions/{sid}/queries", json={**BELOW, "epsilon": 0.5}, headers={"Idempotency-Key": "q0"}
+        )
         assert first.status_code == 200, first.text
         assert world.analyst.post(f"/v1/sessions/{sid}/close").status_code == 200
         spent = get_budget(world.viewer, world.dataset_id)["pure"]["spent"]
         again = world.analyst.post(f"/v1/sessions/{sid}/queries", json={**BELOW, "epsilon": 0.5})
         assert_problem(again, 409, "/problems/session-closed")
-        retry = world.analyst.post(f"/v1/sessions/{sid}/queries", json={**BELOW, "epsilon": 0.5},
-                                   headers={"Idempotency-Key": "q0"})
+        retry = world.analyst.post(
+            f"/v1/sessions/{sid}/queries", json={**BELOW, "epsilon": 0.5}, headers={"Idempotency-Key": "q0"}
+        )
         assert retry.status_code == 200
         assert retry.json()["answer"] == first.json()["answer"]
         assert world.analyst.post(f"/v1/sessions/{sid}/close").status_code == 200  # idempotent

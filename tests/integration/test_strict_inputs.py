@@ -53,8 +53,9 @@ class TestProbes:
         world = make_world(live_server)
 
         def create(_: int) -> int:
-            return world.admin.post("/v1/keys", json={"name": f"twin-{world.dataset_id}",
-                                                      "role": "viewer"}).status_code
+            return world.admin.post(
+                "/v1/keys", json={"name": f"twin-{world.dataset_id}", "role": "viewer"}
+            ).status_code
 
         with ThreadPoolExecutor(8) as pool:
             codes = list(pool.map(create, range(8)))
@@ -66,11 +67,14 @@ class TestNumericExtremes:
 
     def test_bounds_that_could_overflow_a_sum_are_refused_at_upload(self, live_server: LiveServer) -> None:
         world = make_world(live_server, BIG)
-        schema = {"columns": [{"name": "x", "type": "float", "min": 0, "max": 1e308}],
-                  "neighboring": "add_remove"}
+        schema = {
+            "columns": [{"name": "x", "type": "float", "min": 0, "max": 1e308}],
+            "neighboring": "add_remove",
+        }
         csv = b"x\n1e308\n1e308\n0\n" + f"{secrets.randbelow(10**9)}\n".encode()
-        response = world.admin.post("/v1/datasets", files={"file": ("x.csv", csv, "text/csv")},
-                                    data={"schema": json.dumps(schema)})
+        response = world.admin.post(
+            "/v1/datasets", files={"file": ("x.csv", csv, "text/csv")}, data={"schema": json.dumps(schema)}
+        )
         assert response.status_code == 422
         assert response.json()["errors"][0]["field"].startswith("schema.columns.0")
 

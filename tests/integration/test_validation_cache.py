@@ -20,8 +20,11 @@ def test_a_repeated_request_is_validated_once_and_variants_are_validated_alone(
     url = f"/v1/datasets/{world.dataset_id}/requests"
 
     def post(params: Any) -> Any:
-        return world.analyst.post(url, content=json.dumps({"mechanism": "laplace", "params": params}),
-                                  headers={"content-type": "application/json"})
+        return world.analyst.post(
+            url,
+            content=json.dumps({"mechanism": "laplace", "params": params}),
+            headers={"content-type": "application/json"},
+        )
 
     params = {"query": {"kind": "count"}, "epsilon": 1.0}
     answers = [post(params), post(params), post({"epsilon": 1.0, "query": {"kind": "count"}})]

@@ -88,9 +88,11 @@ class TestWriteBatcher:
         for request, _ in admitted:  # settle them all through the writer, concurrently
             assert request.state == "running"
         with ThreadPoolExecutor(10) as pool:
-            settled = list(pool.map(
-                lambda r: batcher.settle(settlement.RequestRef.of(r[0]), None, None, "test"), admitted
-            ))
+            settled = list(
+                pool.map(
+                    lambda r: batcher.settle(settlement.RequestRef.of(r[0]), None, None, "test"), admitted
+                )
+            )
         assert all(s is not None and s.state == "failed_charged" for s in settled)
         assert batcher.settle(settlement.RequestRef.of(admitted[0][0]), None, None, "again") is None
         assert spent_and_reserved(sessions, dataset_id) == (UNITS_PER_EPSILON, 0)
@@ -246,13 +248,26 @@ def test_the_batch_insert_stores_what_an_orm_insert_stores(
     dataset_id, (principal,) = world_in_db(sessions, tmp_path)
     now = datetime.now(UTC)
     columns: dict[str, Any] = {
-        "kind": "request", "dataset_id": dataset_id, "analyst": principal.name, "mechanism": "laplace",
-        "params": {"query": {"kind": "count"}, "epsilon": 0.25, "note": "ü\\\t\"x"}, "fingerprint": "f" * 64,
-        "state": "committed", "scopes": ["*", principal.name],
-        "worst_case": {"curve": [0.5, "inf"], "delta": "0"}, "realized": None,
-        "release": {"value": 1e-06, "big": 2**62}, "error": None, "created_at": now, "updated_at": now,
-        "lease_expires_at": None, "lease_owner": None, "started_at": now, "progress": 0.5,
-        "cancelled_by": None, "queue": None,
+        "kind": "request",
+        "dataset_id": dataset_id,
+        "analyst": principal.name,
+        "mechanism": "laplace",
+        "params": {"query": {"kind": "count"}, "epsilon": 0.25, "note": 'ü\\\t"x'},
+        "fingerprint": "f" * 64,
+        "state": "committed",
+        "scopes": ["*", principal.name],
+        "worst_case": {"curve": [0.5, "inf"], "delta": "0"},
+        "realized": None,
+        "release": {"value": 1e-06, "big": 2**62},
+        "error": None,
+        "created_at": now,
+        "updated_at": now,
+        "lease_expires_at": None,
+        "lease_owner": None,
+        "started_at": now,
+        "progress": 0.5,
+        "cancelled_by": None,
+        "queue": None,
     }
     with sessions() as session, session.begin():
         batched = {**columns, "id": "batched", "idempotency_key": "k\tey"}

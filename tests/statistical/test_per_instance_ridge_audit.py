@@ -50,9 +50,7 @@ def _units(x: np.ndarray, step: float) -> int:
     return math.ceil(float(np.linalg.eigvalsh(x.T @ x)[0]) / step) - 1
 
 
-def _audit(
-    drop_margins: bool, family: str = "public", seed: int = 0, pdp: bool = True
-) -> dict[str, float]:
+def _audit(drop_margins: bool, family: str = "public", seed: int = 0, pdp: bool = True) -> dict[str, float]:
     """Failure rates per claim; ``pdp=False`` skips the exact pDP of every trial (the slow part), for the
     power test, which checks only the ex-post claims."""
     x_all, y_all = _data(seed)
@@ -127,7 +125,7 @@ def _audit(
             ops_o
         )
         pdp_rows["outsider"].append((float(mu_o[0]), float(r_o[0]), gamma, rep[1]["outsider"]["pdp_epsilon"]))
-    for side, rows in (pdp_rows.items() if pdp else ()):
+    for side, rows in pdp_rows.items() if pdp else ():
         mu, r, gammas, reported = (np.array(col) for col in zip(*rows, strict=True))
         exact = np.empty_like(mu)
         for g in np.unique(gammas):  # one vectorised bisection per distinct γ (a few), not one per trial

@@ -320,8 +320,15 @@ def test_digit_thresholds_enclose_the_digit_probabilities() -> None:
     """below_j ≤ 2^16·p_j ≤ above_j, p_j = q^{2^j}/(1 + q^{2^j}), q = e^{−1/t}, against mpmath at 400 bits;
     J is the least with 2^J/t ≥ 45, and the 64-bit logistic enclosures of the slow path hold too."""
     mpmath.mp.prec = 400
-    for t in [Fraction(1, 60), Fraction(1, 44), Fraction(0.37), Fraction(7, 3), Fraction(100_001, 8),
-              Fraction((1 << 52) - 1, 3), Fraction(1 << 52)]:
+    for t in [
+        Fraction(1, 60),
+        Fraction(1, 44),
+        Fraction(0.37),
+        Fraction(7, 3),
+        Fraction(100_001, 8),
+        Fraction((1 << 52) - 1, 3),
+        Fraction(1 << 52),
+    ]:
         below, above = _digit_table(t.numerator, t.denominator)
         depth = below.size
         assert (1 << depth) >= 45 * t

@@ -39,7 +39,7 @@ def random_value(rng: random.Random, depth: int = 0) -> Any:
     if kind == 1:
         return rng.randint(-(2**63), 2**63 - 1)
     if kind == 2:
-        return "".join(rng.choice("aé€\"\\\n\t/ 0😀") for _ in range(rng.randrange(6)))
+        return "".join(rng.choice('aé€"\\\n\t/ 0😀') for _ in range(rng.randrange(6)))
     if kind == 3:
         return rng.choice([True, False, None, 0.0, -0.0, 1e-7, 5e-324, 1.7976931348623157e308])
     if kind == 4:
@@ -288,17 +288,27 @@ CASES: dict[str, dict[str, Any]] = {
     "committed, integer curve": {"worst_case": INTEGERS, "realized": INTEGERS, "release": {"value": 3}},
     "queued": {"state": RequestState.RUNNING.value, "realized": None, "release": None, "started_at": None},
     "running dp_gd with progress": {
-        "mechanism": "dp_gd", "state": RequestState.RUNNING.value, "realized": None, "release": None,
-        "lease_owner": "worker-1", "progress": 0.25, "started_at": datetime.now(UTC) - timedelta(seconds=3),
+        "mechanism": "dp_gd",
+        "state": RequestState.RUNNING.value,
+        "realized": None,
+        "release": None,
+        "lease_owner": "worker-1",
+        "progress": 0.25,
+        "started_at": datetime.now(UTC) - timedelta(seconds=3),
     },
     "running, state as enum": {"state": RequestState.RUNNING, "realized": None, "release": None},
     "failed": {
-        "state": RequestState.FAILED_CHARGED.value, "realized": MIXED, "release": None,
+        "state": RequestState.FAILED_CHARGED.value,
+        "realized": MIXED,
+        "release": None,
         "error": "the mechanism failed; its worst case was charged",
     },
     "aborted by its owner": {
-        "state": RequestState.ABORTED.value, "realized": None, "release": None,
-        "error": "cancelled before a worker started it; nothing was charged", "cancelled_by": "alice",
+        "state": RequestState.ABORTED.value,
+        "realized": None,
+        "release": None,
+        "error": "cancelled before a worker started it; nothing was charged",
+        "cancelled_by": "alice",
     },
 }
 

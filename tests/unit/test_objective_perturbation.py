@@ -570,7 +570,10 @@ def test_data_dependent_report_is_charged() -> None:
     mech = ObjPertLogistic()
     ctx = _ctx()
     params = _params(
-        regularization=50.0, report="data_dependent", report_gradient_sigma=2.0, report_hessian_sigma=0.5,
+        regularization=50.0,
+        report="data_dependent",
+        report_gradient_sigma=2.0,
+        report_hessian_sigma=0.5,
         max_rows=400,
     )
     mech.check(params, ctx)
@@ -835,7 +838,14 @@ def test_failure_channel_is_covered_by_the_charge_add_remove() -> None:
     def fails(xx: np.ndarray, yy: np.ndarray, b: float, tau: float, cap: int = 30) -> bool:
         try:
             solve_to_tolerance(
-                xx, yy, lam, np.array([b]), tau, max_iterations=cap, row_norm=1.0, n_bound=max_rows,
+                xx,
+                yy,
+                lam,
+                np.array([b]),
+                tau,
+                max_iterations=cap,
+                row_norm=1.0,
+                n_bound=max_rows,
                 b_bound=b_bound,
             )
         except ObjPertDidNotConverge:

@@ -369,8 +369,17 @@ def test_hessian_transcript_term_is_the_goe_gaussian_loss() -> None:
     assert np.std(draws) == pytest.approx(delta_h / (math.sqrt(2) * s3), rel=0.05)
     z = two_sided_z(0.01)
     terms = ex_post_terms(
-        theta, x[None, :], np.array([1.0]), lam=1.0, sigma=1.0, z_b=z, h_hat=mean + 0.0,
-        g_hat=np.zeros(d), sigma_g=0.5, z_e=z, sigma_h=s3,
+        theta,
+        x[None, :],
+        np.array([1.0]),
+        lam=1.0,
+        sigma=1.0,
+        z_b=z,
+        h_hat=mean + 0.0,
+        g_hat=np.zeros(d),
+        sigma_g=0.5,
+        z_e=z,
+        sigma_h=s3,
     )
     expected = delta_h**2 / (4 * s3**2) + delta_h * z / (math.sqrt(2) * s3)
     assert terms["report_hessian"][0] == pytest.approx(expected, rel=1e-12)
@@ -388,7 +397,10 @@ def test_report_events_and_confidence_for_new_and_legacy_releases() -> None:
     xs /= np.maximum(1, np.linalg.norm(xs, axis=1))[:, None]
     ys = np.where(xs[:, 0] > 0, 1.0, -1.0)
     p = _params(
-        report="data_dependent", regularization=60.0, report_gradient_sigma=1.0, report_hessian_sigma=1.0,
+        report="data_dependent",
+        regularization=60.0,
+        report_gradient_sigma=1.0,
+        report_hessian_sigma=1.0,
         report_rho=1e-3,
     )
     fit = fit_objpert(xs, ys, p.config("add_remove"), noise)

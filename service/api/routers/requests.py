@@ -143,7 +143,13 @@ async def submit_request(
             request = await run_in_threadpool(lifecycle.submit, *args)
     except BudgetExhausted as refused:  # recorded after the admission transaction, best-effort
         await run_in_threadpool(
-            record_refusal, runtime.sessions, analyst, dataset_id, "request", body.mechanism, body.params,
+            record_refusal,
+            runtime.sessions,
+            analyst,
+            dataset_id,
+            "request",
+            body.mechanism,
+            body.params,
             refused,
         )
         raise

@@ -60,6 +60,7 @@ class _AsyncClient(Protocol):
     @property
     def _asynchronous(self) -> Literal[True]: ...
 
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 USER_AGENT = f"expost-client/{__version__}"
 
