@@ -89,21 +89,7 @@ IN_ENGINE: frozenset[str] = frozenset(
 batches: they run on tables of any size. Every other mechanism holds the columns it reads in memory and is
 refused on a table larger than the deployment's learner row limit, before anything is reserved."""
 
-WITH_UNITS: frozenset[str] = frozenset(
-    {
-        "laplace",
-        "gaussian",
-        "quantile",
-        "measures.laplace",
-        "measures.gaussian",
-        "above_threshold.batch",
-        "above_threshold.dropping.batch",
-        "above_threshold.laplace.batch",
-        "accuracy_first.laplace",
-        "accuracy_first.gaussian",
-        *INTERACTIVE,
-    }
-)
+WITH_UNITS: frozenset[str] = IN_ENGINE - {"dp_gd"}  # dp_gd streams, but clips per row, not per unit
 """Mechanisms whose sensitivity accounts for a privacy unit's ``max_rows`` (docs/privacy.md §15): their
 queries' shifts are the unit-level ones, and every plan bounds each unit's rows. The others are refused on
 a dataset that declares a privacy unit, never run per row."""
