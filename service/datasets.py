@@ -13,6 +13,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow.parquet as pq
+import structlog
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
@@ -75,6 +76,21 @@ def ingest(make: Callable[[], Ingested], store: SnapshotStore) -> Ingested:
     if digest != ingested.sha256:
         raise RuntimeError("the stored snapshot does not match its digest")
     return ingested
+
+
+class IngestProgress:
+    """The ``progress`` callback of an ingestion: logs the rows written so far (``expost.datasets``,
+    ``ingesting``) at most every ``interval`` seconds, and how long the whole took."""
+
+    def __init__(self, name: str, interval: float = 2.0) -> None:
+        self.name, self.interval = name, interval
+        self.started = self._last = time.monotonic()
+
+    def __call__(self, rows: int) -> None:
+        now = time.monotonic()
+        if now - self._last >= self.interval:
+            self._last = now
+            log.info("ingesting", dataset=self.name, rows=rows, seconds=round(now - self.started, 1))
 
 
 def upload_csv(source: BinaryIO, limit: int, work_dir: Path) -> Path:
@@ -318,6 +334,8 @@ def public_context(dataset: Dataset) -> PublicContext:
         _cache.contexts[dataset.id] = context
     return context
 
+
+log = structlog.get_logger("expost.datasets")
 
 SNAPSHOT_SUFFIX = ".parquet"
 """A dataset's ``file_name`` is ``<sha256>.parquet``: a snapshot in the store. Datasets uploaded before

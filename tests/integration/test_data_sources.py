@@ -345,3 +345,23 @@ class TestSharedObjectStore:
         assert registered.json()["content_sha256"] == uploaded.json()["content_sha256"]
         missing = register(on_a, {"kind": "parquet", "path": f"s3://{s3_server.bucket}/{prefix}-lake/none/"})
         assert missing.status_code == 422, missing.text
+
+
+def test_ingestion_reports_its_progress_in_the_log(tmp_path: Path) -> None:
+    """A long ingestion logs the rows written so far (at most every ``interval`` seconds)."""
+    from structlog.testing import capture_logs
+
+    from mechanisms.data.schema import DatasetSchema
+    from service.data.ingest import csv_to_parquet
+    from service.datasets import IngestProgress
+
+    source = tmp_path / "people.csv"
+    source.write_bytes(csv_of(rows()))
+    with capture_logs() as logs:
+        csv_to_parquet(
+            source, DatasetSchema.model_validate(SCHEMA), tmp_path / "work", IngestProgress("p", 0.0)
+        )
+    reported = [entry for entry in logs if entry["event"] == "ingesting"]
+    assert reported
+    assert reported[-1]["rows"] == N
+    assert reported[-1]["dataset"] == "p"

@@ -91,7 +91,10 @@ def create_dataset(
     work = runtime.settings.data_dir / "work"
     source = datasets.upload_csv(file.file, limit, work)  # this route runs in a worker thread, not the loop
     try:
-        ingested = datasets.ingest(lambda: csv_to_parquet(source, schema, work), runtime.tables.store)
+        progress = datasets.IngestProgress(name)
+        ingested = datasets.ingest(
+            lambda: csv_to_parquet(source, schema, work, progress), runtime.tables.store
+        )
     finally:
         source.unlink(missing_ok=True)
     with runtime.sessions() as session, session.begin():
@@ -132,12 +135,22 @@ def register_dataset(body: RegisterIn, runtime: RuntimeDep, admin: Admin) -> Dat
             else None
         )  # fmt: skip
         ingested = datasets.ingest(
-            lambda: parquet_to_snapshot(source.path, schema, work, filesystem), runtime.tables.store
+            lambda: parquet_to_snapshot(
+                source.path, schema, work, filesystem, datasets.IngestProgress(body.name)
+            ),
+            runtime.tables.store,
         )
     else:
         dsn = source.dsn.get_secret_value()  # used for this copy only: never stored, logged or echoed
         ingested = datasets.ingest(
-            lambda: postgres_to_snapshot(dsn, schema, work, table=source.table, query=source.query),
+            lambda: postgres_to_snapshot(
+                dsn,
+                schema,
+                work,
+                table=source.table,
+                query=source.query,
+                progress=datasets.IngestProgress(body.name),
+            ),
             runtime.tables.store,
         )
     with runtime.sessions() as session, session.begin():
