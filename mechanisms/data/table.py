@@ -90,13 +90,13 @@ def _read_rows(data: bytes, schema: DatasetSchema) -> list[list[str]]:
         if header is None:
             return []
         if len(header) > len(schema.columns):  # refused before any row is read (the check raises)
-            _check_header(header, schema)
+            check_header(header, schema)
         return [header, *reader]
     except csv.Error as exc:
         raise _fail(f"the file is not valid CSV: {exc}") from None
 
 
-def _check_header(header: Sequence[str], schema: DatasetSchema) -> list[str]:
+def check_header(header: Sequence[str], schema: DatasetSchema) -> list[str]:
     """The header's names (stripped), exactly the schema's in any order. Linear in the header's width (counts
     and sets, no ``list.count`` or ``in`` on a list per name): a header of 100 000 names, far wider than any
     schema (``MAX_COLUMNS``), is refused in milliseconds."""
@@ -216,7 +216,7 @@ def load_csv(data: bytes, schema: DatasetSchema) -> LoadedTable:
     rows = _read_rows(data, schema)
     if not rows:
         raise _fail("the file is empty")
-    names = _check_header(rows[0], schema)
+    names = check_header(rows[0], schema)
     body, numbers = _data_rows(rows[1:], len(names))
     columns: dict[str, np.ndarray] = {}
     clipped: dict[str, int] = {}

@@ -40,7 +40,6 @@ import csv
 import io
 import re
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -61,7 +60,7 @@ import pyarrow.parquet as pq
 
 from mechanisms.data.plan import ORDER_COLUMN
 from mechanisms.data.schema import CategoricalColumn, DatasetSchema, FloatColumn, IntColumn
-from mechanisms.data.table import QUOTE_CHARS, TableError
+from mechanisms.data.table import QUOTE_CHARS, TableError, check_header
 from mechanisms.noise import Noise
 from service.data.errors import SourceError
 from service.data.storage import file_sha256
@@ -295,25 +294,14 @@ def _read_header(source: Path) -> list[str]:
             raise _fail(f"the file is not valid CSV: {exc}") from None
 
 
-def _names(names: Sequence[str], at_most: int = 5) -> str:
-    shown = ", ".join(map(_quote, names[:at_most]))
-    return shown if len(names) <= at_most else f"{shown} and {len(names) - at_most} more"
-
-
 def _layout(header: Sequence[str], schema: DatasetSchema) -> list[tuple[int, SchemaColumn]] | TableError:
-    """(position in the file, column) per header cell, or load_csv's header error (linear in the width)."""
-    names = [h.strip() for h in header]
-    counts = Counter(names)
-    duplicates = sorted(n for n, k in counts.items() if k > 1)
-    if duplicates:
-        return _fail(f"duplicate columns in the header: {_names(duplicates)}")
-    missing = [n for n in schema.names if n not in counts]
-    if missing:
-        return _fail(f"missing columns: {', '.join(map(repr, missing))}")
+    """(position in the file, column) per header cell, or load_csv's header error (``check_header``, the one
+    header check: linear in the width)."""
+    try:
+        names = check_header(header, schema)
+    except TableError as exc:
+        return exc
     by_name = {c.name: c for c in schema.columns}
-    extra = [n for n in names if n not in by_name]
-    if extra:
-        return _fail(f"columns not in the schema: {_names(extra)}")
     return [(position, by_name[name]) for position, name in enumerate(names)]
 
 
