@@ -54,6 +54,7 @@ from mechanisms.queries.language import (
     MIN_GRID_EXPONENT,
     RANGE_BITS,
     Where,
+    center,
     charged_fraction,
     check_where,
     clamped_units,
@@ -150,13 +151,6 @@ def _numeric(ctx: PublicContext, name: str, field: str) -> FloatColumn | IntColu
     return column
 
 
-def _center(column: FloatColumn | IntColumn) -> tuple[float, Fraction]:
-    """The float midpoint c of [min, max] and H ≥ |fl(x − c)| for every x in [min, max]."""
-    c = float((Fraction(column.min) + Fraction(column.max)) / 2)
-    h = max(abs(Fraction(column.min) - Fraction(c)), abs(Fraction(column.max) - Fraction(c)))
-    return c, Fraction(float_up(h))
-
-
 def public_size(p: _MeasuresBase, ctx: PublicContext) -> int | None:
     """The public N of mean/variance: n under replace-one without where and group-by, else None."""
     if ctx.schema.neighboring == "replace_one" and not p.where and not p.group_by and ctx.n_rows:
@@ -187,7 +181,7 @@ def blocks(p: _MeasuresBase, ctx: PublicContext) -> tuple[Block, ...]:
             continue
         if denominator:
             add(Block("count", None, Fraction(1), Fraction(1), True))
-        c, h = _center(column)
+        c, h = center(column)
         add(Block("csum", column.name, -h, h, False, c))
         if measure.kind in ("variance", "std"):
             add(Block("csumsq", column.name, Fraction(0), Fraction(float_up(h * h)), False, c))
@@ -461,7 +455,7 @@ def _derive(
             out[measure.label] = released[f"sum({measure.column})"]
             continue
         column = _numeric(ctx, measure.column, "measures")
-        c, h = _center(column)
+        c, h = center(column)
         n = np.full(n_cells, float(size)) if size is not None else np.maximum(released["count"], 1.0)
         centered_mean = np.clip(released[f"csum({measure.column})"] / n, -float(h), float(h))
         if measure.kind == "mean":
