@@ -148,7 +148,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ensure_migrated(runtime.engine, settings.database_url)
         app.state.runtime = runtime
         app.state.keys = KeyCache(runtime.sessions, settings.auth_cache_seconds)
-        start_reaper(runtime)
+        runtime.reaper = start_reaper(runtime)
         install_signal_handlers(runtime)  # SIGTERM: drain at once, then uvicorn stops; close() ends the runs
         log.info("expost started", database=runtime.engine.url.render_as_string(hide_password=True))
         try:

@@ -372,6 +372,13 @@ class TableCache:
         self._tables: OrderedDict[str, Table] = OrderedDict()
         self._lock = threading.Lock()
 
+    def close(self) -> None:
+        """Forget the tables and close the engine (the process is stopping)."""
+        with self._lock:
+            self._tables.clear()
+        if self.engine is not None:
+            self.engine.close()
+
     def in_memory(self, dataset: Dataset) -> bool:
         """Whether the dataset's table is served from memory: cheap to scan, may run inline."""
         return dataset.file_name.endswith(".csv") or dataset.n_rows <= self.memory_max_rows

@@ -32,6 +32,8 @@ class Engine(Protocol):
 
     def aggregate(self, path: Path, plan: Aggregation) -> Answer: ...
 
+    def close(self) -> None: ...
+
 
 class RowLimitExceeded(RuntimeError):
     """A column was asked for in memory, but the snapshot has more rows than the limit.

@@ -180,6 +180,17 @@ class FairRunner:
                 end = time.monotonic() + 2.0
                 while self._active and time.monotonic() < end:
                     self._cond.wait(0.1)
+        self._join_idle_threads()
+
+    def _join_idle_threads(self) -> None:
+        """Wait (briefly) for the threads that are not running anything to end, so that none of them drops
+        the last reference to the runtime (its engine's native connection) after the interpreter began to
+        finalise: DuckDB's connection, destroyed then, aborts the process."""
+        with self._cond:
+            busy = set(self._active)
+        for thread in self._threads:
+            if thread.name not in busy and thread is not threading.current_thread():
+                thread.join(2.0)
 
 
 class InProcessExecutor:

@@ -34,6 +34,7 @@ class Runtime:
     # Set on SIGTERM: no new work is admitted or started; waiting POSTs answer 202 at once.
     draining: threading.Event = field(default_factory=threading.Event)
     drain_started: float | None = None
+    reaper: threading.Thread | None = None
 
     def limits(self) -> Limits:
         return Limits(
@@ -57,5 +58,8 @@ class Runtime:
         self.stop.set()
         started = self.drain_started if self.drain_started is not None else time.monotonic()
         self.executor.shutdown(started + self.settings.shutdown_grace_seconds)
+        if self.reaper is not None:
+            self.reaper.join(10)
         self.writer.stop()
+        self.tables.close()  # the data engine's native resources, now, not when a thread drops the last ref
         self.engine.dispose()

@@ -44,6 +44,10 @@ composition.build_runtime = tracked
 for i in range(3):
     with serve_in_thread(server_settings(url, work / f"data{i}")) as base_url:
         assert httpx.get(base_url + "/healthz").status_code == 200
+    # none of the runtime's threads outlives the app: one that dropped the last reference to the runtime
+    # while the interpreter finalised would destroy DuckDB's connection then, which aborts the process
+    import threading
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("expost-")], threading.enumerate()
 gc.collect()
 print(gc.get_freeze_count() > 0, [ref() is None for ref in runtimes])
 """
