@@ -120,8 +120,19 @@ class Settings(BaseSettings):
     rate_limit_reports: str = Field(
         "60/minute", description="stricter per-key limit for POST /v1/requests/{rid}/privacy-report"
     )
+    rate_limit_failed_auth: str = Field(
+        "30/minute",
+        description="per client address: requests answered 401 (unknown, malformed or revoked keys); over it "
+        "the address gets 429 except for keys this process accepted recently; empty disables it",
+    )
     rate_limit_storage: str = Field(
         "memory://", description="`limits` storage URI: memory:// (per process) or redis://… (shared)"
+    )
+    header_timeout_seconds: float = Field(
+        10.0,
+        ge=0,
+        description="a connection whose request head (request line and headers) is not complete this long "
+        "after it opened, or after its previous response, is closed (slow or half-open clients); 0: never",
     )
     log_json: bool = False
     log_level: str = "INFO"

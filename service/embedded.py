@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from service.api.wire import HTTP_PROTOCOL
+from service.api.wire import protocol_with_head_timeout
 from service.app import create_app
 from service.config import Settings
 
@@ -35,7 +35,7 @@ def serve_in_thread(settings: Settings, *, start_timeout: float = 20.0) -> Itera
             port=port,
             log_level="warning",
             lifespan="on",
-            http=HTTP_PROTOCOL,
+            http=protocol_with_head_timeout(settings.header_timeout_seconds),
         )
     )
     thread = threading.Thread(target=server.run, daemon=True)

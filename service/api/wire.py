@@ -5,13 +5,22 @@ before any application code runs, e.g. a header value with a C0 control characte
 §5.5 does not allow. uvicorn then writes a plain-text 400. These protocol classes write the same 400 as a
 problem document instead; nothing else changes (the connection is closed, nothing reached the app, so
 nothing was read, admitted or charged). ``HTTP_PROTOCOL`` is the class the server uses.
+
+They also bound the time a client may take to send a request's head (request line and headers): a
+connection whose head is not complete ``EXPOST_HEADER_TIMEOUT_SECONDS`` after it opened, or after its
+previous response ended, is closed (uvicorn itself times out idle keep-alive connections only, so a client
+that sends half a head, or nothing, would hold its connection forever: slowloris).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from service.config import get_settings
 
 PROBLEM_TYPE = "/problems/malformed-request"
 
@@ -31,8 +40,55 @@ def problem_bytes(parser_message: str) -> bytes:
     return json.dumps(body).encode("ascii")
 
 
+class HeadDeadline:
+    """The deadline for the head of the next request on one connection."""
+
+    def __init__(self, protocol: Any, seconds: float) -> None:
+        self.protocol, self.seconds = protocol, seconds
+        self._timer: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        """Start the clock (the connection opened, or its previous response ended)."""
+        self.disarm()
+        if self.seconds > 0 and not self.protocol.transport.is_closing():
+            self._timer = self.protocol.loop.call_later(self.seconds, self._passed)
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _passed(self) -> None:
+        self._timer = None
+        cycle = self.protocol.cycle  # set once a head is complete; a finished one means we wait for the next
+        if (cycle is None or cycle.response_complete) and not self.protocol.transport.is_closing():
+            self.protocol.transport.close()
+
+
+def header_timeout(protocol_class: type) -> float:
+    """The head deadline of a protocol class: its own ``head_timeout`` (the embedded server's settings), or
+    the process's ``EXPOST_HEADER_TIMEOUT_SECONDS``."""
+    seconds = getattr(protocol_class, "head_timeout", None)
+    return float(seconds) if seconds is not None else get_settings().header_timeout_seconds
+
+
 class ProblemH11Protocol(H11Protocol):
-    """h11 with problem+json parser refusals."""
+    """h11 with problem+json parser refusals and a deadline on each request's head."""
+
+    head_timeout: float | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.head_deadline = HeadDeadline(self, header_timeout(type(self)))
+        self.head_deadline.arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self.head_deadline.arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.head_deadline.disarm()
+        super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
         import h11
@@ -57,7 +113,22 @@ try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class ProblemHttpToolsProtocol(HttpToolsProtocol):
-        """httptools with problem+json parser refusals."""
+        """httptools with problem+json parser refusals and a deadline on each request's head."""
+
+        head_timeout: float | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self.head_deadline = HeadDeadline(self, header_timeout(type(self)))
+            self.head_deadline.arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self.head_deadline.arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.head_deadline.disarm()
+            super().connection_lost(exc)
 
         def send_400_response(self, msg: str) -> None:
             body = problem_bytes(msg)
@@ -77,3 +148,9 @@ try:
     HTTP_PROTOCOL = ProblemHttpToolsProtocol
 except ImportError:  # httptools not installed: uvicorn would use h11 too
     pass
+
+
+def protocol_with_head_timeout(seconds: float) -> type:
+    """``HTTP_PROTOCOL`` with its own head deadline (an embedded server: its settings, not the
+    environment's)."""
+    return type(HTTP_PROTOCOL.__name__, (HTTP_PROTOCOL,), {"head_timeout": seconds})

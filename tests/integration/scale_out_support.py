@@ -252,6 +252,7 @@ class Cluster:
             "EXPOST_HEARTBEAT_SECONDS": "0.5",
             "EXPOST_WAIT_SECONDS": "0.5",
             "EXPOST_RATE_LIMIT": "",
+            "EXPOST_RATE_LIMIT_FAILED_AUTH": "",
             "EXPOST_POLL_SECONDS": "0.5",
             "EXPOST_SHUTDOWN_GRACE_SECONDS": "5",
             "EXPOST_MAX_RUNNING_REQUESTS_PER_ANALYST": "100000",  # bursts here test crashes, not limits

@@ -4,6 +4,7 @@ shape."""
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,3 +121,30 @@ def test_disabled_limits_let_bursts_through(database_url: str, tmp_path: Path) -
         _, key = server.create_key(Role.viewer)
         with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {key}"}) as client:
             assert {client.get("/v1/datasets").status_code for _ in range(40)} == {200}
+
+
+def test_failed_authentications_from_one_address_are_limited_but_its_working_keys_go_on(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Rotating random keys escaped the per-key limit (each unknown key had a window of its own): now every
+    401 counts against the client's address (issue 35, item 15)."""
+    settings = server_settings(database_url, tmp_path, rate_limit_failed_auth="5/minute")
+    with running_server(settings) as server:
+        _, known = server.create_key(Role.viewer)
+        _, fresh = server.create_key(Role.viewer)
+        with server.client(known) as client:
+            assert client.get("/v1/datasets").status_code == 200  # accepted: remembered by the process
+        guesses = []
+        for _ in range(6):
+            with server.client("xp_guess_" + secrets.token_hex(16)) as guesser:
+                guesses.append(guesser.get("/v1/datasets"))
+        assert [r.status_code for r in guesses[:5]] == [401] * 5
+        body = assert_problem(guesses[5], 429, "/problems/rate-limited")
+        assert set(body) == PROBLEM_KEYS
+        assert "failed authentications" in body["detail"]
+        assert 1 <= int(guesses[5].headers["Retry-After"]) <= 60
+        with server.client(known) as client:
+            assert client.get("/v1/datasets").status_code == 200  # the address's working key goes on
+        with server.client(fresh) as client:  # a key this process never accepted waits like a guess
+            assert_problem(client.get("/v1/datasets"), 429, "/problems/rate-limited")
+        assert all(httpx.get(server.base_url + "/healthz").status_code == 200 for _ in range(3))
