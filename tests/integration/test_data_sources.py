@@ -7,10 +7,6 @@ nothing and charges nothing."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,9 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from service.auth import Role
-from service.embedded import free_port
 from tests.conftest import LiveServer, S3Server, _libpq, fresh_postgres_database
 from tests.integration.helpers import BIG, SCHEMA, upload
+from tests.integration.scale_out_support import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 REGIONS = ["north", "south", "east", "west"]
@@ -200,60 +196,26 @@ class TestPostgresByReference:
 
 
 # ----- two real server processes sharing an S3-compatible store --------------------------------------------
-def spawn_server(
-    database_url: str, data_dir: Path, s3: S3Server, prefix: str
-) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "EXPOST_DATABASE_URL": database_url,
-        "EXPOST_DATA_DIR": str(data_dir),
-        "EXPOST_STORAGE_URL": f"s3://{s3.bucket}/{prefix}",
-        "EXPOST_S3_ENDPOINT_URL": s3.endpoint_url,
-        "EXPOST_S3_REGION": s3.region,
-        "EXPOST_S3_ACCESS_KEY": s3.access_key,
-        "EXPOST_S3_SECRET_KEY": s3.secret_key,
-        "EXPOST_RATE_LIMIT": "",
-        "EXPOST_QUEUE_NAME": f"t{uuid.uuid4().hex[:12]}",
-    }
-    log = (data_dir.parent / f"server-{port}.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, cwd=data_dir.parent, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, (data_dir.parent / f"server-{port}.log").read_text()[-3000:]
-        try:
-            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                return proc, base
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("the server did not start")
-
-
 @pytest.fixture
 def two_servers(
     database_url: str, tmp_path: Path, s3_server: S3Server
 ) -> Iterator[tuple[LiveServer, str, str, str]]:
     """Two ``expost serve`` processes on one database, each with its own local folder, sharing one S3
     bucket prefix: (a LiveServer handle for keys, base A, base B, the prefix)."""
-    from service.store.migrate import upgrade
-
-    upgrade(database_url)
     prefix = f"p{uuid.uuid4().hex[:10]}"
-    procs = []
-    bases = []
+    store = {
+        "executor": "inprocess",
+        "storage_url": f"s3://{s3_server.bucket}/{prefix}",
+        "s3_endpoint_url": s3_server.endpoint_url,
+        "s3_region": s3_server.region,
+        "s3_access_key": s3_server.access_key,
+        "s3_secret_key": s3_server.secret_key,
+    }
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    clusters = [Cluster.create(tmp_path / name, database_url, **store) for name in ("a", "b")]
     try:
-        for name in ("a", "b"):
-            folder = tmp_path / name / "data"
-            folder.mkdir(parents=True)
-            proc, base = spawn_server(database_url, folder, s3_server, prefix)
-            procs.append(proc)
-            bases.append(base)
+        bases = [cluster.api()[1] for cluster in clusters]
         from service.config import Settings
 
         handle = LiveServer(
@@ -261,13 +223,9 @@ def two_servers(
         )
         yield handle, bases[0], bases[1], prefix
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        for cluster in clusters:
+            for proc in cluster.procs:
+                proc.stop()
 
 
 @pytest.mark.slow
