@@ -5,10 +5,12 @@ everything below receives what it needs as arguments.
 
 from __future__ import annotations
 
+import functools
 import gc
 import signal
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from types import FrameType
 from typing import Any
@@ -96,19 +98,39 @@ def start_reaper(runtime: Runtime) -> threading.Thread:
 
 
 def install_signal_handlers(runtime: Runtime) -> None:
-    """Chain SIGTERM/SIGINT to :meth:`Runtime.drain` (before uvicorn's own handler stops the server), so
-    the grace period starts at the signal. Only possible in the main thread (``expost serve``)."""
+    """SIGTERM/SIGINT: :meth:`Runtime.drain` at once (the grace period starts at the signal), and uvicorn's
+    own handler (which closes the listening socket) only once this process runs nothing or the grace period
+    is over: until then the server goes on answering, so a new submission gets its ``503`` and clients can
+    still read their requests' state. A second signal stops at once. Only possible in the main thread
+    (``expost serve``)."""
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in (signal.SIGTERM, signal.SIGINT):
         previous = signal.getsignal(sig)
 
         def handler(signum: int, frame: FrameType | None, previous: Any = previous) -> None:
+            first = not runtime.draining.is_set()
             runtime.drain()
-            if callable(previous):
+            if not callable(previous):
+                return
+            if not first:
                 previous(signum, frame)
+                return
+            stop_server = functools.partial(previous, signum, frame)
+            threading.Thread(
+                target=stop_when_idle, args=(runtime, stop_server), name="expost-drain", daemon=True
+            ).start()
 
         signal.signal(sig, handler)
+
+
+def stop_when_idle(runtime: Runtime, stop_server: Callable[[], None], poll: float = 0.05) -> None:
+    """Call ``stop_server`` once no run is in flight here, or when the grace period is over."""
+    started = runtime.drain_started if runtime.drain_started is not None else time.monotonic()
+    deadline = started + runtime.settings.shutdown_grace_seconds
+    while runtime.executor.in_flight() and time.monotonic() < deadline:
+        time.sleep(poll)
+    stop_server()
 
 
 #: Allocations (net, of objects the cycle collector tracks) between young-generation collections;

@@ -16,7 +16,8 @@ when it becomes free, a burst from one analyst delays another analyst's request 
 of one run per worker (docs/operations.md, "Fair scheduling").
 
 Shutdown (:meth:`FairRunner.shutdown`): stop claiming, let the runs in flight finish until the deadline,
-then settle those still running with their worst case (their data was read; docs/privacy.md §6 rule 2) so that
+then settle those still running with their worst case (their data was read;
+docs/privacy/rules.md#rule-reserve-before-read) so that
 their heartbeats fail and they stop; queued requests stay queued for the other or the next workers.
 """
 
@@ -52,6 +53,10 @@ class Executor(Protocol):
 
     def shutdown(self, deadline: float | None = None) -> None:
         """Stop; runs in flight may finish until ``deadline`` (``time.monotonic()``), then are stopped."""
+        ...
+
+    def in_flight(self) -> int:
+        """How many runs this process's threads are running now."""
         ...
 
 
@@ -208,3 +213,6 @@ class InProcessExecutor:
 
     def shutdown(self, deadline: float | None = None) -> None:
         self.runner.shutdown(deadline)
+
+    def in_flight(self) -> int:
+        return len(self.runner.running())

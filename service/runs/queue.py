@@ -103,6 +103,9 @@ class QueueExecutor:
         self._draining = True
         self.broker.close()
 
+    def in_flight(self) -> int:
+        return 0  # the API process only sends wake-ups: its workers run elsewhere
+
 
 def settle_with_retry(sessions: sessionmaker[Session], patience: float = 30.0) -> Any:
     """A settlement that survives a short database outage (restart, failover): retried with backoff for

@@ -65,6 +65,9 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         fresh.drop()
 
 
+CHEAP_COUNT = {"mechanism": "laplace", "params": {"query": {"kind": "count"}, "epsilon": 0.01}}
+
+
 @contextlib.contextmanager
 def make_cluster(workdir: Path, database_url: str, executor: str, **settings: str) -> Iterator[Cluster]:
     if executor == "queue":
@@ -232,6 +235,14 @@ def test_sigterm_with_runs_in_flight_exits_within_the_grace_period_and_settles(
         victim = workers[0] if role == "worker" else next(p for p in c.procs if p.kind == "api")
         signalled = time.monotonic()
         os.killpg(victim.pid, signal.SIGTERM)
+        if role == "serve":  # it goes on answering while its runs finish: new work gets 503, reads work
+            time.sleep(0.3)
+            with world.client(api_base) as fresh:  # a new connection
+                refused = fresh.post(f"/v1/datasets/{ds}/requests", json=CHEAP_COUNT)
+                assert refused.status_code == 503, refused.text
+                assert refused.headers["content-type"].startswith("application/problem+json")
+                assert fresh.get(f"/v1/requests/{finishes}").status_code == 200
+                assert fresh.get("/readyz").status_code == 503
         try:
             victim.popen.wait(grace + 5)
         except Exception:

@@ -21,6 +21,8 @@ async def healthz() -> StatusOut:
 
 @router.get("/readyz", operation_id="getReadiness", summary="Readiness: the database answers")
 def readyz(runtime: RuntimeDep) -> StatusOut:
+    if runtime.draining.is_set():  # SIGTERM: load balancers stop sending work while runs finish
+        raise NotReady("the server is shutting down")
     try:
         with runtime.sessions() as session:
             session.execute(text("SELECT 1"))
