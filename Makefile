@@ -26,12 +26,12 @@ $(VENV)/.installed-test: $(VENV)/.created pyproject.toml clients/python/pyprojec
 install: $(VENV)/.installed-run
 install-test: $(VENV)/.installed-test
 
-## run: set up, migrate the embedded SQLite database, create a demo dataset and keys, serve on
-## 127.0.0.1:PORT (default 8000; `make run PORT=8123`)
+## run: set up, migrate the embedded SQLite database, create the demo datasets and keys (printing them with
+## URLs on PORT), serve on 127.0.0.1:PORT (default 8000; `make run PORT=8123`)
 PORT ?= 8000
 run: install
 	$(BIN)/expost migrate
-	$(BIN)/expost demo
+	$(BIN)/expost demo --host 127.0.0.1 --port $(PORT)
 	$(BIN)/expost serve --host 127.0.0.1 --port $(PORT)
 
 ## test: set up, lint, type-check and run the whole suite (SQLite and PostgreSQL, Redis for the queue)

@@ -1,4 +1,5 @@
-"""Wall time of ``dp_gd`` before/after the floating-point-safe noise (docs/privacy.md §10).
+"""Wall time of ``dp_gd`` before/after the floating-point-safe noise
+(docs/privacy/finite_precision.md#finite-precision).
 
 "Before" is the unchanged original code checked out at /tmp/before (float Gaussian noise from numpy's PCG64,
 float clipped sum), run in a subprocess; "after" is this tree (exact integer clipped sum on the term grid,

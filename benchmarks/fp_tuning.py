@@ -37,7 +37,8 @@ from mechanisms.base import PublicContext  # noqa: E402
 
 try:  # the layout since the architecture issue
     from mechanisms.data.schema import DatasetSchema
-    from mechanisms.tuning.select import TuningParams, TuningSelect, sample_kept
+    from mechanisms.tuning.params import TuningParams
+    from mechanisms.tuning.select import TuningSelect, sample_kept
 except ModuleNotFoundError:  # the float tree (flat mechanisms/ modules)
     from mechanisms.schema import DatasetSchema  # type: ignore[no-redef]
 

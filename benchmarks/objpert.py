@@ -8,7 +8,7 @@ In the spirit of the thesis's chapter-4 tables (Redberg, Koskela & Wang 2023, Ta
   breast-cancer data (569 × 30); columns standardised with the training split's mean/sd (a non-private
   preprocessing step shared by every method, as in the thesis's experiments — in the service the scales
   would be declared bounds), rows normalised to ‖x‖ = 1, then a bias coordinate ⇒ R = √2, L = √2,
-  β = R²/4 = 0.5 (docs/privacy.md §8.4.1); labels ±1; 80/20 split (seeded).
+  β = R²/4 = 0.5 (docs/privacy/objective_perturbation.md#objpert-conditions); labels ±1; 80/20 split (seeded).
 * privacy: add/remove neighbours, δ = 1e-5, every method's RDP curve converted with the same tight
   conversion (Balle et al. 2020, ``epsilon_at_delta_tight``, valid for these ex-ante curves) on a fine order
   grid; each method is calibrated until its converted ε ≤ the target.
@@ -137,7 +137,7 @@ def objpert_config(eps: float, n: int, d: int) -> ObjPertConfig:
 
     # τ no smaller than the public float-rounding floor the service enforces, so the certified stop is
     # reachable. The grid charge depends (very slightly) on τ through τ_eff = τ + κ and the output grid
-    # (docs/privacy.md §10), so λ is calibrated again at the final τ.
+    # (docs/privacy/finite_precision.md#finite-precision), so λ is calibrated again at the final τ.
     lam = _bisect(curve_ok, beta * (1 + 1e-9), 1e7, increasing_ok=True)
     for _ in range(3):
         tau = max(TAU, minimum_tolerance(lam, sigma, R, d, n))

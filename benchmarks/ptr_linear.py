@@ -84,7 +84,8 @@ from mechanisms.reduction.accuracy_first_erm import (  # noqa: E402
     AccuracyFirstRidge,
     clip_l1,
 )
-from mechanisms.tuning.select import TuningParams, TuningSelect  # noqa: E402
+from mechanisms.tuning.params import TuningParams  # noqa: E402
+from mechanisms.tuning.select import TuningSelect  # noqa: E402
 
 DELTA = 1e-6
 D = 10

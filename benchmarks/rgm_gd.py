@@ -15,10 +15,10 @@ N = 141 691 records and d = 22 features; ridge λ = 0.03; labels ±1 fitted by r
   c = max_i ‖∇ℓ_i(θ*)‖ (the paper's non-private choice), with C = X·Y = 1 (the largest per-example
   gradient norm at θ₀ = 0, public) and with C_pub = X(XB + Y) on the ball ‖θ‖ ≤ B
   (``never_clipping_threshold``: public, never clips there);
-* Proposition NOGAIN (docs/privacy.md §8.3.8): every valid relative sensitivity has R_rel ≥ R_floor
-  (``ridge_r_rel_floor``), so no RGM-GD parametrisation has a noise floor below that of a Gaussian mechanism
-  with sensitivity R_floor; "rgm_at_floor" runs RGM-GD with σ from R_floor instead of R_rel (NOT private: an
-  optimistic bound on what any sound parametrisation could reach);
+* Proposition NOGAIN (docs/privacy/gradient_descent.md#proposition-nogain): every valid relative sensitivity
+  has R_rel ≥ R_floor (``ridge_r_rel_floor``), so no RGM-GD parametrisation has a noise floor below that of a
+  Gaussian mechanism with sensitivity R_floor; "rgm_at_floor" runs RGM-GD with σ from R_floor instead of R_rel
+  (NOT private: an optimistic bound on what any sound parametrisation could reach);
 * privacy levels: (a) per step RDP ε = 0.1 at α = 2 (the paper's "equivalent RDP": RGM γ from Theorem 1 /
   the exact curve, DP-GD noise multiplier z = √(α/(2ε))), (b) a total (ε, δ) = (1, 1e-6) over T steps,
   each method calibrated on its own RDP curve over ``DEFAULT_ORDERS`` with Mironov's conversion;
@@ -49,19 +49,21 @@ if str(ROOT) not in sys.path:
 from mechanisms.accounting import DEFAULT_ORDERS, epsilon_at_delta  # noqa: E402
 from mechanisms.learners.dp_gd import DpGdConfig, dp_gd_curve, dp_gd_train, noise_multiplier_for  # noqa: E402
 from mechanisms.learners.relative_gaussian import RelativeSensitivity  # noqa: E402
-from mechanisms.learners.rgm_gd import (  # noqa: E402
-    RgmGdConfig,
+from mechanisms.learners.rgm_calibration import (  # noqa: E402
     baseline_sigma,
-    full_gradient,
     gamma_for_step,
     gamma_for_total,
     never_clipping_threshold,
     relative_sensitivity,
-    rgm_gd_train,
     ridge_r_rel_floor,
     scale_curve,
     step_curve,
     theta_bound,
+)
+from mechanisms.learners.rgm_gd import (  # noqa: E402
+    RgmGdConfig,
+    full_gradient,
+    rgm_gd_train,
 )
 from mechanisms.noise import Noise  # noqa: E402
 

@@ -660,7 +660,7 @@ def _filter_row_process(
     from service.auth import Principal, Role
     from service.config import Settings
     from service.logs import configure_logging
-    from service.runs.requests import submit, submit_one_transaction
+    from service.runs.requests import Submission, submit, submit_one_transaction
 
     configure_logging("WARNING", True)
     freeze_startup_heap()  # as every API process does at start-up, before its runtime (service.app)
@@ -675,9 +675,10 @@ def _filter_row_process(
 
     async def one() -> Any:
         """As the API runs a cheap request: on the event loop, or (a cache miss) in a thread."""
-        request = await submit_one_transaction(runtime, analyst, dataset_id, "laplace", params, None)
+        submission = Submission(analyst, dataset_id, "laplace", params, None)
+        request = await submit_one_transaction(runtime, submission)
         if request is None:
-            request = await asyncio.to_thread(submit, runtime, analyst, dataset_id, "laplace", params, None)
+            request = await asyncio.to_thread(submit, runtime, submission)
         return request
 
     async def client() -> None:

@@ -56,7 +56,9 @@ from mechanisms.base import PublicContext  # noqa: E402
 from mechanisms.data.schema import DatasetSchema  # noqa: E402
 from mechanisms.noise import Noise  # noqa: E402
 from mechanisms.tuning.candidates import LEARNERS, CandidateConfig, split_rows  # noqa: E402
-from mechanisms.tuning.select import TuningParams, TuningSelect, noise_sd, pure_charges, sample_kept  # noqa: E402
+from mechanisms.tuning.charges import pure_charges  # noqa: E402
+from mechanisms.tuning.params import TuningParams  # noqa: E402
+from mechanisms.tuning.select import TuningSelect, noise_sd, sample_kept  # noqa: E402
 
 TABLE1 = {  # N: (doubling precision, doubling answers, Alg3-Laplace precision, Alg3-Laplace answers)
     8000: (0.911, 14.77, 0.912, 20.37),

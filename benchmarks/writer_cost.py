@@ -126,10 +126,11 @@ def measure(
     params = load.request_body("laplace")["params"]
     try:
         # one request through the API's path fills the process caches (dataset row, grant, table)
-        cheap = requests.submit_one_transaction(runtime, analyst, dataset_id, "laplace", params, None)
+        submission = requests.Submission(analyst, dataset_id, "laplace", params, None)
+        cheap = requests.submit_one_transaction(runtime, submission)
         first = asyncio.run(cheap)
         if first is None:
-            requests.submit(runtime, analyst, dataset_id, "laplace", params, None)
+            requests.submit(runtime, submission)
         validated = requests._cached_validation(runtime, analyst, dataset_id, "laplace", params)
         assert validated is not None, "the cheap path did not apply"
         writer = runtime.writer

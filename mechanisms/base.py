@@ -1,4 +1,5 @@
-"""The mechanism seam (docs/privacy.md §2, §6): what every mechanism exposes to the service.
+"""The mechanism seam (docs/privacy/filter.md#filter, docs/privacy/rules.md#rules): what every mechanism
+exposes to the service.
 
 * ``params_model``: frozen, validated pydantic model of **public** inputs (no seeds, no data).
 * ``check(params, ctx)``: schema-dependent validation (unknown column, wrong type); raises ``ParamsError``
@@ -191,13 +192,24 @@ def _is_number(annotation: object) -> bool:
     return bool(args) and get_origin(annotation) in (Union, UnionType) and all(map(_is_number, args))
 
 
+def _constraints(annotation: object) -> list[object]:
+    """The constraints a type carries inside ``Annotated`` (also within ``X | None``), e.g. ``Gt(gt=0)``."""
+    if get_origin(annotation) is Annotated:
+        first, *extras = get_args(annotation)
+        inner = [c for extra in extras for c in getattr(extra, "metadata", [extra])]
+        return _constraints(first) + inner
+    if get_origin(annotation) in (Union, UnionType):
+        return [c for arg in get_args(annotation) for c in _constraints(arg)]
+    return []
+
+
 def cost_range(model: type[BaseModel], name: str) -> tuple[float, float] | None:
     """The interval [lo, hi] ⊆ [1e-9, 1e9] the model accepts for a scalar cost field (None: not scalar)."""
     field = model.model_fields.get(name)
     if field is None or not _is_number(field.annotation):
         return None
     lo, hi = 1e-9, 1e9
-    for bound in field.metadata:
+    for bound in [*field.metadata, *_constraints(field.annotation)]:
         if getattr(bound, "ge", None) is not None:
             lo = max(lo, float(bound.ge))
         if getattr(bound, "gt", None) is not None:

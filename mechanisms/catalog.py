@@ -15,6 +15,7 @@ from mechanisms.per_instance.adaops import ADAOPS_RIDGE
 from mechanisms.per_instance.objpert_logistic import ObjPertLogistic
 from mechanisms.ptr.classic import CLASSIC_PTR
 from mechanisms.ptr.ops_linear import OpsLinear
+from mechanisms.ptr.pate import PATE_LABELS
 from mechanisms.ptr.select import PTR_SELECT
 from mechanisms.queries.gaussian import Gaussian
 from mechanisms.queries.laplace import Laplace
@@ -54,10 +55,12 @@ MECHANISMS: dict[str, Mechanism[Any]] = {
     "rgm.gd": RgmGdMechanism(),
     "dp_gd": DpGdMechanism(),
     "tuning.select": TuningSelect(),
-    # (ε, δ) mechanisms: admitted through the δ-ledger (docs/privacy.md §11, mechanisms.ptr.protocol)
+    # (ε, δ) mechanisms: admitted through the δ-ledger (docs/privacy/approximate.md#approximate-dp,
+    # mechanisms.ptr.protocol)
     "ptr.classic": CLASSIC_PTR,
     "ptr.select": PTR_SELECT,
     "ptr.ops_linear": OpsLinear(),
+    "pate.labels": PATE_LABELS,
     "adaops.ridge": ADAOPS_RIDGE,
 }
 
@@ -89,7 +92,9 @@ IN_ENGINE: frozenset[str] = frozenset(
 batches: they run on tables of any size. Every other mechanism holds the columns it reads in memory and is
 refused on a table larger than the deployment's learner row limit, before anything is reserved."""
 
-WITH_UNITS: frozenset[str] = IN_ENGINE - {"dp_gd"}  # dp_gd streams, but clips per row, not per unit
-"""Mechanisms whose sensitivity accounts for a privacy unit's ``max_rows`` (docs/privacy.md §15): their
-queries' shifts are the unit-level ones, and every plan bounds each unit's rows. The others are refused on
-a dataset that declares a privacy unit, never run per row."""
+WITH_UNITS: frozenset[str] = IN_ENGINE | {"pate.labels"}
+"""Mechanisms whose sensitivity accounts for a privacy unit's ``max_rows`` (docs/privacy/units.md#units):
+their queries' shifts are the unit-level ones, and every plan bounds each unit's rows; ``dp_gd`` clips each
+unit's summed gradient (docs/privacy/units_learners.md#theorem-dpgd-unit); ``pate.labels`` deals whole units
+to teachers, so a unit changes one teacher whatever its row count (docs/privacy/pate.md#lemma-pate-partition).
+The others are refused on a dataset that declares a privacy unit, never run per row."""

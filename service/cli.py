@@ -233,10 +233,11 @@ def keys_create(
     """Create an API key and print it once."""
     from service.auth import Role, create_key
     from service.errors import ServiceError
+    from service.store import unit
 
     sessions = _sessions()
     try:
-        with sessions() as session, session.begin():
+        with unit.transaction(sessions) as session:
             key = create_key(session, name, Role(role.value))
     except ServiceError as exc:
         typer.echo(f"error: {exc.detail}", err=True)
@@ -268,21 +269,38 @@ def datasets_add(
     schema: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="JSON schema file")],
     name: Annotated[str | None, typer.Option(help="display name")] = None,
     actor: Annotated[str, typer.Option(help="recorded in the ledger")] = "cli",
+    unit_column: Annotated[
+        str | None,
+        typer.Option(
+            help="privacy unit: the column identifying a person (ε then protects each with all rows)"
+        ),
+    ] = None,
+    unit_max_rows: Annotated[
+        int | None, typer.Option(help="privacy unit: at most this many of a unit's rows per release")
+    ] = None,
 ) -> None:
     """Register a dataset from local files; prints its id (and, on stderr, how many values of each column
-    lay outside the declared bounds and were clipped to them)."""
+    lay outside the declared bounds and were clipped to them). ``--unit-column`` with ``--unit-max-rows``
+    declares the privacy unit (the schema's ``privacy_unit``; docs/privacy/units.md#units)."""
     from service.datasets import create_dataset, snapshot_store
     from service.errors import ServiceError
+    from service.store import unit
 
+    declared = json.loads(schema.read_text())
+    if (unit_column is None) != (unit_max_rows is None):
+        typer.echo("error: --unit-column and --unit-max-rows go together", err=True)
+        raise typer.Exit(2)
+    if unit_column is not None and isinstance(declared, dict):
+        declared["privacy_unit"] = {"column": unit_column, "max_rows": unit_max_rows}
     sessions = _sessions()
     try:
-        with sessions() as session, session.begin():
+        with unit.transaction(sessions) as session:
             dataset = create_dataset(
                 session,
                 get_settings().data_dir,
                 name or file.stem,
                 file.read_bytes(),
-                json.loads(schema.read_text()),
+                declared,
                 actor,
                 store=snapshot_store(get_settings()),
             )
@@ -353,16 +371,31 @@ DEMO_LEARNING_SCHEMA = {
 }
 
 
+DEMO_BUDGET: dict[str, float] = {"epsilon": 30.0, "delta": 1e-6, "delta_share": 2e-7}
+"""The demo datasets' budget: generous, so that the README's tour and docs/examples.md (one request of every
+mechanism) fit with room to spare, and with a δ share so that the approximate-DP mechanisms are admitted
+without an admin. A demo setting, not a production one."""
+
+
 @app.command()
 def demo(
     keys_file: Annotated[Path, typer.Option(help="where the demo keys are kept")] = Path(
         "var/demo-keys.json"
     ),
+    host: Annotated[str, typer.Option(help="the address `expost serve` will listen on (printed URLs)")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[
+        int, typer.Option(min=1, max=65535, help="its port (printed URLs; `make run PORT=N`)")
+    ] = 8000,
 ) -> None:
-    """Create two demo datasets with budgets (ε=1, δ=1e-6) and admin/analyst/viewer keys (idempotent)."""
+    """Create two demo datasets with generous budgets (ε=30, δ=1e-6, of which 2e-7 for approximate-DP
+    mechanisms) and admin/analyst/viewer keys (idempotent); print the keys, their names and commands to
+    try against http://HOST:PORT."""
     from service.auth import Role, create_key
     from service.datasets import create_dataset, grant, snapshot_store
     from service.filter import budget
+    from service.store import unit
     from service.store.models import DATASET_SCOPE
 
     sessions = _sessions()
@@ -370,7 +403,7 @@ def demo(
     if keys_file.exists():
         info = json.loads(keys_file.read_text())
     else:
-        with sessions() as session, session.begin():
+        with unit.transaction(sessions) as session:
             suffix = secrets.randbelow(1 << 30)
             info = {
                 role: {
@@ -399,18 +432,37 @@ def demo(
             )
             for each in (dataset, learning):
                 grant(session, each, info["analyst"]["name"], info["admin"]["name"])
-                budget.set_budget(session, each, DATASET_SCOPE, 1.0, 1e-6, info["admin"]["name"])
+                budget.set_budget(
+                    session,
+                    each,
+                    DATASET_SCOPE,
+                    DEMO_BUDGET["epsilon"],
+                    DEMO_BUDGET["delta"],
+                    info["admin"]["name"],
+                    delta_share=DEMO_BUDGET["delta_share"],
+                )
             info["dataset"], info["learning_dataset"] = dataset.id, learning.id
+            info["budget"] = dict(DEMO_BUDGET)
         keys_file.parent.mkdir(parents=True, exist_ok=True)
         keys_file.write_text(json.dumps(info, indent=2))
         keys_file.chmod(0o600)
-    _print_demo(info)
+    _print_demo(info, f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}", keys_file)
 
 
-def _print_demo(info: dict[str, object]) -> None:
-    keys = {role: info[role]["key"] for role in ("admin", "analyst", "viewer")}  # type: ignore[index]
+def _print_demo(info: dict[str, Any], url: str, keys_file: Path) -> None:
+    keys = {role: info[role]["key"] for role in ("admin", "analyst", "viewer")}
+    names = {role: info[role]["name"] for role in ("admin", "analyst", "viewer")}
     ds = info["dataset"]
     learning = info.get("learning_dataset", "(none: an older demo; delete var/demo-keys.json to remake it)")
+    demo_budget = info.get("budget")
+    if demo_budget is None:
+        budget_line = "budget ε = 1, δ = 1e-6: an older, small demo; delete var/demo-keys.json to remake it"
+    else:
+        budget_line = (
+            f"budget on each: ε = {demo_budget['epsilon']:g}, δ = {demo_budget['delta']:g} "
+            f"({demo_budget['delta_share']:g} of it for approximate-DP mechanisms): generous, a demo "
+            "setting, not a production one"
+        )
     learner = {
         "features": ["age", "tenure", "visits"],
         "label": "churn",
@@ -420,21 +472,27 @@ def _print_demo(info: dict[str, object]) -> None:
     }
     learner_body = json.dumps({"mechanism": "dp_gd", "params": learner})
     sys.stdout.write(f"""
-Demo dataset: {ds}   (budget ε = 1, δ = 1e-6; keys kept in var/demo-keys.json)
-Learning demo dataset: {learning}   (age, tenure, visits, spend, churn yes/no; same budget and keys)
-  admin key:   {keys["admin"]}
-  analyst key: {keys["analyst"]}
-  viewer key:  {keys["viewer"]}
+Demo dataset: {ds}   (synthetic census: age, income, region; 1000 rows)
+Learning demo dataset: {learning}   (age, tenure, visits, spend, churn yes/no; for the learners)
+  {budget_line}
+  keys kept in {keys_file}
+  admin key:   {keys["admin"]}   (name {names["admin"]})
+  analyst key: {keys["analyst"]}   (name {names["analyst"]}: grants and sub-budgets name it)
+  viewer key:  {keys["viewer"]}   (name {names["viewer"]})
+
+Server: {url}   API docs: {url}/docs   Dashboard: {url}/dashboard
+The command line (`expost request|session|budget …`) as the analyst:
+  export EXPOST_URL={url} EXPOST_KEY={keys["analyst"]}
 
 Try (in another terminal):
   curl -s -H 'Authorization: Bearer {keys["analyst"]}' -H 'Content-Type: application/json' \\
        -d '{{"mechanism": "laplace", "params": {{"query": {{"kind": "count"}}, "epsilon": 0.1}}}}' \\
-       http://127.0.0.1:8000/v1/datasets/{ds}/requests
-  curl -s -H 'Authorization: Bearer {keys["viewer"]}' http://127.0.0.1:8000/v1/datasets/{ds}/budget
+       {url}/v1/datasets/{ds}/requests
+  curl -s -H 'Authorization: Bearer {keys["viewer"]}' {url}/v1/datasets/{ds}/budget
   curl -s -H 'Authorization: Bearer {keys["analyst"]}' -H 'Content-Type: application/json' \\
        -d '{learner_body}' \\
-       http://127.0.0.1:8000/v1/datasets/{learning}/requests
-  API docs: http://127.0.0.1:8000/docs    Dashboard: http://127.0.0.1:8000/dashboard
+       {url}/v1/datasets/{learning}/requests
+One request of every mechanism on these two datasets: docs/examples.md
 """)
 
 
@@ -508,7 +566,12 @@ def _remote(url: str, key: str | None, as_json: bool = False) -> Iterator[Expost
     except ExpostTimeoutError as exc:
         _fail(f"{exc}; it keeps running: check with `expost request get {exc.request_id}`", EXIT_OTHER)
     except httpx.HTTPError as exc:
-        _fail(f"cannot talk to {url}: {exc.__class__.__name__}: {exc}", EXIT_OTHER)
+        _fail(
+            f"cannot talk to {url}: {exc.__class__.__name__}: {exc}\n"
+            "  Is the server running there? Give its address with --url or EXPOST_URL (`make run PORT=N` "
+            "serves http://127.0.0.1:N and prints the `export EXPOST_URL=…` line).",
+            EXIT_OTHER,
+        )
 
 
 def _fmt(value: Any) -> str:

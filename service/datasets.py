@@ -389,14 +389,16 @@ class TableCache:
 
     def check_fits(self, dataset: Dataset, mechanism: str) -> None:
         """Refuse (422, before anything is reserved) a mechanism that holds its columns in memory on a table
-        of more than ``learner_max_rows`` rows (docs/privacy.md §14.3: the size class is public)."""
+        of more than ``learner_max_rows`` rows (docs/privacy/engines.md#engine-placement: the size class is
+        public)."""
         unit = public_context(dataset).schema.privacy_unit
         if unit is not None and mechanism not in WITH_UNITS:
             raise InvalidInput(
                 "mechanism",
                 f"{mechanism} has no analysis for privacy units yet: this dataset protects each "
-                f"{unit.column!r} with all its rows, and {mechanism} would charge per row. Mechanisms that "
-                "support privacy units: " + ", ".join(sorted(WITH_UNITS)),
+                f"{unit.column!r} with all its rows (at most {unit.max_rows} of them used per release), and "
+                f"{mechanism} would charge per row. Mechanisms that support privacy units: "
+                + ", ".join(sorted(WITH_UNITS)),
             )
         if mechanism not in IN_ENGINE and dataset.n_rows > self.learner_max_rows:
             raise InvalidInput(

@@ -1,10 +1,11 @@
 """The charge of an approximate-DP request: an RDP curve plus a δ on the filter's δ-ledger.
 
 An (ε, δ)-DP request (generalized propose-test-release, OPS-PTR) is admitted through the approximate-DP path
-of docs/privacy.md §11 (route (a)): it is charged RR_α(ε) at every order α (the largest Rényi divergence of
-any ε-indistinguishable pair, Lemma RR of §10.3), ε at the pure slot, and δ on a separate δ-ledger whose
-capacity is the share δ_A of the dataset's δ set aside at creation. The RDP slots' capacity then uses the
-remainder δ_R = δ − δ_A. Theorem APPROX-FILTER (§11.3) proves that the whole transcript stays (ε, δ)-DP under
+of docs/privacy/approximate.md#approximate-dp (route (a)): it is charged RR_α(ε) at every order α (the largest
+Rényi divergence of any ε-indistinguishable pair, Lemma RR, docs/privacy/finite_precision.md#lemma-rr), ε at
+the pure slot, and δ on a separate δ-ledger whose capacity is the share δ_A of the dataset's δ set aside at
+creation. The RDP slots' capacity then uses the remainder δ_R = δ − δ_A. Theorem APPROX-FILTER
+(docs/privacy/approximate.md#theorem-approx-filter) proves that the whole transcript stays (ε, δ)-DP under
 full adaptivity.
 
 δ values are kept in exact integer units of 10⁻³⁰ (``DELTA_UNITS``): charges round **up**, capacities
@@ -71,12 +72,16 @@ class ApproximateCharge:
             raise ValueError("an approximate charge declares its ε: the pure slot must be finite")
         floor = RdpCurve.pure_product([self.curve.pure], self.curve.orders).values
         if any(v < min(f, self.curve.pure) for v, f in zip(self.curve.values, floor, strict=True)):
-            raise ValueError("an approximate charge's curve must be ≥ RR_α(ε) at every order (§11.3 Step 3)")
+            raise ValueError(
+                "an approximate charge's curve must be ≥ RR_α(ε) at every order "
+                "(docs/privacy/approximate.md#theorem-approx-filter Step 3)"
+            )
         object.__setattr__(self, "delta", delta)
 
     @classmethod
     def from_epsilon_delta(cls, epsilon: float, delta: float, orders: Sequence[float]) -> ApproximateCharge:
-        """An (ε, δ)-DP request: RR_α(ε) at every order (docs/privacy.md §11.3 Step 3), ε at the pure slot."""
+        """An (ε, δ)-DP request: RR_α(ε) at every order (docs/privacy/approximate.md#theorem-approx-filter
+        Step 3), ε at the pure slot."""
         if not (math.isfinite(epsilon) and epsilon > 0.0):
             raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
         product = RdpCurve.pure_product([epsilon], orders)
@@ -96,5 +101,6 @@ class ApproximateCharge:
 
 
 def fits_delta(spent_units: int, reserved_units: int, charge: ApproximateCharge, share: float) -> bool:
-    """The δ-ledger half of admission (docs/privacy.md §11.3): spent + reserved + δ_k ≤ δ_A, in units."""
+    """The δ-ledger half of admission (docs/privacy/approximate.md#theorem-approx-filter): spent + reserved +
+    δ_k ≤ δ_A, in units."""
     return spent_units + reserved_units + charge.delta_units <= delta_units_down(share)

@@ -4,9 +4,9 @@
   minimised over the grid. The only conversion proven for ex-post quantities.
 * ``epsilon_at_delta_tight``: Balle et al. 2020 Thm. 21 (as in Google's dp-accounting):
   ε = ε(α) + log((α−1)/α) − (log δ + log α)/(α−1). Valid for **ex-ante** RDP only.
-* ``capacity_units``: the filter's per-slot capacity B(α) = ε − log(|A|/δ)/(α−1) (docs/privacy.md §2),
-  rounded down, with the pure slot (α = ∞) at capacity ε. ``None`` marks an unusable slot (B(α) ≤ 0, or every
-  finite order when δ = 0).
+* ``capacity_units``: the filter's per-slot capacity B(α) = ε − log(|A|/δ)/(α−1)
+  (docs/privacy/filter.md#filter), rounded down, with the pure slot (α = ∞) at capacity ε. ``None`` marks an
+  unusable slot (B(α) ≤ 0, or every finite order when δ = 0).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def epsilon_at_delta(curve: RdpCurve, delta: float) -> float:
 
     Minimising over α after the fact is valid for ex-ante curves; for ex-post charges the filter uses
     δ/|A| per order instead (``filter_epsilon``): Lemma 7 of Ghazi et al. 2024 holds at an α fixed in
-    advance, so the filter union-bounds over the grid (docs/privacy.md §3).
+    advance, so the filter union-bounds over the grid (docs/privacy/filter.md#proof-of-dp).
     """
     _check_delta(delta, allow_zero=True)
     if delta == 0.0:

@@ -32,7 +32,7 @@ def pad_up(value: float) -> float:
 
     Every charge a mechanism computes in floating point passes through this (or an exact rational rounding
     such as ``sum_up``), so the float error can only over-charge; the ledger then rounds the padded float up
-    to its fixed-point units (``fixed_point.units_up``, docs/privacy.md §4)."""
+    to its fixed-point units (``fixed_point.units_up``, docs/privacy/ledger.md#ledger-arithmetic)."""
     if value == 0.0 or not math.isfinite(value):
         return value
     return math.nextafter(value * (1.0 + _RELATIVE_PAD), math.inf)
@@ -59,8 +59,8 @@ def pure_dp_rdp_upper(alphas: np.ndarray, eps: np.ndarray) -> np.ndarray:
     """Upper bound on the Rényi divergence of order α of **any** ε-DP mechanism (discrete Laplace included).
 
     The largest D_α over pairs with e^{−ε} ≤ P/Q ≤ e^{ε} is randomized response's (Lemma RR,
-    docs/privacy.md §10.3): log((e^{αε} + e^{(1−α)ε})/(1 + e^{ε}))/(α−1). The discrete Laplace at a one-step
-    shift attains it, so this, not Mironov's continuous Laplace formula, bounds grid
+    docs/privacy/finite_precision.md#lemma-rr): log((e^{αε} + e^{(1−α)ε})/(1 + e^{ε}))/(α−1). The discrete
+    Laplace at a one-step shift attains it, so this, not Mironov's continuous Laplace formula, bounds grid
     releases. min with ε and αε²/2 as in ``laplace_rdp_upper``; float error covered by a margin.
     """
     a = alphas * eps

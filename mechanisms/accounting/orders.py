@@ -1,7 +1,7 @@
 """Rényi orders on which every curve of a dataset is evaluated.
 
 A dataset's grid is chosen when it is created and never changes afterwards: the filter's union bound
-spends δ/|A| per order (docs/privacy.md §2), so the grid size is part of the guarantee.
+spends δ/|A| per order (docs/privacy/filter.md#filter), so the grid size is part of the guarantee.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ A mechanism never reads rows: it asks for an :class:`Aggregation` — a filter (
 (``keys``) and a few per-cell **integer** sums (``sums``) — and gets back, per sum, one Python integer per
 cell. The plan is a function of the request's public parameters and the public schema, so building it reads
 no data; the engines (``evaluate_numpy`` below, the reference; DuckDB and Spark in ``service.engines``) must
-return **identical integers**, which is what lets docs/privacy.md's grid argument (Lemma ENGINE) hold for
-every engine at once.
+return **identical integers**, which is what lets the grid argument of docs/privacy/engines.md#lemma-engine
+(Lemma ENGINE) hold for every engine at once.
 
 Per-row semantics (each is a deterministic function of one row, so between neighbouring datasets only the
 differing row's contribution changes — the stability the sensitivity proofs need):
@@ -14,6 +14,9 @@ differing row's contribution changes — the stability the sensitivity proofs ne
   clipped; clipping again in the plan is free and keeps a bad snapshot from widening a bound). Values are
   never NaN (snapshots reject them).
 * ``count``: 1 per selected row. ``int_sum``: the clipped int64 value, summed exactly (unbounded integers).
+  ``distinct_units``: per cell, the number of distinct values of ``column`` (the privacy unit) among the
+  selected (and bounded) rows of that cell; a unit adds 1 to each cell its rows reach, a function of that
+  unit's rows alone (docs/privacy/units_learners.md#count-distinct-unit).
 * ``grid_sum``: the row unit ``u(x) = round_half_up(fl(y)·2^-exponent)`` of ``y = x − center`` (or
   ``(x − center)²`` when ``square``), every step an IEEE-754 double operation (subtraction, product,
   multiplication by a power of two) that NumPy, DuckDB and Spark perform identically, then summed exactly.
@@ -41,7 +44,7 @@ MAX_ROW_UNITS_BITS = 52
 """|row units| < 2^52: the round-half-up of a double below 2^52 is exact (x − ⌊x⌋ is exact there)."""
 MIN_FINE_BITS = 7
 """A grid sum's row units are at least 2^7 times finer than the release grid: the rounding of rows adds at
-most 2^-7 < 1/64 release units to a neighbour's change (docs/privacy.md Lemma ENGINE)."""
+most 2^-7 < 1/64 release units to a neighbour's change (docs/privacy/engines.md#lemma-engine)."""
 MAX_FINE_BITS = 20
 
 Op = Literal["eq", "ne", "lt", "le", "gt", "ge", "in", "true", "false"]
@@ -91,7 +94,7 @@ class Key:
 class Sum:
     """One per-cell integer aggregate (module docstring)."""
 
-    kind: Literal["count", "int_sum", "grid_sum"]
+    kind: Literal["count", "int_sum", "grid_sum", "distinct_units"]
     column: str | None = None
     center: float = 0.0
     square: bool = False
@@ -110,7 +113,7 @@ class UnitBound:
     in all of them are interchangeable: every aggregate is the same whichever is kept). Which rows a unit
     keeps depends on that unit's rows alone (and the secret), so bounding is a stable transformation: one
     unit added or removed changes at most ``max_rows`` rows of the bounded table, all of that unit
-    (docs/privacy.md §15)."""
+    (docs/privacy/units.md#units)."""
 
     column: str
     max_rows: int
@@ -331,22 +334,72 @@ def _exact_sums(values: np.ndarray, cell: np.ndarray, n_cells: int) -> tuple[int
     return tuple(int(a) + (int(b) << 32) for a, b in zip(sums_low.tolist(), sums_high.tolist(), strict=True))
 
 
+def unit_starts(units_sorted: np.ndarray) -> np.ndarray:
+    """Index of the first row of each unit in an array of unit ids sorted by unit (empty for no rows)."""
+    if units_sorted.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    result: np.ndarray = np.flatnonzero(np.concatenate([[True], units_sorted[1:] != units_sorted[:-1]]))
+    return result
+
+
+def _unit_order(units: np.ndarray, order_key: np.ndarray, ties: Sequence[np.ndarray]) -> np.ndarray:
+    """The permutation sorting rows by (unit, ``order_key``, ``ties``…), stable: ``np.lexsort`` on (unit,
+    order key), then only the rows tied on both (duplicate rows, in practice) re-sorted by the tie keys
+    within their group — the same permutation as one lexsort over every key, without sorting all rows by
+    all columns."""
+    order: np.ndarray = np.lexsort([order_key, units])  # the last key is the primary one
+    if not ties or order.size < 2:
+        return order
+    same = (units[order][1:] == units[order][:-1]) & (order_key[order][1:] == order_key[order][:-1])
+    if not same.any():
+        return order
+    tied = np.zeros(order.size, dtype=bool)
+    tied[1:] |= same
+    tied[:-1] |= same
+    positions = np.flatnonzero(tied)
+    group = np.cumsum(np.concatenate([[True], ~same]))[positions]  # one id per run of tied rows
+    members = order[positions]
+    refined = np.lexsort([*(np.asarray(t)[members] for t in reversed(list(ties))), group])
+    order[positions] = members[refined]
+    return order
+
+
+def kept_rows(
+    units: np.ndarray, order_key: np.ndarray, ties: Sequence[np.ndarray], max_rows: int
+) -> np.ndarray:
+    """The positions of the rows each unit keeps under :class:`UnitBound`: rows sorted by unit, then by
+    ``order_key`` (``ORDER_COLUMN``), then by ``ties`` (in priority order), and each unit's first
+    ``max_rows`` of them, returned in that sorted order (a unit's kept rows are contiguous). The rank of a
+    row within its unit depends on that unit's rows only. Shared by the reference engine and the learners
+    (``mechanisms.learners.dp_gd``), so both keep the rows the same order chooses."""
+    order = _unit_order(units, order_key, ties)
+    units_sorted = units[order]
+    starts = unit_starts(units_sorted)
+    sizes = np.diff(np.concatenate([starts, [units_sorted.size]]))
+    rank = np.arange(units_sorted.size) - np.repeat(starts, sizes)
+    result: np.ndarray = order[rank < max_rows]
+    return result
+
+
 def _bounded(
     plan: Aggregation, unit: UnitBound, table: Mapping[str, np.ndarray], mask: np.ndarray
 ) -> np.ndarray:
     """``mask`` restricted to each unit's first ``max_rows`` selected rows (``UnitBound``'s order)."""
     selected = np.flatnonzero(mask)
-    ties = [np.asarray(table[c])[selected] for c in reversed(plan.tie_columns())]
+    ties = [np.asarray(table[c])[selected] for c in plan.tie_columns()]
     order_key = np.asarray(table[ORDER_COLUMN])[selected]
     units = np.asarray(table[unit.column])[selected]
-    order = np.lexsort([*ties, order_key, units])  # the last key is the primary one
-    units_sorted = units[order]
-    starts = np.flatnonzero(np.concatenate([[True], units_sorted[1:] != units_sorted[:-1]]))
-    sizes = np.diff(np.concatenate([starts, [units_sorted.size]]))
-    rank = np.arange(units_sorted.size) - np.repeat(starts, sizes)
     kept = np.zeros(mask.size, dtype=bool)
-    kept[selected[order[rank < unit.max_rows]]] = True
+    kept[selected[kept_rows(units, order_key, ties, unit.max_rows)]] = True
     return kept
+
+
+def _distinct_per_cell(units: np.ndarray, cell: np.ndarray, n_cells: int) -> tuple[int, ...]:
+    """The number of distinct ``units`` per cell (``COUNT(DISTINCT unit) … GROUP BY cell``)."""
+    order = np.lexsort([units, cell])
+    cells, ids = cell[order], units[order]
+    first = np.concatenate([[True], (cells[1:] != cells[:-1]) | (ids[1:] != ids[:-1])])[: cells.size]
+    return tuple(int(c) for c in np.bincount(cells[first], minlength=n_cells))
 
 
 def evaluate_numpy(plan: Aggregation, table: Mapping[str, np.ndarray]) -> Answer:
@@ -362,6 +415,9 @@ def evaluate_numpy(plan: Aggregation, table: Mapping[str, np.ndarray]) -> Answer
         if s.kind == "count":
             counts = np.bincount(cell, minlength=n_cells) if n_cells > 1 else np.array([cell.size])
             answers.append(tuple(int(c) for c in counts))
+            continue
+        if s.kind == "distinct_units":
+            answers.append(_distinct_per_cell(_clipped(plan, table, str(s.column))[mask], cell, n_cells))
             continue
         answers.append(_exact_sums(_row_values(s, plan, table, n_rows)[mask], cell, n_cells))
     return tuple(answers)

@@ -1,8 +1,8 @@
 """The public schema of a dataset: its columns, their declared bounds, and the neighbour relation.
 
 Everything here is **public**: mechanisms derive sensitivities from the declared bounds and categories and
-never from the data (docs/privacy.md §6, rule 1). The data is clipped to the declared bounds on load
-(``mechanisms.data.table``), so a bound is a promise the data cannot break.
+never from the data (docs/privacy/rules.md#rule-public-charges). The data is clipped to the declared bounds on
+load (``mechanisms.data.table``), so a bound is a promise the data cannot break.
 
 JSON shape::
 

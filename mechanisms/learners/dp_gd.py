@@ -21,13 +21,14 @@ labels: clipping alone bounds the sensitivity. ``n_norm`` must be public: the ro
 estimate (the service mechanism asks for an ``n_hint`` parameter); a wrong hint only rescales the step.
 
 Adaptive clipping (``AdaptiveClip``, ``adaptive_dp_gd_train``; Andrew, Thakkar, McMahan, Ramaswamy 2021;
-Theorem DPGD-ADAPT, docs/privacy.md §8.3.6.1): C follows a privately estimated quantile of the gradient norms
-through a noisy clipped count released each step; the count and the gradient share the per-step RDP
-α/(2z²), so the charge is unchanged.
+Theorem DPGD-ADAPT, docs/privacy/gradient_descent.md#theorem-dpgd-adapt): C follows a privately estimated
+quantile of the gradient norms through a noisy clipped count released each step; the count and the gradient
+share the per-step RDP α/(2z²), so the charge is unchanged.
 
-Finite precision (docs/privacy.md §10.4.4, Theorem DPGD-GRID): each record's clipped term is rounded to a
-public unit ω with its norm checked below C in integers, the step's sum is an exact integer vector (order-
-free), and the noise is an exact discrete Gaussian of ⌈zΔ/ω⌉ units; the iterates are post-processing.
+Finite precision (docs/privacy/finite_precision_learners.md#theorem-dpgd-grid, Theorem DPGD-GRID): each
+record's clipped term is rounded to a public unit ω with its norm checked below C in integers, the step's sum
+is an exact integer vector (order-free), and the noise is an exact discrete Gaussian of ⌈zΔ/ω⌉ units; the
+iterates are post-processing.
 
 Streaming and memory. ``DpGdMechanism.run`` never builds the n×d design matrix of the whole table: the
 feature and label columns come in record batches (``features.table_batches``: ``ParquetTable.batches`` for a
@@ -44,13 +45,23 @@ record's clipped term is a function of that record, sums are exact) requires. Ad
 each record's margin and scalar once per step for both the clipped sum and the count, and derives k̄_i at
 C_t from √N_i computed once per run, instead of re-gridding the rows and evaluating the gradients twice.
 
+Privacy units (user-level DP-GD; Theorem DPGD-UNIT, docs/privacy/units_learners.md#theorem-dpgd-unit). On a
+dataset with a ``privacy_unit`` each unit keeps its first ``max_rows`` records in the engines' keyed-hash
+order (``bound_units``, ``mechanisms.data.plan.kept_rows``), and each step sums every unit's row terms
+(``np.add.reduceat`` over records sorted by unit, exact integers) and clips that sum to C exactly
+(``clip_unit_sums``) before adding the units: one unit with all its rows moves the sum by < C (add/remove)
+or < 2C (replace), so the charge T·α/(2z²) is unchanged and now protects a whole unit. Memory: the unit ids
+and bounding order (16 bytes per row) and, while bounding, a second copy of the kept records. Measured (n =
+10⁶ rows, d = 10, 10⁵ units, k = 8, a shared 2-core machine at load 15): bounding 3.7 s once, a step 0.47 s
+against 0.36 s per row.
+
 ``DpGdConfig.neighboring`` fixes the Δ the noise is calibrated to; ``dp_gd_curve`` charges the relation
 asked for against the noise actually used, T·α·Δ_asked²/(2(zΔ_noise)²), so a mismatch can only over-charge
 (replace_one noise is valid for both relations) and never under-charge.
 
-Floating point (docs/privacy.md §8.3.6). ``clipped_gradient_sum`` computes every per-record term as a
-deterministic function of (θ, x_i, y_i) alone whose exact norm is ≤ C, for **every** θ (also huge or
-non-finite θ) and every finite or non-finite record: the scalar s_i is clipped as a coefficient
+Floating point (docs/privacy/gradient_descent.md#theorem-dpgd). ``clipped_gradient_sum`` computes every
+per-record term as a deterministic function of (θ, x_i, y_i) alone whose exact norm is ≤ C, for **every** θ
+(also huge or non-finite θ) and every finite or non-finite record: the scalar s_i is clipped as a coefficient
 c_i = sign(s_i)·min(|s_i|, C(1 − (d+8)·2⁻⁵²)/‖x_i‖) (the shrink covers the rounding of ‖x_i‖, of the
 division and of c_i·x_i, so the computed vector's exact norm is ≤ C, not only |s_i|·‖x_i‖), with ‖x_i‖
 computed on a power-of-two rescaled row (no overflow/underflow); s_i = ±∞ gives c_i = ±C'/‖x_i‖ (the limit
@@ -73,6 +84,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from itertools import pairwise
 from typing import Any, ClassVar, Literal, Self, TypeVar
 
 import numpy as np
@@ -81,6 +93,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, model
 from mechanisms.accounting.curve import RdpCurve, pad_up
 from mechanisms.accounting.orders import validate_orders
 from mechanisms.base import ParamsChecked, ParamsError, ProgressFn, PublicContext, Release, Table, no_progress
+from mechanisms.data.plan import ORDER_COLUMN, kept_rows, unit_starts
 from mechanisms.learners.features import (
     BatchedTable,
     FeatureSpec,
@@ -128,7 +141,7 @@ class AdaptiveClip:
     (a geometric step towards the γ-quantile of the gradient norms). The effective noise multiplier z is
     split: a share φ of the per-step RDP 1/z² goes to the count (std σ_b = z/√φ, count sensitivity 1) and
     1 − φ to the gradient (multiplier z_g = z/√(1 − φ)), so one step costs α/(2z²) as without adaptation
-    (Theorem DPGD-ADAPT, docs/privacy.md §8.3.6.1).
+    (Theorem DPGD-ADAPT, docs/privacy/gradient_descent.md#theorem-dpgd-adapt).
     """
 
     target_quantile: float = 0.9  # the service defaults (benchmarks/learners_robustness.py; the paper's
@@ -241,7 +254,7 @@ def dp_gd_curve(config: DpGdConfig, neighboring: Neighboring, orders: Sequence[f
     With ``neighboring == config.neighboring`` this is T·α/(2z²) (Mironov 2017, Prop. 7, composed T times
     by Prop. 1). Values are padded upwards so rounding can only over-charge. With adaptive clipping each step
     adds the count's α·1²/(2σ_b²) (sensitivity 1 under both relations) to the gradient's α·Δ²/(2(z_gΔ')²),
-    Δ/Δ' the same for every C_t (Theorem DPGD-ADAPT, docs/privacy.md §8.3.6.1).
+    Δ/Δ' the same for every C_t (Theorem DPGD-ADAPT, docs/privacy/gradient_descent.md#theorem-dpgd-adapt).
     """
     grid = validate_orders(orders)
     one_step = RdpCurve.gaussian(sensitivity(config.clip, neighboring), noise_std(config), grid)
@@ -825,10 +838,46 @@ def _block_pass(
     lo, hi = span
     m = hi - lo
     d = records.rows.shape[1]
+    space = _workspace(spaces, d, m)
+    block, scalars, coefficient = _block_coefficients(records, probe, roots, space, span)
+    with np.errstate(all="ignore"):
+        total = np.zeros(d, dtype=np.int64)
+        for start in range(0, m, probe.chunk):
+            stop = min(start + probe.chunk, m)
+            total += (block[:, start:stop] @ coefficient[start:stop]).astype(np.int64)
+        count = 0
+        if probe.count_clip is not None:
+            assert roots is not None
+            lengths, norms = space.work[:m], space.norms[:m]
+            np.multiply(roots[lo:hi], records.scale[lo:hi], out=lengths)
+            np.abs(scalars, out=norms)
+            np.multiply(norms, lengths, out=norms)
+            count = int(np.count_nonzero(norms <= probe.count_clip))
+    return total, count
+
+
+def _workspace(spaces: Workspaces, d: int, m: int) -> _Workspace:
+    """This thread's workspace, (re)allocated for blocks of at least ``m`` rows of dimension ``d``."""
     ident = threading.get_ident()
     space = spaces.get(ident)
     if space is None or space.size < m or space.block.shape[0] != d:
         space = spaces[ident] = _Workspace.new(d, max(m, BLOCK_ROWS))
+    return space
+
+
+def _block_coefficients(
+    records: GridRecords,
+    probe: _Probe,
+    roots: np.ndarray | None,
+    space: _Workspace,
+    span: tuple[int, int],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the block's rows û_i as float64 (d, m), the scalars s_i, the coefficients k_i) of the records in
+    ``span``, each an elementwise function of its record and the public probe (``_block_pass``'s formulas),
+    written into ``space``."""
+    lo, hi = span
+    m = hi - lo
+    d = records.rows.shape[1]
     with np.errstate(all="ignore"):
         block = space.block[:, :m]
         np.copyto(block, records.rows.T[:, lo:hi])  # int32 → float64: exact integers
@@ -866,19 +915,33 @@ def _block_pass(
         np.sign(scalars, out=coefficient)
         np.multiply(coefficient, magnitude, out=coefficient)
         np.copyto(coefficient, 0.0, where=np.isnan(coefficient))  # never ±∞: k̄_i is finite
-        total = np.zeros(d, dtype=np.int64)
-        for start in range(0, m, probe.chunk):
-            stop = min(start + probe.chunk, m)
-            total += (block[:, start:stop] @ coefficient[start:stop]).astype(np.int64)
-        count = 0
-        if probe.count_clip is not None:
-            assert roots is not None
-            lengths, norms = space.work[:m], space.norms[:m]
-            np.multiply(roots[lo:hi], scale, out=lengths)
-            np.abs(scalars, out=norms)
-            np.multiply(norms, lengths, out=norms)
-            count = int(np.count_nonzero(norms <= probe.count_clip))
-    return total, count
+    return block, scalars, coefficient
+
+
+def _probe(
+    theta: np.ndarray,
+    records: GridRecords,
+    loss: Loss,
+    clip: float | None = None,
+    noise_multiplier: float | None = None,
+    count_clip: float | None = None,
+) -> _Probe:
+    """A step's public probe at a finite θ: θ̂ = θ_int·2^shift (|θ_int| ≤ 2^r, ``_dot_bits``) and the term
+    grid of ``clip`` (or of ``records``)."""
+    d = records.rows.shape[1]
+    peak = float(np.max(np.abs(theta))) if theta.size else 0.0
+    theta_int: np.ndarray | None = None
+    shift = 0
+    if peak != 0.0:
+        shift = math.frexp(peak)[1] - _dot_bits(d)
+        theta_int = np.rint(np.ldexp(theta, -shift))  # |entries| ≤ 2^r
+    if clip is None:
+        unit, budget, chunk = records.unit, 0.0, records.chunk
+    else:
+        unit = term_unit(clip, noise_multiplier)
+        budget = clip / unit
+        chunk = _term_chunk(budget)
+    return _Probe(theta_int, shift, loss, unit, budget, chunk, clip is not None, count_clip)
 
 
 def _grid_pass(
@@ -902,19 +965,7 @@ def _grid_pass(
     n, d = records.rows.shape
     if not np.all(np.isfinite(theta)):
         return np.zeros(d, dtype=np.int64), 0
-    peak = float(np.max(np.abs(theta))) if theta.size else 0.0
-    theta_int: np.ndarray | None = None
-    shift = 0
-    if peak != 0.0:
-        shift = math.frexp(peak)[1] - _dot_bits(d)
-        theta_int = np.rint(np.ldexp(theta, -shift))  # |entries| ≤ 2^r
-    if clip is None:
-        unit, budget, chunk = records.unit, 0.0, records.chunk
-    else:
-        unit = term_unit(clip, noise_multiplier)
-        budget = clip / unit
-        chunk = _term_chunk(budget)
-    probe = _Probe(theta_int, shift, loss, unit, budget, chunk, clip is not None, count_clip)
+    probe = _probe(theta, records, loss, clip, noise_multiplier, count_clip)
     spans = [(lo, min(lo + BLOCK_ROWS, n)) for lo in range(0, n, BLOCK_ROWS)]
     spaces = {} if spaces is None else spaces
     results = _ordered_map(
@@ -970,6 +1021,148 @@ def clipped_gradient_sum(
     return result
 
 
+# ----- privacy units: each unit's summed gradient is clipped (user-level DP-GD) ----------------------------
+@dataclass(frozen=True)
+class UnitRecords:
+    """The records of a run on a privacy-unit dataset: each unit's kept rows (at most ``max_rows``, chosen by
+    the engines' keyed-hash order, ``mechanisms.data.plan.kept_rows``), sorted by unit, as ``GridRecords``;
+    ``starts[j]`` is the first record of the j-th unit; ``budget`` is F = C/ω (the clip in term units)."""
+
+    records: GridRecords
+    starts: np.ndarray
+    budget: float
+
+
+def bound_units(
+    records: GridRecords, units: np.ndarray, order_key: np.ndarray, max_rows: int, clip: float
+) -> UnitRecords:
+    """Keep each unit's first ``max_rows`` records in the order of ``order_key`` (``ORDER_COLUMN``), ties
+    broken by the records' content (label, ν_i, û_i: records equal in all of them give equal terms, so which
+    of them is kept changes nothing), and sort the kept records by unit. Which records a unit keeps depends on
+    that unit's records only (docs/privacy/units_learners.md#theorem-dpgd-unit)."""
+    n = records.rows.shape[0]
+    ids, keys = np.asarray(units), np.asarray(order_key)
+    if ids.shape != (n,) or keys.shape != (n,):
+        raise ValueError("the unit and order columns must have one entry per record")
+    ties = [records.labels, records.scale, *records.rows.T]
+    kept = kept_rows(ids, keys, ties, max_rows)
+    bounded = replace(
+        records,
+        rows=np.ascontiguousarray(records.rows.T[:, kept]).T,
+        scale=records.scale[kept],
+        cap=records.cap[kept],
+        labels=records.labels[kept],
+    )
+    return UnitRecords(bounded, unit_starts(ids[kept]), clip / records.unit)
+
+
+def clip_unit_sums(sums: np.ndarray, budget: float) -> np.ndarray:
+    """Each column v of the int64 (d, u) array ``sums`` (a unit's exact gradient sum in term units) clipped
+    to ℓ2 norm < F = ``budget`` **exactly**, as int64: v itself when its computed norm is ≤ F' = F(1 − 2(d +
+    8)·2⁻⁵³), else trunc(fl(fl(F'/‖v‖_fl)·fl(v_j))) per coordinate (rounding toward zero only shrinks).
+    ‖v‖_fl is the square root of the squares summed over the coordinates in order, the same for every unit:
+    relative error ≤ (d/2 + 3)·2⁻⁵³, which the shrink covers (docs/privacy/units_learners.md#lemma-unit-clip).
+    Every column depends on its own unit alone."""
+    d = sums.shape[0]
+    values = sums.astype(np.float64)
+    squared = np.zeros(sums.shape[1])
+    for coordinate in values:  # over the d coordinates: the same order for every unit
+        squared += coordinate * coordinate
+    norms = np.sqrt(squared)
+    limit = budget * (1.0 - (d + 8) * 2.0**-52)
+    over = norms > limit
+    factor = np.where(over, limit / np.where(over, norms, 1.0), 1.0)
+    shrunk = np.trunc(values * factor).astype(np.int64)
+    clipped: np.ndarray = np.where(over, shrunk, sums)
+    return clipped
+
+
+def _unit_spans(starts: np.ndarray, n: int) -> list[tuple[int, int, int, int]]:
+    """Blocks of whole units, about ``BLOCK_ROWS`` records each: (first unit, end unit, first row, end
+    row)."""
+    count = starts.size
+    if count == 0:
+        return []
+    targets = np.arange(BLOCK_ROWS, n, BLOCK_ROWS)
+    cuts = np.unique(np.concatenate([[0], np.searchsorted(starts, targets, side="left"), [count]]))
+    ends = np.append(starts, n)
+    return [(int(a), int(b), int(ends[a]), int(ends[b])) for a, b in pairwise(cuts.tolist())]
+
+
+def _unit_block_pass(
+    bounded: UnitRecords, probe: _Probe, spaces: Workspaces, span: tuple[int, int, int, int]
+) -> np.ndarray:
+    """Σ over the block's units of clip(Σ_{i in unit} k_i·û_i, F), an exact int64 vector: the per-record
+    terms (``_block_coefficients``, |k_i·û_ij| < F, exact integers in float64) summed per unit with
+    ``np.add.reduceat`` in int64 (exact: |unit sum| ≤ max_rows·F < 2^59), clipped (``clip_unit_sums``)
+    and summed (|block sum| ≤ records·F < 2^63)."""
+    first, end, lo, hi = span
+    records = bounded.records
+    d = records.rows.shape[1]
+    space = _workspace(spaces, d, hi - lo)
+    block, _, coefficient = _block_coefficients(records, probe, None, space, (lo, hi))
+    terms = (block * coefficient).astype(np.int64)
+    sums = np.add.reduceat(terms, bounded.starts[first:end] - lo, axis=1)
+    total: np.ndarray = clip_unit_sums(sums, bounded.budget).sum(axis=1, dtype=np.int64)
+    return total
+
+
+def unit_clipped_sum_units(
+    theta: np.ndarray,
+    bounded: UnitRecords,
+    loss: Loss,
+    pool: ThreadPoolExecutor | None = None,
+    spaces: Workspaces | None = None,
+) -> np.ndarray:
+    """Σ_u clip(Σ_{i kept in u} k_i·û_i, F) in term units ω, exact: each record's term is the row-level one
+    (``clipped_sum_units``: a function of the record and θ, exact norm < C), each unit's sum of its ≤ k
+    kept terms is clipped to norm < C exactly (``clip_unit_sums``), and the units' vectors are added as
+    integers (int64 up to 2^24 units, else Python integers). So neighbours that differ by one unit differ
+    by one vector of norm < C/ω (add/remove), or in one (replace: < 2C/ω). A non-finite θ gives 0."""
+    records = bounded.records
+    n, d = records.rows.shape
+    if not np.all(np.isfinite(theta)):
+        return np.zeros(d, dtype=np.int64)
+    probe = _probe(np.asarray(theta, dtype=float), records, loss)
+    spans = _unit_spans(bounded.starts, n)
+    work = {} if spaces is None else spaces
+    results = _ordered_map(
+        lambda span: _unit_block_pass(bounded, probe, work, span), spans, pool if len(spans) > 1 else None
+    )
+    if bounded.starts.size <= _INT64_ROWS:
+        total = np.zeros(d, dtype=np.int64)
+        for block_sum in results:
+            total += block_sum
+        return total
+    exact = [0] * d
+    for block_sum in results:
+        exact = [a + int(b) for a, b in zip(exact, block_sum, strict=True)]
+    return np.array(exact, dtype=object)
+
+
+def unit_clipped_gradient_sum(
+    theta: np.ndarray,
+    x: np.ndarray,
+    y: np.ndarray,
+    units: np.ndarray,
+    order_key: np.ndarray,
+    max_rows: int,
+    loss: Loss,
+    clip: float,
+) -> np.ndarray:
+    """Σ_u clip(Σ_{i kept in u} clip(∇ℓ_i(θ), C), C) as float64 (ω × the exact integer sum): the noiseless
+    step of user-level DP-GD on a design matrix in memory, unit ids ``units`` and the bounding order
+    ``order_key`` (``bound_units``, ``unit_clipped_sum_units``)."""
+    features, labels = _check_data(x, y)
+    records = grid_records(features, labels, clip)
+    bounded = bound_units(records, units, order_key, max_rows, clip)
+    result: np.ndarray = (
+        unit_clipped_sum_units(np.asarray(theta, dtype=float), bounded, loss).astype(np.float64)
+        * records.unit
+    )
+    return result
+
+
 def objective(theta: np.ndarray, x: np.ndarray, y: np.ndarray, loss: Loss, reg: float) -> float:
     """Regularised empirical risk (1/n)Σ ℓ_i(θ) + (λ/2)‖θ‖² (non-private; for evaluation and tests)."""
     features, labels = _check_data(x, y)
@@ -1008,20 +1201,39 @@ def _noisy_sum(units: np.ndarray, draw: np.ndarray, unit: float) -> np.ndarray:
     return result
 
 
+def _step_sum(
+    theta: np.ndarray,
+    built: GridRecords | UnitRecords,
+    loss: Loss,
+    pool: ThreadPoolExecutor | None,
+    spaces: Workspaces,
+) -> tuple[np.ndarray, float]:
+    """One step's exact clipped sum in term units and the unit ω: per record, or per unit (user level)."""
+    if isinstance(built, UnitRecords):
+        return unit_clipped_sum_units(theta, built, loss, pool, spaces), built.records.unit
+    return _grid_pass(theta, built, loss, pool, spaces=spaces)[0], built.unit
+
+
 def _fixed_run(
-    config: DpGdConfig, d: int, build: RecordsBuilder, n_norm: float, noise: Noise, progress: ProgressFn
+    config: DpGdConfig,
+    d: int,
+    build: Callable[[float, float | None], GridRecords | UnitRecords],
+    n_norm: float,
+    noise: Noise,
+    progress: ProgressFn,
 ) -> np.ndarray:
     """Clipped DP-GD at the fixed clip norm: the iterates θ₁…θ_T, shape (T, d). All T·d noise draws are made
-    before ``build`` reads the data; each step is one ``_grid_pass`` (exact integer sum) plus its draw."""
+    before ``build`` reads the data; each step is one exact integer clipped sum (``_step_sum``: per record,
+    or per unit on a privacy-unit dataset) plus its draw."""
     draws = discrete_gaussian_std(noise, noise_units(config), config.steps * d).reshape(config.steps, d)
     theta = np.zeros(d)
     iterates = np.empty((config.steps, d))
-    records = build(config.clip, config.noise_multiplier)
+    built = build(config.clip, config.noise_multiplier)
     spaces: Workspaces = {}
     with _thread_pool() as pool:
         for t in range(config.steps):
-            units, _ = _grid_pass(theta, records, config.loss, pool, spaces=spaces)
-            noisy_sum = _noisy_sum(units, draws[t], records.unit)
+            units, unit = _step_sum(theta, built, config.loss, pool, spaces)
+            noisy_sum = _noisy_sum(units, draws[t], unit)
             theta = theta - config.step_size * (noisy_sum / n_norm + config.reg * theta)
             if config.radius is not None:
                 theta = project_to_ball(theta, config.radius)
@@ -1101,7 +1313,7 @@ def dp_gd_train(
     (``clipped_sum_units``) and Z_t ~ N_Z(0, t²)^d, t = ``noise_units(config)`` (exact discrete Gaussian,
     ``mechanisms.noise.learners``). The noise does not depend on the data, so all T·d draws are made in one
     vectorised call before the data is read. The iterates are a deterministic function of the grid-valued
-    noisy sums and public parameters (post-processing, docs/privacy.md §10).
+    noisy sums and public parameters (post-processing, docs/privacy/finite_precision.md#finite-precision).
 
     ``n_norm`` is a **public** normaliser (see the module docstring). With ``return_iterates=True`` the
     result is every released iterate θ₁ … θ_T, shape (T, d) (all are post-processing of the noisy sums).
@@ -1282,7 +1494,9 @@ class DpGdParams(FeatureSpec):
 
 class DpGdMechanism(ParamsChecked):
     """Clipped Gaussian DP gradient descent (full batch), the baseline ``rgm.gd`` is measured against
-    (docs/mechanisms/rgm_gd.md; Theorem DPGD, docs/privacy.md §8.3.6)."""
+    (docs/mechanisms/rgm_gd.md; Theorem DPGD, docs/privacy/gradient_descent.md#theorem-dpgd). On a
+    privacy-unit dataset each unit's summed gradient is clipped instead
+    (docs/privacy/units_learners.md#theorem-dpgd-unit)."""
 
     name: ClassVar[str] = "dp_gd"
     summary: ClassVar[str] = (
@@ -1302,7 +1516,9 @@ class DpGdMechanism(ParamsChecked):
 
     def check(self, p: DpGdParams, ctx: PublicContext) -> None:
         check_features(p, ctx, learner_task(p.model, p.task))
-        if ctx.schema.neighboring == "replace_one":
+        if ctx.schema.privacy_unit is not None:
+            self._check_unit(p, ctx.schema.privacy_unit.column)
+        elif ctx.schema.neighboring == "replace_one":
             if p.n_hint is not None:
                 raise ParamsError("n_hint", "only for add_remove datasets (the row count is public here)")
         elif p.n_hint is None:
@@ -1310,6 +1526,28 @@ class DpGdMechanism(ParamsChecked):
                 "n_hint", "required on add_remove datasets: a public row-count estimate (n is private)"
             )
         self._config(p, ctx)
+
+    @staticmethod
+    def _check_unit(p: DpGdParams, column: str) -> None:
+        """On a privacy-unit dataset: per-unit clipping needs a fixed clip, the unit's id is not a feature,
+        and the normaliser is a public hint (the row count is private whatever the relation)."""
+        if column in p.features:
+            field = f"features[{p.features.index(column)}]"
+            raise ParamsError(field, f"{column!r} identifies the privacy unit; it is not a feature")
+        if column == p.label:
+            raise ParamsError("label", f"{column!r} identifies the privacy unit; it is not a label")
+        if p.clipping == "adaptive":
+            raise ParamsError(
+                "clipping",
+                "adaptive clipping has no analysis for privacy units yet (its clipped count is per row); use "
+                "clipping 'fixed': each unit's summed gradient is clipped to clip",
+            )
+        if p.n_hint is None:
+            raise ParamsError(
+                "n_hint",
+                "required on a privacy-unit dataset: a public estimate of the rows the gradient sums over "
+                "(the row count is private)",
+            )
 
     def _config(self, p: DpGdParams, ctx: PublicContext) -> DpGdConfig:
         if p.noise_multiplier is not None:
@@ -1375,24 +1613,44 @@ class DpGdMechanism(ParamsChecked):
         self.check(p, ctx)
         config = self._config(p, ctx)
         worst = dp_gd_curve(config, ctx.schema.neighboring, ctx.orders)
-        public_n = ctx.n_rows if ctx.schema.neighboring == "replace_one" else p.n_hint
+        public_n = ctx.n_rows if ctx.n_rows is not None else p.n_hint
         if public_n is None:
             raise ParamsError("n_hint", "a public row count is needed to normalise the gradient")
         n_norm = float(public_n)
         task = learner_task(p.model, p.task)
         d = dimension(p, ctx)
 
-        def build(clip: float, noise_multiplier: float | None) -> GridRecords:
+        unit = ctx.schema.privacy_unit
+        ids: list[np.ndarray] = []
+        keys: list[np.ndarray] = []
+
+        def batches() -> Iterator[Mapping[str, np.ndarray]]:
+            extra = () if unit is None else (unit.column, ORDER_COLUMN)
+            for batch in table_batches(p, table, extra=extra):
+                if unit is not None:  # each record's unit and bounding order, in record order
+                    ids.append(np.asarray(batch[unit.column]))
+                    keys.append(np.asarray(batch[ORDER_COLUMN]))
+                yield batch
+
+        def build_rows(clip: float, noise_multiplier: float | None) -> GridRecords:
             # the design matrix batch by batch (a Parquet snapshot streams; a dict is sliced): the records
             # are bit for bit those of grid_records(*design_matrix(...)), in bounded memory
             return grid_records_from_batches(
-                table_batches(p, table),
+                batches(),
                 lambda batch: design_columns(p, ctx, batch, task, p.row_norm),
                 d,
                 clip,
                 noise_multiplier,
                 _rows_hint(table, p.label),
             )
+
+        def build(clip: float, noise_multiplier: float | None) -> GridRecords | UnitRecords:
+            records = build_rows(clip, noise_multiplier)
+            if unit is None:
+                return records
+            units = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+            order_key = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
+            return bound_units(records, units, order_key, unit.max_rows, clip)
 
         clips: np.ndarray | None = None
         counts: np.ndarray | None = None
@@ -1401,7 +1659,7 @@ class DpGdMechanism(ParamsChecked):
             _check_normaliser(n_norm)
             path = _fixed_run(config, d, build, n_norm, noise, progress)
         else:
-            path, clips, counts = _adaptive_run(config, d, build, n_norm, noise, progress)
+            path, clips, counts = _adaptive_run(config, d, build_rows, n_norm, noise, progress)
         output: dict[str, Any] = {
             "model": p.model,
             "columns": column_names(p, ctx),
@@ -1421,6 +1679,14 @@ class DpGdMechanism(ParamsChecked):
             "scale": "coefficients are on the design matrix of mechanisms.learners.features "
             "(features divided by their declared magnitude, rows clipped to row_norm)",
         }
+        if unit is not None:
+            output["privacy_unit"] = {
+                "column": unit.column,
+                "max_rows": unit.max_rows,
+                "clipping": "per unit: each step sums the gradients of each unit's at most max_rows rows "
+                "(chosen by the dataset's secret keyed-hash order) and clips that sum to clip; epsilon "
+                "protects a whole unit",
+            }
         if clips is not None and counts is not None:
             output["clipping"] = {
                 "mode": "adaptive",
@@ -1434,5 +1700,6 @@ class DpGdMechanism(ParamsChecked):
         if p.return_iterates:
             output["iterates"] = path.tolist()
         # realized = worst case by theorem, not by comparison: every run releases all T noisy sums, so the
-        # charge is the composed T·α/(2z²) curve whatever the output (Theorem DPGD, docs/privacy.md §8.3.6)
+        # charge is the composed T·α/(2z²) curve whatever the output (Theorem DPGD,
+        # docs/privacy/gradient_descent.md#theorem-dpgd)
         return Release(output=output, realized=worst)

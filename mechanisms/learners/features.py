@@ -1,7 +1,8 @@
 """Supervised-learning inputs shared by the learners (ERM, gradient descent, objective perturbation, tuning).
 
 A learner names feature columns and a label column of the dataset's public schema. The design matrix is
-built from **declared bounds only** (docs/privacy.md §6, rule 1), so its guarantees are public facts:
+built from **declared bounds only** (docs/privacy/rules.md#rule-public-charges), so its guarantees are public
+facts:
 
 * each numeric feature is divided by its declared magnitude max(|min|, |max|), so |x_j| ≤ 1;
 * a categorical feature becomes one-hot indicators (one column per declared value);
@@ -127,14 +128,19 @@ def design_matrix(
     if spec.intercept:
         blocks.append(np.ones((n, 1)))
     features = clip_row_norms(np.hstack(blocks), row_norm)
+    return features, _labels(spec, ctx, np.asarray(table[spec.label]), task)
+
+
+def _labels(spec: FeatureSpec, ctx: PublicContext, raw: np.ndarray, task: Task) -> np.ndarray:
+    """y from the raw label column: ±1 for classification, else scaled by the label's public magnitude."""
     label = ctx.schema.column(spec.label)
-    raw = np.asarray(table[spec.label])
     if task == "classification":
         positive = raw == 1 if isinstance(label, CategoricalColumn) else raw > 0.5
-        return features, np.where(positive, 1.0, -1.0)
+        return np.where(positive, 1.0, -1.0)
     assert label is not None
     assert not isinstance(label, CategoricalColumn)
-    return features, raw.astype(np.float64) / _magnitude(label.min, label.max)
+    scaled: np.ndarray = raw.astype(np.float64) / _magnitude(label.min, label.max)
+    return scaled
 
 
 def column_names(spec: FeatureSpec, ctx: PublicContext) -> list[str]:
@@ -236,25 +242,20 @@ def design_columns(
     norms = column_row_norms(columns, n)
     scale = np.minimum(1.0, row_norm / np.maximum(norms, np.finfo(np.float64).tiny))
     clipped = [c * scale for c in columns]
-    label = ctx.schema.column(spec.label)
     raw = np.asarray(table[spec.label])
     if raw.shape != (n,):
         raise ValueError("the label column must be one-dimensional and as long as the features")
-    if task == "classification":
-        positive = raw == 1 if isinstance(label, CategoricalColumn) else raw > 0.5
-        return clipped, np.where(positive, 1.0, -1.0)
-    assert label is not None
-    assert not isinstance(label, CategoricalColumn)
-    return clipped, raw.astype(np.float64) / _magnitude(label.min, label.max)
+    return clipped, _labels(spec, ctx, raw, task)
 
 
 def table_batches(
-    spec: FeatureSpec, table: Table, rows_per_batch: int = DESIGN_BATCH_ROWS
+    spec: FeatureSpec, table: Table, rows_per_batch: int = DESIGN_BATCH_ROWS, extra: Sequence[str] = ()
 ) -> Iterator[Mapping[str, np.ndarray]]:
-    """The feature and label columns in record batches of at most ``rows_per_batch`` rows, in row order:
-    streamed by ``table.batches`` when the table has it (a Parquet snapshot: bounded memory, no column is
-    loaded whole), else slices of the in-memory columns. Empty batches are skipped."""
-    names = list(dict.fromkeys([*spec.features, spec.label]))
+    """The feature and label columns (and the ``extra`` ones, e.g. a privacy unit's id and its bounding
+    order) in record batches of at most ``rows_per_batch`` rows, in row order: streamed by ``table.batches``
+    when the table has it (a Parquet snapshot: bounded memory, no column is loaded whole), else slices of the
+    in-memory columns. Empty batches are skipped."""
+    names = list(dict.fromkeys([*spec.features, spec.label, *extra]))
     if isinstance(table, BatchedTable):
         for batch in table.batches(names, rows_per_batch):
             if len(batch[spec.label]):

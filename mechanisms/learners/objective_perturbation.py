@@ -2,7 +2,8 @@
 
 Source: Redberg 2023 (PhD thesis, UCSB; cited "thesis"): chapter 4 (Redberg, Koskela & Wang 2023, NeurIPS)
 for the privacy bounds, chapter 2 (Redberg & Wang 2021) for the per-instance reports
-(``mechanisms.per_instance.reports``). Proofs and corrections: docs/privacy.md §8.4.
+(``mechanisms.per_instance.reports``). Proofs and corrections:
+docs/privacy/objective_perturbation.md#objective-perturbation.
 
 Mechanism (thesis §4.4, Alg 7 with C = L, i.e. approximate minima perturbation without clipping)
 ---------------------------------------------------------------------------------------------------
@@ -10,7 +11,8 @@ Mechanism (thesis §4.4, Alg 7 with C = L, i.e. approximate minima perturbation 
     θ̃  : any point with ‖∇L^P(θ̃)‖₂ ≤ τ (exact full gradient, float64, with a rounding margin)
     out = θ̃ + N(0, σ_out² I_d)
 
-Assumptions, all enforced from public information (thesis §4.3, docs/privacy.md §8.4.1): GLM loss; rows ‖x_i‖
+Assumptions, all enforced from public information (thesis §4.3,
+docs/privacy/objective_perturbation.md#objpert-conditions): GLM loss; rows ‖x_i‖
 ≤ R by per-row clipping (``mechanisms.learners.features.design_matrix``, the intercept column included
 **before** clipping, so the bias is inside the radius: β := sup f''·R², L := sup|f'|·R); labels ±1; Θ = R^d
 (unconstrained); logistic f is convex, |f'| ≤ 1, 0 ≤ f'' ≤ 1/4, so L = R and β = R²/4; **λ > β** strictly.
@@ -18,7 +20,8 @@ The logistic loss never needs clipping here (|f'|‖x‖ ≤ R = L), so Alg 7's 
 
 Privacy (add/remove neighbours, thesis §4.3)
 --------------------------------------------
-* Thm 4.3.2 (RDP of exact ObjPert, GLM) in closed form (docs/privacy.md §8.4.2; verified against quadrature in
+* Thm 4.3.2 (RDP of exact ObjPert, GLM) in closed form
+  (docs/privacy/objective_perturbation.md#objpert-rdp-charge; verified against quadrature in
   tests/unit/test_objective_perturbation.py): with a = −log(1 − β/λ),
       ε(α) = a + αL²/(2σ²) + log(2Φ((α − 1)L/σ))/(α − 1).
 * Thm 4.4.1 / C.6.1 (approximate minimizer): given θ^P = argmin L^P, ‖θ̃ − θ^P‖ ≤ τ/λ by λ-strong
@@ -36,27 +39,27 @@ the add/remove formula with L → 2L. It is ≥ the Gaussian lower bound α(2L)�
 4.3.4) and the MC audit checks it on a replace-one pair. The output step is unchanged (θ̃ and θ̃′ are
 both within τ/λ of θ^P).
 
-Rules kept (docs/privacy.md §6 rules 1–4): the charge is data-independent (realized = worst case; no iteration
-counts, gradient norms, objective values or timings are released); b and the output noise are drawn once; the
-solver is never restarted with a larger tolerance or smaller noise; if it cannot reach the tolerance
+Rules kept (docs/privacy/rules.md#rules, rules 1–4): the charge is data-independent (realized = worst case; no
+iteration counts, gradient norms, objective values or timings are released); b and the output noise are drawn
+once; the solver is never restarted with a larger tolerance or smaller noise; if it cannot reach the tolerance
 within a generous iteration cap it raises ``ObjPertDidNotConverge`` and the service commits the worst case.
 
 The failure outcome is visible to the analyst, so it must not depend on the data beyond an event of
-negligible, data-independent probability (docs/privacy.md §8.4.2, "Failure channel"). The stopping rule's
-rounding slack is therefore built from public constants only (``StoppingBounds``): the row bound R (not
-max‖x_i‖), a public row count n̄ (n under replace_one, the declared ``max_rows`` under add_remove), ‖θ‖ ≤
-θ̄ = (n̄R + B_b + τ)/λ (stationarity of the sum-scale objective at any certified stop) and
-‖b‖ ≤ B_b = σ(√d + 20) (fails with probability ≤ e^{−200}; then the actual ‖b‖ is used, still sound).
-The request is refused at check time unless 0.99τ ≥ 10·S_pub (``minimum_tolerance``), so the certified
-stop is reachable on every dataset.
+negligible, data-independent probability (docs/privacy/objective_perturbation.md#objpert-failure-channel). The
+stopping rule's rounding slack is therefore built from public constants only (``StoppingBounds``): the row
+bound R (not max‖x_i‖), a public row count n̄ (n under replace_one, the declared ``max_rows`` under
+add_remove), ‖θ‖ ≤ θ̄ = (n̄R + B_b + τ)/λ (stationarity of the sum-scale objective at any certified stop) and
+‖b‖ ≤ B_b = σ(√d + 20) (fails with probability ≤ e^{−200}; then the actual ‖b‖ is used, still sound). The
+request is refused at check time unless 0.99τ ≥ 10·S_pub (``minimum_tolerance``), so the certified stop is
+reachable on every dataset.
 Exact ObjPert (no output noise) is not offered: an iterative solver has no exact minimizer.
 Huber-SVM is not offered: its f'' is discontinuous, and the change-of-variables proof needs a twice
 differentiable f (the thesis leaves the piecewise-C² case "as an exercise", §4.4).
 
-Finite precision (docs/privacy.md §10.4.4, Lemma COUPLE and Theorem OBJPERT-GRID): b is a discrete
-Gaussian on a fine public lattice (the quantile coupling of a continuous Gaussian, within 3γ_b per
-coordinate, so the solver's certificate holds for the continuous b with τ + κ), and the output is released
-on a public grid with exact discrete Gaussian noise (``mechanisms.noise``).
+Finite precision (docs/privacy/finite_precision_learners.md#fp-learners, Lemma COUPLE and Theorem
+OBJPERT-GRID): b is a discrete Gaussian on a fine public lattice (the quantile coupling of a continuous
+Gaussian, within 3γ_b per coordinate, so the solver's certificate holds for the continuous b with τ + κ), and
+the output is released on a public grid with exact discrete Gaussian noise (``mechanisms.noise``).
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ from mechanisms.base import ParamsError, ProgressFn, PublicContext, no_progress
 from mechanisms.learners.features import FeatureSpec
 from mechanisms.noise import Grid, Noise
 from mechanisms.noise.learners import discrete_gaussian_std
+from mechanisms.params import NoiseStd
 
 Neighboring = Literal["replace_one", "add_remove"]
 ReportKind = Literal["none", "public", "data_dependent"]
@@ -139,8 +143,8 @@ def _alphas(orders: Sequence[float] | np.ndarray) -> np.ndarray:
 def objpert_rdp(
     orders: Sequence[float] | np.ndarray, sigma: float, beta: float, lam: float, lipschitz: float
 ) -> np.ndarray:
-    """Thm 4.3.2 of the thesis, closed form (docs/privacy.md §8.4.2): −log(1−β/λ) + αL²/(2σ²) +
-    log(2Φ((α−1)L/σ))/(α−1).
+    """Thm 4.3.2 of the thesis, closed form (docs/privacy/objective_perturbation.md#objpert-rdp-charge):
+    −log(1−β/λ) + αL²/(2σ²) + log(2Φ((α−1)L/σ))/(α−1).
 
     Needs 0 ≤ β < λ, σ > 0, L ≥ 0, α > 1. log Φ by ``scipy.stats.norm.logcdf``.
     """
@@ -178,9 +182,9 @@ def objective_noise_units(sigma: float) -> int:
 
 def coupling_slack(sigma: float) -> float:
     """κ ≥ ‖b − b_c‖ for the coordinatewise quantile coupling of b (lattice) with b_c ~ N(0, (t_bγ_b)²I_d)
-    (Lemma COUPLE, docs/privacy.md §10.6: ≤ 3γ_b per coordinate) plus the float conversion of b
-    (≤ 514·σ_b·2^−53 per coordinate, the sampler's support being |Z| ≤ 513·t_b), for every d ≤ D_MAX:
-    √D_MAX·(3γ_b + 514·σ_b·2^−53), σ_b = t_bγ_b ≤ σ + γ_b."""
+    (Lemma COUPLE, docs/privacy/finite_precision_learners.md#lemma-couple: ≤ 3γ_b per coordinate) plus the
+    float conversion of b (≤ 514·σ_b·2^−53 per coordinate, the sampler's support being |Z| ≤ 513·t_b), for
+    every d ≤ D_MAX: √D_MAX·(3γ_b + 514·σ_b·2^−53), σ_b = t_bγ_b ≤ σ + γ_b."""
     granularity = objective_grid(sigma).granularity
     per_coordinate = 3.0 * granularity + 514.0 * (sigma + granularity) * 2.0**-53
     return math.nextafter(per_coordinate * 256.0 * (1.0 + 2.0**-40), math.inf)
@@ -407,7 +411,8 @@ def minimum_tolerance(lam: float, sigma: float, row_norm: float, d: int, n_bound
     """The smallest τ with 0.99τ ≥ 10·S_pub(τ) (S_pub is affine in τ through θ̄), rounded up.
 
     Then the certified stop is reachable on every dataset with ≤ n_bound rows: near θ^P the float gradient is
-    within S_pub of the exact one (≈ 0), so the certified norm is ≲ 2S_pub ≤ 0.99τ (docs/privacy.md §8.4.2).
+    within S_pub of the exact one (≈ 0), so the certified norm is ≲ 2S_pub ≤ 0.99τ
+    (docs/privacy/objective_perturbation.md#objpert-rdp-charge).
     """
     bounds = StoppingBounds(n_bound, row_norm, lam, 0.0, noise_norm_bound(sigma, d))
     constant = bounds.public_slack(d)
@@ -600,9 +605,7 @@ class ObjPertLogisticParams(FeatureSpec):
         allow_inf_nan=False,
         description="λ of (λ/2)‖θ‖² on the sum-scale objective; must exceed β = row_norm²/4",
     )
-    sigma: StrictFloat = Field(
-        gt=0, le=1e9, allow_inf_nan=False, description="standard deviation σ of the objective noise b"
-    )
+    sigma: NoiseStd = Field(description="standard deviation σ of the objective noise b")
     tolerance: StrictFloat = Field(
         default=1e-6,
         gt=0,
@@ -618,12 +621,8 @@ class ObjPertLogisticParams(FeatureSpec):
         description="add_remove datasets only (required there): a public upper bound on the number of rows, "
         "used for the solver's rounding slack",
     )
-    output_sigma: StrictFloat | None = Field(
-        default=None,
-        gt=0,
-        le=1e9,
-        allow_inf_nan=False,
-        description="σ_out of the output noise (default 1000·τ/λ)",
+    output_sigma: NoiseStd | None = Field(
+        default=None, description="σ_out of the output noise (default 1000·τ/λ)"
     )
     row_norm: StrictFloat = Field(
         default=1.0,
@@ -644,25 +643,14 @@ class ObjPertLogisticParams(FeatureSpec):
         allow_inf_nan=False,
         description="ρ: each reported per-instance bound holds with probability ≥ 1 − ρ",
     )
-    report_gradient_sigma: StrictFloat | None = Field(
-        default=None,
-        gt=0,
-        le=1e9,
-        allow_inf_nan=False,
-        description="σ₂ of the noisy gradient (data_dependent report only)",
+    report_gradient_sigma: NoiseStd | None = Field(
+        default=None, description="σ₂ of the noisy gradient (data_dependent report only)"
     )
-    report_hessian_sigma: StrictFloat | None = Field(
-        default=None,
-        gt=0,
-        le=1e9,
-        allow_inf_nan=False,
-        description="σ₃ of the GOE noise on the Hessian (data_dependent report only)",
+    report_hessian_sigma: NoiseStd | None = Field(
+        default=None, description="σ₃ of the GOE noise on the Hessian (data_dependent report only)"
     )
-    report_lambda_min_sigma: StrictFloat | None = Field(
+    report_lambda_min_sigma: NoiseStd | None = Field(
         default=None,
-        gt=0,
-        le=1e9,
-        allow_inf_nan=False,
         description="σ₄: releases λ_min of the Hessian with Gaussian noise of this std and uses the adaptive "
         "report (Redberg's Alg 8/9), which works for any λ (no λ ≥ 2σ₃τ_GOE requirement); data_dependent "
         "report only, charged as one more Gaussian release",

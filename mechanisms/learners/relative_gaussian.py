@@ -1,8 +1,9 @@
 """The Relative Gaussian Mechanism (RGM) and the relative sensitivity of ridge gradients: pure numerics.
 
 Source: Hendrikx, Mangold, Bellet, "The Relative Gaussian Mechanism and its Application to Private Gradient
-Descent", AISTATS 2024 (cited "the paper"); the derivations and corrections are proved in docs/privacy.md
-§8.3. Nothing here is wired into the service; the curves are ex-ante bounds and the same for every outcome.
+Descent", AISTATS 2024 (cited "the paper"); the derivations and corrections are proved in
+docs/privacy/gradient_descent.md#gradient-descent. Nothing here is wired into the service; the curves are
+ex-ante bounds and the same for every outcome.
 
 Definitions (paper Def. 2 and Def. 3)
 -------------------------------------
@@ -19,7 +20,8 @@ Bounds
   for 1 ≤ α < α_max = 1 + 1/(η(2+η)) (+∞ at and beyond α_max: the ceiling is real, ε_T1 → ∞ as α → α_max),
   under the σ² condition σ² ≥ γη⁻²[1 − η(α−1)]R_rel².
 * ``exact_epsilon``: the exact worst case over all queries with (η, R_rel)-relative sensitivity, under the
-  same conditions (Lemma EXACT of docs/privacy.md §8.3.1, a **derived** result that is not in the paper):
+  same conditions (Lemma EXACT of docs/privacy/gradient_descent.md#lemma-exact, a **derived** result that is
+  not in the paper):
   ε_ex(α) = αη²/(2γρ_α) + (d/(α−1))·[−α log(1+η) − ½ log(1 − αη(2+η)/(1+η)²)] ≤ ε_T1(α),
   evaluated here in the cancellation-free form (d/2)·[(w − log(1+w)) + w(φ(t) − 1)] with w = η(2+η),
   t = (α−1)w and φ(t) = −log(1−t)/t. The service must not rely on it unless the verification in
@@ -42,7 +44,7 @@ Conditions enforced by ``rgm_rdp_curve``
 * +∞ at every order α ≥ α_max (computed with ρ_α rounded down, so orders within rounding of the ceiling
   are +∞ too). α_max can be small (5.76 at η = 0.1), so standard grids get +∞ entries.
 
-Corrections to the paper, and why (docs/privacy.md §8.3)
+Corrections to the paper, and why (docs/privacy/gradient_descent.md#gradient-descent)
 -------------------------------------------------------
 1. **Variance, not standard deviation** (eq. (4) and Lemma 2 of the paper vs its code). Eq. (4) and
    Lemma 2 (σ₁²I_d) make γ‖R(x)‖² + σ² the per-coordinate variance. The authors' code draws with *standard
@@ -52,8 +54,8 @@ Corrections to the paper, and why (docs/privacy.md §8.3)
    s = ασ₂² + (1−α)σ₁² = σ² + γα‖R(y)‖² − γ(α−1)‖R(x)‖².
    This changes no result; ``exact_epsilon`` relies on the corrected mean-term bound.
 3. **The log term of Theorem 1 is not tight**: the paper's factor (1+η)² and the 1/2 lost in eq. (36) are
-   what ``exact_epsilon`` removes (Lemma EXACT, docs/privacy.md §8.3.1). The A.6 tCDP constant
-   (η²d(2+η)²/2) is a typo and is not used.
+   what ``exact_epsilon`` removes (Lemma EXACT, docs/privacy/gradient_descent.md#lemma-exact). The A.6 tCDP
+   constant (η²d(2+η)²/2) is a typo and is not used.
 4. **Eq. (10) scaling** (ridge relative sensitivity, eqs. 9–10 of the paper): the paper's b_i = X_i y_i/n
    makes eq. (10) inconsistent by a factor n. ``ridge_relative_sensitivity`` uses the consistent form with
    unnormalised per-record gradients,
@@ -71,8 +73,8 @@ Numerics: every value returned by the bound functions is an upper bound on the e
 rounded in the conservative direction, series with tail bounds where the direct formula cancels, then a
 relative pad of a few dozen ulps). Composition over steps, (ε, δ) conversion and PTR are not here.
 Sampling is exact and grid-valued (``rgm_release_grid``: the mean rounded to a public grid, a discrete
-Gaussian with the scale rounded up; docs/privacy.md §10.4.4, Lemma THETA and Theorem RGM-GRID), and v(x),
-‖R(x)‖ and the noise scale are secret: never release or log them.
+Gaussian with the scale rounded up; docs/privacy/finite_precision_learners.md#fp-learners, Lemma THETA and
+Theorem RGM-GRID), and v(x), ‖R(x)‖ and the noise scale are secret: never release or log them.
 """
 
 from __future__ import annotations
@@ -123,6 +125,16 @@ def _check_order(alpha: float) -> float:
     if not (math.isfinite(alpha) and alpha >= 1.0):
         raise ValueError(f"the Rényi order must be finite and ≥ 1, got {alpha!r}")
     return alpha
+
+
+def _check_release(sigma: float, r_rel: float, d: int, bound: str) -> tuple[float, float, int]:
+    """(σ, R_rel, d) of one release, checked in that order, and its bound's name."""
+    sigma = _finite_nonnegative(sigma, "sigma")
+    r_rel = _finite_nonnegative(r_rel, "r_rel")
+    d = _check_dimension(d)
+    if bound not in ("theorem1", "exact"):
+        raise ValueError(f"bound must be 'theorem1' or 'exact', got {bound!r}")
+    return sigma, r_rel, d
 
 
 def _check_eta_gamma(eta: float, gamma: float) -> tuple[float, float]:
@@ -276,8 +288,8 @@ def theorem1_epsilon(alpha: float, eta: float, gamma: float, d: int) -> float:
 
 
 def exact_epsilon(alpha: float, eta: float, gamma: float, d: int) -> float:
-    """The exact worst-case D_α of the RGM over relative-sensitivity queries (Lemma EXACT, docs/privacy.md
-    §8.3.1).
+    """The exact worst-case D_α of the RGM over relative-sensitivity queries (Lemma EXACT,
+    docs/privacy/gradient_descent.md#lemma-exact).
 
     αη²/(2γρ_α) + (d/(α−1))·[−α log(1+η) − ½ log(1 − αη(2+η)/(1+η)²)], computed as
     αη²/(2γρ_α) + (d/2)·[(w − log(1+w)) + w(φ(t) − 1)], w = η(2+η), t = (α−1)w, φ(t) = −log(1−t)/t.
@@ -305,18 +317,14 @@ def rgm_rdp_curve(
     """The RDP curve of one RGM_{γ,σ} release of a d-dimensional query with (η, R_rel)-relative sensitivity.
 
     ``bound="theorem1"`` (default) is the paper's eq. (5); ``bound="exact"`` is the derived exact worst case
-    of Lemma EXACT (docs/privacy.md §8.3.1). Orders below α_lo are charged ε(α_lo); orders ≥ α_max are +∞; no
-    pure bound. Raises ValueError on invalid parameters or σ² below Lemma 1's threshold (see the module
-    docstring).
+    of Lemma EXACT (docs/privacy/gradient_descent.md#lemma-exact). Orders below α_lo are charged ε(α_lo);
+    orders ≥ α_max are +∞; no pure bound. Raises ValueError on invalid parameters or σ² below Lemma 1's
+    threshold (see the module docstring).
     """
     grid = validate_orders(orders)
     eta = _finite_nonnegative(eta, "eta")
     gamma = _finite_nonnegative(gamma, "gamma")
-    sigma = _finite_nonnegative(sigma, "sigma")
-    r_rel = _finite_nonnegative(r_rel, "r_rel")
-    d = _check_dimension(d)
-    if bound not in ("theorem1", "exact"):
-        raise ValueError(f"bound must be 'theorem1' or 'exact', got {bound!r}")
+    sigma, r_rel, d = _check_release(sigma, r_rel, d, bound)
     if eta == 0.0:
         if gamma != 0.0:
             raise ValueError("eta = 0 is absolute sensitivity: gamma must be 0 (plain Gaussian mechanism)")
@@ -328,7 +336,7 @@ def rgm_rdp_curve(
     return RdpCurve(grid, values)
 
 
-# ----- the RGM on a public grid (docs/privacy.md §10.5, Theorem RGM-GRID) -----------------------------------
+# ----- the RGM on a public grid (docs/privacy/finite_precision_learners.md#theorem-rgm-grid) ---------------
 GRID_BITS = 24
 """The release grid γ_g is the largest power of two ≤ σ·2^−GRID_BITS/√d: σ/γ_g ≥ 2^GRID_BITS·√d grid units."""
 _SCALE_SLACK = 2.0**-30  # relative margin on the computed variance (float error ≤ (d + 8)·2^−53, d ≤ 2^20)
@@ -361,7 +369,8 @@ def _theta_tail(x: float) -> float:
 def _discrete_correction(alpha: float, units: float) -> float:
     """Per coordinate: D_α(N_Z(μ, s²)‖N_Z(μ′, s′²)) − D_α(N(μ, s²)‖N(μ′, s′²)) ≤
     [log(1 + E(units²/α)) + (α−1)·log(1 + E(units²)) − α·log(1 − E(units²))]/(α−1), for s, s′ ≥ units and
-    the combined variance v = s²s′²/(αs′² − (α−1)s²) ≥ s²/α (docs/privacy.md §10.5, Lemma THETA)."""
+    the combined variance v = s²s′²/(αs′² − (α−1)s²) ≥ s²/α
+    (docs/privacy/finite_precision_learners.md#lemma-theta, Lemma THETA)."""
     e_v = _theta_tail(units * units / alpha)
     e_s = _theta_tail(units * units)
     if e_v == 0.0 and e_s == 0.0:
@@ -381,9 +390,10 @@ def grid_scale_ratio(d: int) -> float:
 def grid_rgm_bound(
     alpha: float, eta: float, gamma: float, d: int, *, units: float, ratio: float, bound: Bound = "exact"
 ) -> float:
-    """Theorem RGM-GRID (docs/privacy.md §10.5): D_α of the grid RGM for any neighbours, when every standard
-    deviation s (grid units) satisfies v ≤ s² ≤ ``ratio``·v, v ≥ ``units``² the per-coordinate variance
-    γ‖R‖² + σ² in grid units, σ² ≥ γR_rel²/η², and the means are R/γ_g rounded to integers.
+    """Theorem RGM-GRID (docs/privacy/finite_precision_learners.md#theorem-rgm-grid): D_α of the grid RGM for
+    any neighbours, when every standard deviation s (grid units) satisfies v ≤ s² ≤ ``ratio``·v, v ≥
+    ``units``² the per-coordinate variance γ‖R‖² + σ² in grid units, σ² ≥ γR_rel²/η², and the means are R/γ_g
+    rounded to integers.
 
     w_q = ratio·(1+η)² − 1, ρ_q = 1 − (α−1)w_q (+∞ if ≤ 0), p = √(d(1+w_q))·√γ/(η·units):
     αη²(1+p)²/(2γρ_q) + log term (``exact_epsilon``'s or Theorem 1's with w → w_q) + d·Poisson correction.
@@ -436,11 +446,7 @@ def rgm_grid_curve(
     """
     grid = validate_orders(orders)
     eta, gamma = _check_eta_gamma(eta, gamma)
-    sigma = _finite_nonnegative(sigma, "sigma")
-    r_rel = _finite_nonnegative(r_rel, "r_rel")
-    d = _check_dimension(d)
-    if bound not in ("theorem1", "exact"):
-        raise ValueError(f"bound must be 'theorem1' or 'exact', got {bound!r}")
+    sigma, r_rel, d = _check_release(sigma, r_rel, d, bound)
     if not sigma * sigma * eta * eta * (1.0 - 8 * _EPS) >= gamma * r_rel * r_rel:
         raise ValueError("the grid RGM needs sigma² ≥ γR_rel²/η² (use rgm_gd.baseline_sigma)")
     if any(alpha <= 1.0 for alpha in grid):
@@ -617,7 +623,8 @@ def ridge_theta_bound(reg: float, feature_bound: float, label_bound: float) -> f
 def ridge_gradient_gap_bound(reg: float, feature_bound: float, label_bound: float, grid: int = 2048) -> float:
     """D ≥ ‖x₀r₀ − x₀′r₀′‖, r = xᵀθ* − y, for any two records (‖x‖ ≤ X, |y| ≤ Y) and any ‖θ*‖ ≤ B
     (B = ``ridge_theta_bound``): the diameter of the per-record gradient set S(θ) = {x(xᵀθ − y)},
-    maximised over the ball (derived; proof in docs/privacy.md §8.3.4, Lemma RIDGE-SPLIT step 4′).
+    maximised over the ball (derived; proof in docs/privacy/gradient_descent.md#lemma-ridge-split, Lemma
+    RIDGE-SPLIT step 4′).
 
     * S(θ) is a body of revolution about θ: a record with ‖x‖ = s whose gradient g makes the angle
       ψ ∈ [0, π] with θ has ‖g‖ ≤ s·(Y + s‖θ‖cos ψ)₊ (x is ±s times the direction of g), so
@@ -635,7 +642,7 @@ def ridge_gradient_gap_bound(reg: float, feature_bound: float, label_bound: floa
 
     Returns min(2X(XB + Y), max(2XY, grid maximum + L·h)), rounded up. Cached (public inputs only).
     4.389 at λ = 0.03, X = Y = 1 (the triangle inequality gives 7.774, the explicit neighbours of
-    ``mechanisms.learners.rgm_gd.ridge_r_rel_floor`` reach 4.378).
+    ``mechanisms.learners.rgm_calibration.ridge_r_rel_floor`` reach 4.378).
     """
     reg = _finite_nonnegative(reg, "reg")
     x_max = _finite_nonnegative(feature_bound, "feature_bound")
@@ -674,7 +681,7 @@ def ridge_relative_sensitivity_split(
     """A tighter (η, R_rel) for the full-batch ridge gradient, uniformly in θ (derived; replace-one).
 
     Same identity as ``ridge_relative_sensitivity``: n(∇f − ∇f′)(θ) = (A₀ − A₀′)A⁻¹∇f(θ) + c with
-    c = ∇ℓ₀(θ*) − ∇ℓ₀′(θ*). Three refinements (proofs in docs/privacy.md §8.3.4):
+    c = ∇ℓ₀(θ*) − ∇ℓ₀′(θ*). Three refinements (proofs in docs/privacy/gradient_descent.md#lemma-ridge-split):
 
     * ‖A₀ − A₀′‖ ≤ max(‖x₀‖², ‖x₀′‖²) ≤ X² (x₀x₀ᵀ − x₀′x₀′ᵀ has one eigenvalue in [0, ‖x₀‖²], one in
       [−‖x₀′‖², 0], the rest 0) and ‖A⁻¹‖ ≤ 1/λ;

@@ -1,4 +1,5 @@
-"""The one home of randomness for releases (docs/privacy.md §10, finite precision).
+"""The one home of randomness for releases (docs/privacy/finite_precision.md#finite-precision, finite
+precision).
 
 Every random bit a mechanism uses comes from a ``Noise`` object built here: production draws from the OS
 CSPRNG (``Noise.system()``); tests may build a deterministic SHAKE-256 stream from a seed

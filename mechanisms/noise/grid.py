@@ -1,4 +1,4 @@
-"""Releases on a public grid γ = 2^k (docs/privacy.md §10.2).
+"""Releases on a public grid γ = 2^k (docs/privacy/finite_precision.md#fp-construction).
 
 A real answer f is released as γ·(round(f/γ) + Z) with Z integer noise from ``mechanisms.noise.exact``.
 The grid is chosen from public quantities only (sensitivity, dimension, noise scale), so the set of possible

@@ -1,4 +1,5 @@
-"""Exact samplers for the learners (``dp_gd``, ``rgm.gd``, ``objpert.logistic``): docs/privacy.md §10.
+"""Exact samplers for the learners (``dp_gd``, ``rgm.gd``, ``objpert.logistic``):
+docs/privacy/finite_precision.md#finite-precision.
 
 ``discrete_gaussian_std(noise, t, size)``: ``size`` draws of the discrete Gaussian N_Z(0, t²) with an
 **integer** standard deviation t (1 ≤ t ≤ 2^52), vectorised, int64 arithmetic only.

@@ -1,4 +1,5 @@
-"""Exact integer samplers for discrete Laplace noise reduction (docs/privacy.md §8.1.1, finite precision).
+"""Exact integer samplers for discrete Laplace noise reduction
+(docs/privacy/noise_reduction.md#laplace-noise-reduction, finite precision).
 
 Rates are exact rationals with one fixed denominator D = 2^48: a level of rate m (an integer) has discrete
 Laplace noise P(z) ∝ q^{|z|} with q = e^{−m/D}. Every probability below is built from Bernoulli(exp(−num/D))

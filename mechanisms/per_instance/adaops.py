@@ -1,5 +1,6 @@
 """AdaOPS for ridge regression (Wang 2019, Alg 1, corrected: note seed_002 §3.5 and errata 1–7), with
-publishable per-instance reports. Proofs: docs/privacy.md §13, docs/mechanisms/per_instance_ridge.md.
+publishable per-instance reports. Proofs: docs/privacy/adaops.md#adaops,
+docs/mechanisms/per_instance_ridge.md.
 
 1. W = (λ̃, ñ). λ̃ = 2^−10·(m* + Y): m* = ⌈λ_min(XᵀX)/2^−10⌉ − 1 certified by exact elimination (it moves
    by ≤ 1024 units between neighbours, Weyl with ‖x‖ ≤ 1), Y ~ N_Z(0, t²) with the smallest integer t (from
@@ -16,7 +17,7 @@ publishable per-instance reports. Proofs: docs/privacy.md §13, docs/mechanisms/
    n_floor (public) keeps ½log(1 + μ̄) + μ̄·log(1/δ) ≤ ε_post/2, so γ always exists: no ⊥.
 4. θ̃ ~ N(θ̂, H⁻¹/γ) drawn exactly as ``mechanisms.ptr.ops_linear`` does (discrete Gaussians coupled to the
    continuous ones, exact rationals, output on a public grid; the discretisation costs (ε_out, δ_out)).
-Guarantee (Theorem GEN-PTR of docs/privacy.md §11.4 with W = (λ̃, ñ), δ′ = δ₃ + δ₄):
+Guarantee (Theorem GEN-PTR of docs/privacy/approximate.md#theorem-gen-ptr with W = (λ̃, ñ), δ′ = δ₃ + δ₄):
 (ε₁ + ε₂, δ_λ + δ_n + δ₂ + δ₃ + δ₄)-DP = the declared (ε, δ), admitted through the δ-ledger
 (approximate-DP path). With ``report = "data_dependent"`` a GOE-noised Gram matrix is released as well and
 charged (ε_rep, δ_rep) on top.
@@ -45,6 +46,7 @@ from mechanisms.base import ParamsError, PublicContext, Release, Table
 from mechanisms.learners.features import FeatureSpec, check_features, design_matrix, dimension
 from mechanisms.noise import Grid, Noise, dyadic_scale_up, grid_l2_sensitivity
 from mechanisms.noise.learners import discrete_gaussian_std
+from mechanisms.params import NoiseStd, OpenUnit, SmallDelta
 from mechanisms.per_instance.ridge import agm_sigma, ops_bound
 from mechanisms.ptr.ops_linear import (
     COUPLING_BITS,
@@ -74,7 +76,7 @@ class AdaOpsRidgeParams(BaseModel):
 
     features: FeatureSpec
     epsilon: StrictFloat = Field(gt=0, le=20, allow_inf_nan=False, description="total ε of the call")
-    delta: StrictFloat = Field(gt=0, lt=0.01, allow_inf_nan=False, description="total δ of the call")
+    delta: SmallDelta = Field(description="total δ of the call")
     kappa: StrictFloat = Field(
         gt=0, le=1e9, allow_inf_nan=False, description="κ: largest acceptable condition number (h = n̄/(dκ))"
     )
@@ -84,12 +86,8 @@ class AdaOpsRidgeParams(BaseModel):
         le=10**9,
         description="not accepted: the row count is public (replace_one) or released with noise (add_remove)",
     )
-    lambda_share: StrictFloat = Field(
-        default=0.5,
-        gt=0,
-        lt=1,
-        allow_inf_nan=False,
-        description="share ε₁/ε of ε spent on releasing λ_min (and, add_remove, the row count)",
+    lambda_share: OpenUnit = Field(
+        default=0.5, description="share ε₁/ε of ε spent on releasing λ_min (and, add_remove, the row count)"
     )
     min_lambda: StrictFloat = Field(
         default=1.0, gt=0, le=1e9, allow_inf_nan=False, description="floor of the adaptive ridge λ_n"
@@ -97,19 +95,11 @@ class AdaOpsRidgeParams(BaseModel):
     report: Literal["public", "data_dependent"] = Field(
         default="public", description="public: free report from the release; data_dependent: also a noisy XᵀX"
     )
-    report_sigma: StrictFloat | None = Field(
-        default=None,
-        gt=0,
-        le=1e9,
-        allow_inf_nan=False,
-        description="σ of the Gram's GOE noise (data_dependent)",
+    report_sigma: NoiseStd | None = Field(
+        default=None, description="σ of the Gram's GOE noise (data_dependent)"
     )
-    report_delta: StrictFloat | None = Field(
-        default=None,
-        gt=0,
-        lt=0.01,
-        allow_inf_nan=False,
-        description="δ charged for the Gram (data_dependent)",
+    report_delta: SmallDelta | None = Field(
+        default=None, description="δ charged for the Gram (data_dependent)"
     )
     report_rho: StrictFloat = Field(
         default=0.05, gt=0, lt=0.5, allow_inf_nan=False, description="failure probability ρ of the report"
@@ -563,7 +553,8 @@ def _posterior_sample(
     noise: Noise,
 ) -> tuple[list[float], float]:
     """θ̂ = H⁻¹(Xᵀy + s(XᵀG₁ + √λ·G₂)/T) exactly (G ~ N_Z(0, T²): Cov → s²H⁻¹ = H⁻¹/γ), released as
-    γ_o(round(θ̂/γ_o) + Z_o) — the sampler of ``mechanisms.ptr.ops_linear`` (docs/privacy.md §11.4)."""
+    γ_o(round(θ̂/γ_o) + Z_o) — the sampler of ``mechanisms.ptr.ops_linear``
+    (docs/privacy/approximate.md#gen-ptr-and-ops-ptr)."""
     del gram
     n, d = xi.shape
     big_t = (1 << COUPLING_BITS) * (math.isqrt(max(n - 1, 0)) + 1 + math.isqrt(d - 1) + 1)
@@ -692,7 +683,8 @@ def evaluate_report(
     if counted:
         k6 = 0.0 if drop_margins else float(discrete_gaussian_quantile(pl.count_std, beta / 2.0))
         lam_loss = lam_loss + (1.0 + 2.0 * k6) / (2.0 * float(pl.count_std) ** 2)
-    # the output discretisation step: (ε_out, δ_out) by composition (docs/privacy.md §11.4, §13.3)
+    # the output discretisation step: (ε_out, δ_out) by composition
+    # (docs/privacy/approximate.md#gen-ptr-and-ops-ptr, docs/privacy/adaops.md#adaops-reports)
     eps_out = 0.0 if drop_margins else pl.eps_out
 
     def side(mu: np.ndarray, r: np.ndarray) -> dict[str, np.ndarray]:

@@ -55,7 +55,8 @@ class ObjPertLogistic(ParamsChecked):
         check_features(p, ctx, "classification")
         d = dimension(p, ctx)
         n_bound = public_row_bound(p, ctx)
-        # public: the certified stop must be reachable on every dataset (docs/privacy.md §8.4.2)
+        # public: the certified stop must be reachable on every dataset
+        # (docs/privacy/objective_perturbation.md#objpert-rdp-charge)
         needed = minimum_tolerance(p.regularization, p.sigma, p.row_norm, d, n_bound)
         if p.tolerance < needed:
             raise ParamsError(
@@ -127,5 +128,7 @@ class ObjPertLogistic(ParamsChecked):
         progress(1.0)
         # realized = worst case by theorem, not by comparison: the RDP bound of approximate objective
         # perturbation (Redberg, Koskela, Wang 2023, Theorem 4.3.2 of Redberg's thesis) and the report's
-        # Gaussian charge depend on public parameters only, never on the output (docs/privacy.md §8.4.2-8.4.3)
+        # Gaussian charge depend on public parameters only, never on the output
+        # (docs/privacy/objective_perturbation.md#objpert-rdp-charge and
+        # docs/privacy/objective_perturbation.md#objpert-data-dependent-report)
         return Release(output=output, realized=worst)

@@ -1,5 +1,6 @@
 """Per-instance privacy reports for ``objpert.logistic`` releases (Redberg & Wang 2021;
-Wang 2019, per-instance DP). Proofs: docs/privacy.md §8.4.3–§8.4.4.
+Wang 2019, per-instance DP). Proofs: docs/privacy/objective_perturbation.md#objpert-data-dependent-report and
+docs/privacy/objective_perturbation.md#objpert-per-instance-report.
 
 A **reporting function** is published with the model: anyone evaluates it on their own record z = (x, y)
 and gets an upper bound, holding with probability ≥ 1 − ρ over the mechanism's noise, on their ex-post
@@ -57,13 +58,13 @@ noise and sensitivity ‖ΔH‖_F/√2 ≤ β/√2 (add/remove) or β (replace_o
 PSD A, B). Adaptive composition: θ^P, θ̃ are functions of (D, θ^P) and the AMP proof already composes
 (θ^P, out) (Redberg, Koskela, Wang 2023, Remark 4.4.2 of Redberg 2023).
 
-The personalized RDP curve ρ_z(α) (derived in docs/privacy.md §8.4.5 from the proof of Thm 4.3.2 of
-Redberg 2023; add/remove) depends on z's own record only:
+The personalized RDP curve ρ_z(α) (derived in docs/privacy/objective_perturbation.md#personalized-rdp from
+the proof of Thm 4.3.2 of Redberg 2023; add/remove) depends on z's own record only:
 −log(1 − β_z/λ) + αL_z²/(2σ²) + log(2Φ((α−1)L_z/σ))/(α−1) + AMP term (+ report terms with L_z, β_z),
 L_z = ‖x‖, β_z = ‖x‖²/4.
 
 **True per-record losses are never returned, stored or charged** (Example 2.2.4 of Redberg 2023: published
-per-instance losses reveal the data; docs/privacy.md §6 rule 1).
+per-instance losses reveal the data; docs/privacy/rules.md#rule-public-charges).
 ``exact_ex_post_loss`` below needs the whole dataset; it exists only to verify the bounds in tests and
 is not reachable from the service.
 """
@@ -100,7 +101,8 @@ DATA_DEPENDENT_EVENTS = 7
 #: the adaptive report (Alg 8/9) adds two: the lower confidence bound on λ_min(H) and λ̂_min's own loss
 ADAPTIVE_EVENTS = 9
 #: LAPACK's symmetric eigensolver is backward stable: the computed eigenvalues are exact for H + F with
-#: ‖F‖ ≤ c·d·eps·‖H‖; c = 8 is a generous constant (docs/privacy.md §8.4.6)
+#: ‖F‖ ≤ c·d·eps·‖H‖; c = 8 is a generous constant
+#: (docs/privacy/objective_perturbation.md#objpert-adaptive-report)
 EIGEN_BACKWARD_CONSTANT = 8.0
 _EPS = float(np.finfo(np.float64).eps)
 
@@ -118,14 +120,16 @@ def two_sided_z(rho: float) -> float:
 
 def goe_norm_bound(d: int, rho: float) -> float:
     """τ with P(‖G‖₂ > σ₃τ) ≤ ρ for the released Hessian's noise G (discrete GOE on the grid plus rounding):
-    4√(d·log 9 + log(2/ρ)) + 2^−20 (ε-net bound for subgaussian entries, docs/privacy.md §10.6)."""
+    4√(d·log 9 + log(2/ρ)) + 2^−20 (ε-net bound for subgaussian entries,
+    docs/privacy/finite_precision_learners.md#fp-per-instance-reports)."""
     return 4.0 * math.sqrt(d * math.log(9.0) + math.log(2.0 / rho)) + 2.0**-20
 
 
 def ball_radius(tau: float, lam: float, sigma_out: float, d: int, rho_ball: float) -> float:
     """r ≥ ‖θ^P − out‖ w.p. ≥ 1 − ρ_ball, with τ the effective tolerance and σ_out the released noise's std:
     τ/λ + γ_o√d/2 (rounding; γ_o ≤ 2τ/λ·2^−22) + σ_out·√(2d + 4 log(1/ρ_ball)) (discrete Gaussian noise is
-    subgaussian: P(‖w‖² > σ²s²) ≤ 2^{d/2}e^{−s²/4}, docs/privacy.md §10.6)."""
+    subgaussian: P(‖w‖² > σ²s²) ≤ 2^{d/2}e^{−s²/4},
+    docs/privacy/finite_precision_learners.md#fp-per-instance-reports)."""
     rounding = math.sqrt(d) * tau / lam * 2.0**-22
     return tau / lam + rounding + sigma_out * math.sqrt(2.0 * d + 4.0 * math.log(1.0 / rho_ball))
 
@@ -403,7 +407,8 @@ def _quadratic(matrix: np.ndarray, x: np.ndarray) -> np.ndarray | None:
 
 def adaptive_leverage(h_hat: np.ndarray, x: np.ndarray, lambda_lo: float, spectral: float) -> np.ndarray:
     """An upper bound on xᵀH⁻¹x for every row x, valid whenever λ_min(H) ≥ λ_lo > 0 and ‖Ĥ − H‖ ≤ s
-    (``spectral`` = σ₃τ_GOE) — Prop A.3.2 of Redberg 2023, re-proved in docs/privacy.md §8.4.6:
+    (``spectral`` = σ₃τ_GOE) — Prop A.3.2 of Redberg 2023, re-proved in
+    docs/privacy/objective_perturbation.md#objpert-adaptive-report:
     * always: ‖x‖²/λ_lo, and (regularized) ((λ_lo + 2s)/λ_lo)·xᵀ(Ĥ + sI)⁻¹x, since
       H ⪯ Ĥ + sI ⪯ (1 + 2s/λ_lo)H;
     * if λ_lo ≥ 2s (standard): ((λ_lo + s)/λ_lo)·xᵀĤ⁻¹x, since (1 − s/λ_lo)H ⪯ Ĥ ⪯ (1 + s/λ_lo)H.
@@ -554,8 +559,8 @@ def personalized_rdp(
     orders: Sequence[float],
     lambda_shift_extra: float = 0.0,
 ) -> list[RdpCurve]:
-    """ρ_z(α) per record (docs/privacy.md §8.4.5, derived; add/remove): the bound with L_z = ‖x‖, β_z =
-    ‖x‖²/4.
+    """ρ_z(α) per record (docs/privacy/objective_perturbation.md#personalized-rdp, derived; add/remove):
+    the bound with L_z = ‖x‖, β_z = ‖x‖²/4.
 
     Vectorised over records (rows) and orders (columns) with the closed form of ``objpert_rdp``.
     """

@@ -7,7 +7,10 @@
   releases a column's median when its distance to instability passes the test.
 * ``select``: ``ptr.select``, Liu & Talwar's random-stopping selection (Alg 5) of the proposal β for it.
 * ``ops_linear``: One-Posterior-Sample linear regression with Gen-PTR (Alg 14), exact noise, rows clipped.
+* ``pate`` (with ``pate_analysis`` and ``pate_teachers``): ``pate.labels``, PATE's noisy arg-max labels behind
+  a Gen-PTR test of the top-two-gap data-dependent loss (docs/privacy/pate.md#theorem-pate-ptr).
 * ``protocol``: the ``ApproximateMechanism`` seam (an (ε, δ) charge from public parameters).
 
-Privacy: docs/privacy.md §11 (approximate DP through the filter) and docs/mechanisms/ptr.md.
+Privacy: docs/privacy/approximate.md#approximate-dp (approximate DP through the filter) and
+docs/mechanisms/ptr.md.
 """

@@ -4,9 +4,10 @@
 
 D_β(X) is the (integer) distance from X to the nearest dataset whose local sensitivity exceeds the proposed
 bound β; it has sensitivity 1, so with t_d ≥ 1/ε the test is ε-DP. If D_β(X) ≥ 1 every neighbour's f is within
-β, so round(f/γ) moves by ≤ m = ⌊β/γ⌋ + 1 grid units (Lemma GRID, docs/privacy.md §10.3) and t_f ≥ m/ε makes
-the release ε-DP; if D_β(X) = 0 the test passes with probability P[Z ≥ K] ≤ e^{−K/t_d} ≤ δ. Thm 3.3.4:
-(2ε, δ)-DP, charged through the approximate-DP path (docs/privacy.md §11). The threshold is the integer K
+β, so round(f/γ) moves by ≤ m = ⌊β/γ⌋ + 1 grid units (Lemma GRID, docs/privacy/finite_precision.md#lemma-grid)
+and t_f ≥ m/ε makes the release ε-DP; if D_β(X) = 0 the test passes with probability P[Z ≥ K] ≤ e^{−K/t_d} ≤
+δ. Thm 3.3.4: (2ε, δ)-DP, charged through the approximate-DP path
+(docs/privacy/approximate.md#approximate-dp). The threshold is the integer K
 (Alg 3's log(1/δ)/ε rounded up in the noise's own scale): with the dyadic t_d slightly above 1/ε, the float
 threshold log(1/δ)/ε could let P[Z > log(1/δ)/ε] exceed δ by a factor 1 + O(2^−40·ε·K) at large ε.
 

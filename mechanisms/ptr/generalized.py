@@ -1,4 +1,5 @@
-"""The generalized propose-test-release core (Redberg, Zhu & Wang 2023; docs/privacy.md §11.4).
+"""The generalized propose-test-release core (Redberg, Zhu & Wang 2023;
+docs/privacy/approximate.md#gen-ptr-and-ops-ptr).
 
 Gen-PTR (Alg 4): release an (ε̂, δ̂)-DP test T(X); if it passes run M_φ(X), else return ⊥. If P[T(X) = 1] ≤ δ′
 whenever the data-dependent loss ε_φ(X) exceeds ε (both directions of the pair, Def 3.5.1), the pair
@@ -14,7 +15,7 @@ Also here, as checked helpers:
   Thm 3.5.6) and the per-call budget of the thesis's experiment;
 * ``printed_rdp_bound`` (Thm B.2.5 as printed: unsound), ``holder_rdp_bound`` (the Hölder-corrected RDP
   bound) and ``joint_renyi_two_point`` (the exact divergence of the joint (test bit, release) on the
-  counterexample), for docs/privacy.md §11.6.
+  counterexample), for docs/privacy/approximate.md#rdp-gen-ptr-not-used.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class GenPtrBudget:
 
     @property
     def delta(self) -> float:
-        """δ + δ̂ + δ′, rounded up (Thm 3.5.3: the three add, no e^ε factor; docs/privacy.md §11.4)."""
+        """δ + δ̂ + δ′, rounded up (Thm 3.5.3: the three add, no e^ε factor;
+        docs/privacy/approximate.md#gen-ptr-and-ops-ptr)."""
         exact = Fraction(self.mechanism_delta) + Fraction(self.test_delta) + Fraction(self.false_positive)
         result = float(exact)
         return result if Fraction(result) >= exact else math.nextafter(result, math.inf)
@@ -129,7 +131,7 @@ def liu_talwar_per_call(epsilon: float, delta: float, k: int) -> dict[str, float
     }
 
 
-# ----- RDP Gen-PTR (route (b), not admitted; docs/privacy.md §11.6) -----------------------------------------
+# ----- RDP Gen-PTR (route (b), not admitted; docs/privacy/approximate.md#rdp-gen-ptr-not-used) --------------
 
 
 def printed_rdp_bound(alpha: float, test_rdp: float, worst_rdp: float, good_rdp: float, fp: float) -> float:

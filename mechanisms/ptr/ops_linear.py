@@ -4,7 +4,7 @@ One-Posterior-Sample: θ ~ N(θ*_λ, (γ(XᵀX + λI))⁻¹), θ*_λ = (XᵀX + 
 depends on λ_min(XᵀX) and on Δ = log(R_y + R‖θ*_λ‖). Gen-PTR releases a private lower bound λ^P and a
 private upper bound Δ^P with one-sided margins, computes the bound ε̄(γ) from them, picks the largest γ with
 ε̄(γ) ≤ ε (post-processing), and samples; ⊥ if no γ > 0 qualifies. docs/mechanisms/ptr.md has the proofs
-(Lemma OPS-DD, LOGNORM, the discretisation) and docs/privacy.md §11 the filter path.
+(Lemma OPS-DD, LOGNORM, the discretisation) and docs/privacy/approximate.md#approximate-dp the filter path.
 
 Data: the design matrix of ``mechanisms.learners.features`` (rows scaled to ‖x‖ ≤ R from declared bounds only,
 labels |y| ≤ 1), then each entry truncated toward zero onto the public grid 2^−20·R (per-row maps, so

@@ -1,4 +1,4 @@
-"""The seam of an approximate-DP mechanism (docs/privacy.md §11.5).
+"""The seam of an approximate-DP mechanism (docs/privacy/approximate.md#approximate-implementation).
 
 Like ``mechanisms.base.Mechanism`` plus ``approximate_charge``: the (ε, δ) charge computed from public
 parameters only, before the data is read. ``worst_case`` returns its curve part (so refusal and
@@ -37,14 +37,16 @@ class ApproximateMechanism(Protocol[P]):
 
 
 def is_approximate(mechanism: object) -> bool:
-    """Whether the filter must admit ``mechanism`` through the δ-ledger (docs/privacy.md §11)."""
+    """Whether the filter must admit ``mechanism`` through the δ-ledger
+    (docs/privacy/approximate.md#approximate-dp)."""
     return bool(getattr(mechanism, "approximate", False))
 
 
 class ApproximateBase(ParamsChecked, Generic[P]):
     """What the (ε, δ) mechanisms share: the cost parameter is ε (the refusal's affordability search
     prices the curve part), ``worst_case`` is the charge's curve, and a release's realized charge is that
-    same curve — an approximate request commits what it reserved, ⊥ included (docs/privacy.md §11.2)."""
+    same curve — an approximate request commits what it reserved, ⊥ included
+    (docs/privacy/approximate.md#condition-e-delta)."""
 
     cost_parameter: ClassVar[str] = "epsilon"
     cost_increases_with_parameter: ClassVar[bool] = True

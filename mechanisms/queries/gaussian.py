@@ -1,12 +1,12 @@
 """The Gaussian mechanism on a query (count, sum, mean, histogram), released on a public grid.
 
-Construction (docs/mechanisms/gaussian.md, docs/privacy.md §10): the answer f(D) is rounded to a public
-grid γ = 2^k (``mechanisms.queries.language.plan_grid``: γ = 1 and no rounding for counts, histograms and sums
-over int columns; otherwise the largest 2^k ≤ 2^-10·Δ₂/√d) and the release is γ·(round(f/γ) + Z) with Z the
-discrete Gaussian N_Z(0, s²), P(z) ∝ exp(−z²/(2s²)), drawn exactly from the OS CSPRNG
-(``Noise.discrete_gaussian``; Canonne, Kamath, Steinke 2020, Algorithm 3). The scale parameter s² in grid
-units is (σ/γ)² rounded **up** to a cheap rational (12 significant bits, an integer when ≥ 2^12), so s ≥ σ/γ.
-Every released number is an exact multiple of γ.
+Construction (docs/mechanisms/gaussian.md, docs/privacy/finite_precision.md#finite-precision): the answer f(D)
+is rounded to a public grid γ = 2^k (``mechanisms.queries.language.plan_grid``: γ = 1 and no rounding for
+counts, histograms and sums over int columns; otherwise the largest 2^k ≤ 2^-10·Δ₂/√d) and the release is
+γ·(round(f/γ) + Z) with Z the discrete Gaussian N_Z(0, s²), P(z) ∝ exp(−z²/(2s²)), drawn exactly from the OS
+CSPRNG (``Noise.discrete_gaussian``; Canonne, Kamath, Steinke 2020, Algorithm 3). The scale parameter s² in
+grid units is (σ/γ)² rounded **up** to a cheap rational (12 significant bits, an integer when ≥ 2^12), so s ≥
+σ/γ. Every released number is an exact multiple of γ.
 
 Privacy: round(f/γ) is an integer vector whose change between neighbours has ℓ2 norm ≤ Δ₂_grid =
 ‖(m_j)‖₂ with m_j ≤ ⌊shift_j/γ + 1/64⌋ + 1 (exactly shift_j for integer answers on γ = 1). For integer
@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import ParamsChecked, PublicContext, Release, Table
 from mechanisms.noise import Noise, dyadic_scale_up
-from mechanisms.queries.intervals import discrete_gaussian_quantile, release_interval
+from mechanisms.queries.intervals import ConfidenceLevel, discrete_gaussian_quantile, release_interval
 from mechanisms.queries.language import (
     MAX_SCALE_BITS,
     GridPlan,
@@ -53,13 +53,7 @@ class GaussianParams(BaseModel):
     sigma: StrictFloat = Field(
         gt=0, le=1e9, allow_inf_nan=False, description="standard deviation of the noise"
     )
-    confidence: StrictFloat = Field(
-        default=0.95,
-        gt=0,
-        lt=1,
-        allow_inf_nan=False,
-        description="level of the confidence interval published with the release (post-processing, free)",
-    )
+    confidence: ConfidenceLevel = 0.95
 
 
 def gaussian_plan(params: GaussianParams, ctx: PublicContext) -> tuple[GridPlan, float, Fraction]:

@@ -28,11 +28,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import Field
 
+from mechanisms.params import OpenUnit
 from mechanisms.queries.language import GridPlan
+
+ConfidenceLevel = Annotated[
+    OpenUnit,
+    Field(description="level of the confidence interval published with the release (post-processing, free)"),
+]
+"""The ``confidence`` parameter of a one-shot release (its interval is post-processing)."""
 
 MARGIN = 1e-8
 """Relative error margin on a tail summed term by term (≤ 12s + 3 ≤ 50 000 float additions: ≤ 6·10^-12)."""
@@ -151,7 +159,8 @@ def release_interval(
     """``{"level", "half_width", "lower", "upper"}`` around a release (per bin for a histogram).
 
     Integer answers released unrounded (``plan.exact``): half-width γ·k covers the exact answer. Otherwise
-    the answer was rounded to the grid first (error ≤ γ/2 plus float error ≤ 2^-7·γ, docs/privacy.md §10),
+    the answer was rounded to the grid first (error ≤ γ/2 plus float error ≤ 2^-7·γ,
+    docs/privacy/finite_precision.md#finite-precision),
     so the half-width is γ·(k + 1), which covers the exact answer on the clipped data as well.
     """
     steps = quantile.units + (0 if plan.exact else 1)

@@ -2,9 +2,9 @@
 
 A query's output is a vector of reals (one coordinate, or one per histogram bin). ``shifts`` gives the
 worst-case change of that vector between neighbouring datasets, derived **only** from the declared bounds
-and the neighbour relation (never from the data, docs/privacy.md §6 rule 1). The data is clipped to the
-declared bounds on load, so the bounds hold for every table a query can see. ``where`` conditions are combined
-with AND and evaluated on the clipped data; categorical conditions compare codes.
+and the neighbour relation (never from the data, docs/privacy/rules.md#rule-public-charges). The data is
+clipped to the declared bounds on load, so the bounds hold for every table a query can see. ``where``
+conditions are combined with AND and evaluated on the clipped data; categorical conditions compare codes.
 
 Sensitivities are rounded **up** to the next float whenever their exact value is not a float, so rounding
 can only add noise.
@@ -239,7 +239,7 @@ def shifts(query: AnyQuery, ctx: PublicContext) -> tuple[float, ...]:
 
 def _unit_shifts(query: AnyQuery, ctx: PublicContext, k: int) -> tuple[float, ...]:
     """Shifts when neighbours differ by one privacy unit, of which every query keeps at most k selected rows
-    (``mechanisms.data.plan.UnitBound``; docs/privacy.md §15, Lemma UNIT).
+    (``mechanisms.data.plan.UnitBound``; docs/privacy/units.md#lemma-unit, Lemma UNIT).
 
     count: the unit's kept rows, 0..k on each side: k. sum: the sum of ≤ k values in [min, max] lies in
     [k·min(min, 0), k·max(max, 0)], so add/remove moves it by ≤ k·max(|min|, |max|) and replacing the unit's
@@ -408,7 +408,7 @@ def release_output(
     return output
 
 
-# ----- releases on a public grid (docs/privacy.md §10, finite precision) ---------------------------------
+# ----- releases on a public grid (docs/privacy/finite_precision.md#finite-precision, finite precision) ------
 RANGE_BITS = 44
 """A release's true answer is clamped to ±2^44 grid units before noise (a public, 1-Lipschitz map): with
 noise scales ≤ 2^40 units the release stays below 2^53 units, so it is an exact float multiple of γ."""
@@ -421,7 +421,7 @@ FLOAT_SLACK = Fraction(1, 64)
 the answer, in grid units. A real answer is c·count + 2^e·Σ u(x − c) with row units 2^e ≤ γ·2^-7
 (``real_sum_terms``): each row's rounding is within ½ row unit, so a neighbour's change moves by at most
 one row unit, 2^-7 grid units, plus the double rounding of fl(x − c) (≤ 2^-53 relative) — below 1/64
-(docs/privacy.md Lemma ENGINE)."""
+(docs/privacy/engines.md#lemma-engine)."""
 
 
 def is_integer_valued(query: AnyQuery, ctx: PublicContext) -> bool:
@@ -523,7 +523,7 @@ def check_unit_grid(query: AnyQuery, ctx: PublicContext, exact: bool) -> None:
     """Refuse a histogram on a privacy-unit dataset released on a coarse grid (γ > 1): one unit's k rows
     may move k different bins, each rounded to the grid, which the per-coordinate ``unit_shift`` of the
     histogram's (k,) shift would not cover. On γ = 1 the counts are exact and ℓ1 ≤ k holds as stated
-    (docs/privacy.md §15.2). γ > 1 only happens at a very small ε or noise-reduction level."""
+    (docs/privacy/units.md#lemma-unit). γ > 1 only happens at a very small ε or noise-reduction level."""
     if ctx.schema.privacy_unit is not None and isinstance(query, HistogramQuery) and not exact:
         raise ParamsError(
             "query",
@@ -539,7 +539,8 @@ def evaluate_units(
 
     The answer comes from the table's engine as exact integers (``query_plan``): counts, histograms and int
     sums exactly; a real answer as c·count + 2^e·Σ u(x − c) with row units 2^e ≤ γ·2^-7, whose rounding
-    moves a neighbour's change by at most 2^-7 < ``FLOAT_SLACK`` units (docs/privacy.md Lemma ENGINE)."""
+    moves a neighbour's change by at most 2^-7 < ``FLOAT_SLACK`` units
+    (docs/privacy/engines.md#lemma-engine)."""
     values, labels = true_answer(query, ctx, table, plan.grid)
     return answer_units(values, plan.grid), labels
 

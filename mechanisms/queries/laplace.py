@@ -1,18 +1,20 @@
 """The Laplace mechanism on a query (count, sum, mean, histogram), released on a public grid.
 
-Construction (docs/mechanisms/laplace.md, docs/privacy.md §10): the answer f(D) is rounded to a public
-grid γ = 2^k (``mechanisms.queries.language.plan_grid``: γ = 1 and no rounding for integer answers, i.e.
-counts, histograms and sums over int columns; otherwise the largest 2^k ≤ 2^-10·Δ₁/d), and the release is
-γ·(round(f/γ) + Z) with Z discrete Laplace, P(z) ∝ exp(−|z|/t), drawn exactly from the OS CSPRNG
-(``Noise.discrete_laplace``; Canonne, Kamath, Steinke 2020, Algorithm 2). Every released number is an exact
-multiple of γ, so its low-order bits carry no information (the attack of Mironov 2012 has nothing to read).
+Construction (docs/mechanisms/laplace.md, docs/privacy/finite_precision.md#finite-precision): the answer f(D)
+is rounded to a public grid γ = 2^k (``mechanisms.queries.language.plan_grid``: γ = 1 and no rounding for
+integer answers, i.e. counts, histograms and sums over int columns; otherwise the largest 2^k ≤ 2^-10·Δ₁/d),
+and the release is γ·(round(f/γ) + Z) with Z discrete Laplace, P(z) ∝ exp(−|z|/t), drawn exactly from the OS
+CSPRNG (``Noise.discrete_laplace``; Canonne, Kamath, Steinke 2020, Algorithm 2). Every released number is an
+exact multiple of γ, so its low-order bits carry no information (the attack of Mironov 2012 has nothing to
+read).
 
 Privacy: coordinate j of round(f/γ) moves by an integer m_j ≤ ⌊shift_j/γ + 1/64⌋ + 1 between neighbours
 (exactly shift_j on γ = 1 for integer answers); the discrete Laplace at an integer shift m has privacy loss
 ≤ m/t for every outcome, so the release is (Σ m_j/t)-DP with t = ``dyadic_scale_up``(Σ m_j/ε) ≥ Σ m_j/ε:
 pure ε, charged as requested. Rényi curve: ``RdpCurve.pure_product`` over the per-coordinate pure epsilons
-m_j/t (randomized-response bound, Lemma RR, docs/privacy.md §10.3), **not** Mironov's continuous-Laplace
-formula, which the discrete Laplace exceeds at large orders (tests/unit/test_noise.py pins this).
+m_j/t (randomized-response bound, Lemma RR, docs/privacy/finite_precision.md#lemma-rr), **not** Mironov's
+continuous-Laplace formula, which the discrete Laplace exceeds at large orders (tests/unit/test_noise.py pins
+this).
 
 Ex-post: the loss of every outcome is bounded by the same numbers, so realized = worst case.
 """
@@ -28,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import ParamsChecked, PublicContext, Release, Table
 from mechanisms.noise import Noise, float_up
-from mechanisms.queries.intervals import discrete_laplace_quantile, release_interval
+from mechanisms.queries.intervals import ConfidenceLevel, discrete_laplace_quantile, release_interval
 from mechanisms.queries.language import (
     AnyQuery,
     GridPlan,
@@ -45,13 +47,7 @@ class LaplaceParams(BaseModel):
 
     query: Query
     epsilon: StrictFloat = Field(gt=0, le=100, allow_inf_nan=False, description="pure-DP ε of this release")
-    confidence: StrictFloat = Field(
-        default=0.95,
-        gt=0,
-        lt=1,
-        allow_inf_nan=False,
-        description="level of the confidence interval published with the release (post-processing, free)",
-    )
+    confidence: ConfidenceLevel = 0.95
 
 
 def laplace_curve(plan: GridPlan, scale: Fraction, epsilon: float, orders: tuple[float, ...]) -> RdpCurve:

@@ -1,8 +1,9 @@
 """Several measures in one request, optionally grouped by categorical columns (contingency tables).
 
 Measures: ``count``, ``sum(col)``, ``mean(col)``, ``variance(col)``, ``std(col)``. They are post-processing of
-a few **blocks**, each the per-cell sum of one per-row value y over the selected rows (docs/privacy.md
-"Analytics", docs/mechanisms/analytics.md):
+a few **blocks**, each the per-cell sum of one per-row value y over the selected rows
+(docs/privacy/analytics.md#grouped-measures,
+docs/mechanisms/analytics.md):
 
 * ``count``: y = 1 (bounds [1, 1]), an integer.
 * ``sum(col)``: y = x (bounds [min, max]), an integer for int columns.
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -71,7 +73,8 @@ MAX_GROUP_COLUMNS = 4
 MAX_CELLS = 10_000
 VARIANCE_BITS = 12
 
-BlockKind = Literal["count", "sum", "csum", "csumsq"]
+BlockKind = Literal["count", "units", "sum", "csum", "csumsq"]
+BLOCK_ORDER: tuple[BlockKind, ...] = ("count", "units", "sum", "csum", "csumsq")
 
 
 class _Frozen(BaseModel):
@@ -79,9 +82,11 @@ class _Frozen(BaseModel):
 
 
 class Measure(_Frozen):
-    """One aggregate: ``count`` (no column) or ``sum``/``mean``/``variance``/``std`` of a numeric column."""
+    """One aggregate: ``count`` (no column), ``sum``/``mean``/``variance``/``std`` of a numeric column, or
+    ``count_distinct`` of the privacy unit's column (the number of distinct units, SQL ``COUNT(DISTINCT
+    unit)``; docs/privacy/units_learners.md#count-distinct-unit)."""
 
-    kind: Literal["count", "sum", "mean", "variance", "std"]
+    kind: Literal["count", "sum", "mean", "variance", "std", "count_distinct"]
     column: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
@@ -170,6 +175,9 @@ def blocks(p: _MeasuresBase, ctx: PublicContext) -> tuple[Block, ...]:
         if measure.column is None:
             add(Block("count", None, Fraction(1), Fraction(1), True))
             continue
+        if measure.kind == "count_distinct":
+            add(_units_block(ctx, measure.column, f"measures.{index}.column"))
+            continue
         column = _numeric(ctx, measure.column, f"measures.{index}.column")
         unit = ctx.schema.privacy_unit
         if unit is not None and column.name == unit.column:
@@ -185,7 +193,18 @@ def blocks(p: _MeasuresBase, ctx: PublicContext) -> tuple[Block, ...]:
         add(Block("csum", column.name, -h, h, False, c))
         if measure.kind in ("variance", "std"):
             add(Block("csumsq", column.name, Fraction(0), Fraction(float_up(h * h)), False, c))
-    return tuple(sorted(needed.values(), key=lambda b: ("count", "sum", "csum", "csumsq").index(b.kind)))
+    return tuple(sorted(needed.values(), key=lambda b: BLOCK_ORDER.index(b.kind)))
+
+
+def _units_block(ctx: PublicContext, name: str, field: str) -> Block:
+    """The block of ``count_distinct(name)``: only of the privacy unit's column (the one column whose
+    distinct count has a proven sensitivity)."""
+    unit = ctx.schema.privacy_unit
+    if unit is None:
+        raise ParamsError(field, "count_distinct counts privacy units; this dataset declares none")
+    if name != unit.column:
+        raise ParamsError(field, f"count_distinct is only of the privacy unit's column {unit.column!r}")
+    return Block("units", name, Fraction(1), Fraction(1), True)
 
 
 def cells(p: _MeasuresBase, ctx: PublicContext) -> list[CategoricalColumn]:
@@ -209,7 +228,12 @@ def block_cases(
     m = float_up(max(abs(block.lo), abs(block.hi)))
     r = float_up(block.hi - block.lo)
     unit = ctx.schema.privacy_unit
-    if unit is not None:  # a unit's ≤ k kept rows, in any cells (docs/privacy.md §15, Lemma UNIT)
+    if block.kind == "units":  # cells move by 0 or 1 (docs/privacy/units_learners.md#count-distinct-unit)
+        assert unit is not None
+        rows = unit.max_rows if ctx.schema.neighboring == "add_remove" else 2 * unit.max_rows
+        return ((1.0,) * min(rows, n_cells),)
+    # a unit's ≤ k kept rows, in any cells (docs/privacy/units.md#lemma-unit, Lemma UNIT)
+    if unit is not None:
         k = unit.max_rows
         km = float_up(k * max(abs(block.lo), abs(block.hi)))
         if ctx.schema.neighboring == "add_remove":
@@ -293,7 +317,7 @@ def unit_spread(
     min(rows, cells) cells: each moved cell's computed value moves by its exact change plus the rows'
     rounding (≤ 2^-7 in all, the row units being k times finer, ``query_plan``), and its rounding to the
     grid adds < 1, so ℓ1 ≤ ⌊S₁/γ + 1/64⌋ + c and ℓ2 ≤ S₂/γ + 1/64 + √c, with S₁, S₂ the cases' ℓ1 and ℓ2
-    (docs/privacy.md §15, Lemma UNIT)."""
+    (docs/privacy/units.md#lemma-unit, Lemma UNIT)."""
     rows = k if neighboring == "add_remove" else 2 * k
     moved = min(rows, n_cells)
     gamma = Fraction(grid.granularity)
@@ -386,6 +410,8 @@ def block_terms(plan: BlockPlan, ctx: PublicContext) -> tuple[Sum, ...]:
     block = plan.block
     if block.kind == "count":
         return (Sum("count"),)
+    if block.kind == "units":
+        return (Sum("distinct_units", block.column),)
     column = _numeric(ctx, str(block.column), "measures")
     unit = Fraction(plan.grid.granularity) / ctx.schema.unit_rows  # k rows may change: k times finer
     if block.kind == "sum":
@@ -451,6 +477,9 @@ def _derive(
         if measure.column is None:
             out[measure.label] = released["count"]
             continue
+        if measure.kind == "count_distinct":
+            out[measure.label] = released[f"units({measure.column})"]
+            continue
         if measure.kind == "sum":
             out[measure.label] = released[f"sum({measure.column})"]
             continue
@@ -495,6 +524,43 @@ def _output(
     return {"groups": groups, "blocks": blocks_out}
 
 
+BlockNoise = Callable[[int], tuple[np.ndarray, dict[str, Any]]]
+"""Draws the noise of one block (given its size, in grid units) and describes it for the release."""
+
+
+def _release(
+    p: _MeasuresBase,
+    ctx: PublicContext,
+    table: Table,
+    plans: list[BlockPlan],
+    block_noise: list[BlockNoise | None],
+    worst: RdpCurve,
+) -> Release:
+    """Evaluate the blocks, add each block's noise in block order (None: a public block, released exactly)."""
+    units, columns = evaluate_blocks(p, ctx, table, plans)
+    noisy: list[np.ndarray] = []
+    specs: list[dict[str, Any]] = []
+    for draw, exact in zip(block_noise, units, strict=True):
+        if draw is None:
+            noisy.append(exact)
+            specs.append({"distribution": "none (public: cannot change between neighbours)"})
+            continue
+        draws, spec = draw(exact.size)
+        noisy.append(exact.astype(object) + draws)
+        specs.append(spec)
+    return Release(output=_output(p, ctx, plans, noisy, columns, specs), realized=worst)
+
+
+def _laplace_noise(noise: Noise, plan: BlockPlan, scale: Fraction) -> BlockNoise:
+    spec = {"distribution": "discrete_laplace", "scale": float(scale * Fraction(plan.grid.granularity))}
+    return lambda size: (noise.discrete_laplace(scale, size), spec)
+
+
+def _gaussian_noise(noise: Noise, plan: BlockPlan, sigma: float, variance: Fraction) -> BlockNoise:
+    spec = {"distribution": "discrete_gaussian", "sigma": sigma * plan.grid.granularity}
+    return lambda size: (noise.discrete_gaussian(variance, size), spec)
+
+
 class MeasuresLaplace(ParamsChecked):
     """Several measures (count, sum, mean, variance, std), optionally grouped; discrete Laplace, pure ε."""
 
@@ -513,19 +579,10 @@ class MeasuresLaplace(ParamsChecked):
     def run(self, p: MeasuresLaplaceParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         planned = laplace_plans(p, ctx)
         worst = laplace_measures_curve(p, ctx)
-        plans = [plan for plan, _ in planned]
-        units, columns = evaluate_blocks(p, ctx, table, plans)
-        noisy: list[np.ndarray] = []
-        specs: list[dict[str, Any]] = []
-        for (plan, scale), exact in zip(planned, units, strict=True):
-            if scale is None:
-                noisy.append(exact)
-                specs.append({"distribution": "none (public: cannot change between neighbours)"})
-                continue
-            noisy.append(exact.astype(object) + noise.discrete_laplace(scale, exact.size))
-            gamma = Fraction(plan.grid.granularity)
-            specs.append({"distribution": "discrete_laplace", "scale": float(scale * gamma)})
-        return Release(output=_output(p, ctx, plans, noisy, columns, specs), realized=worst)
+        block_noise = [
+            None if scale is None else _laplace_noise(noise, plan, scale) for plan, scale in planned
+        ]
+        return _release(p, ctx, table, [plan for plan, _ in planned], block_noise, worst)
 
 
 class MeasuresGaussian(ParamsChecked):
@@ -546,15 +603,8 @@ class MeasuresGaussian(ParamsChecked):
     def run(self, p: MeasuresGaussianParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         planned = gaussian_plans(p, ctx)
         worst = gaussian_measures_curve(p, ctx)
-        plans = [entry[0] for entry in planned]
-        units, columns = evaluate_blocks(p, ctx, table, plans)
-        noisy: list[np.ndarray] = []
-        specs: list[dict[str, Any]] = []
-        for (plan, sigma, variance), exact in zip(planned, units, strict=True):
-            if sigma is None or variance is None:
-                noisy.append(exact)
-                specs.append({"distribution": "none (public: cannot change between neighbours)"})
-                continue
-            noisy.append(exact.astype(object) + noise.discrete_gaussian(variance, exact.size))
-            specs.append({"distribution": "discrete_gaussian", "sigma": sigma * plan.grid.granularity})
-        return Release(output=_output(p, ctx, plans, noisy, columns, specs), realized=worst)
+        block_noise = [
+            None if sigma is None or variance is None else _gaussian_noise(noise, plan, sigma, variance)
+            for plan, sigma, variance in planned
+        ]
+        return _release(p, ctx, table, [entry[0] for entry in planned], block_noise, worst)

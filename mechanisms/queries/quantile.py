@@ -1,7 +1,7 @@
 """Quantiles and medians by report-noisy-max over a public candidate grid (pure ε; the exponential
 mechanism's guarantee and accuracy bound, with data-independent work).
 
-Construction (docs/mechanisms/analytics.md, docs/privacy.md "Analytics"):
+Construction (docs/mechanisms/analytics.md, docs/privacy/analytics.md#quantile):
 
 * **Candidates** (public): for an int column every integer of [min, max] when there are at most
   ``candidates`` of them, else ``candidates`` evenly spaced integers; for a float column ``candidates``
@@ -12,7 +12,7 @@ Construction (docs/mechanisms/analytics.md, docs/privacy.md "Analytics"):
   in exact rational arithmetic (q read as its exact binary value). Between neighbours (replace-one: one row
   changes its value and/or leaves/enters the selection; add-remove: one selected row more or less) the count
   moves by at most 1 and q·n by at most max(q, 1 − q) in a way that never adds to it, so |Δs(c)| ≤ 1 for
-  every c (proof in docs/privacy.md).
+  every c (proof in docs/privacy/analytics.md#theorem-q2).
 * **Selection** (report noisy max with one-sided geometric noise; the discrete counterpart of
   permute-and-flip / report-noisy-max with exponential noise): every candidate c gets an independent
   G_c ≥ 0 with P(G_c ≥ m) = e^{−r·m} exactly (``mechanisms.noise.reduction.geometric_rates``),
@@ -21,8 +21,8 @@ Construction (docs/mechanisms/analytics.md, docs/privacy.md "Analytics"):
   independently of the data, always K draws per quantile: the selection's work does not depend on the data
   (a rejection sampler's round count would depend on the scores).
 
-Privacy (docs/privacy.md §12, Lemma Q2′): fix c and every other G_j. c wins iff G_c ≥ a(D), an integer
-threshold built from max_{j≠c}(G_j − s_j) + s_c; with |Δs| ≤ 1 per candidate a(D′) ≤ a(D) + 2, and
+Privacy (docs/privacy/analytics.md#theorem-q2, Lemma Q2′): fix c and every other G_j. c wins iff G_c ≥ a(D),
+an integer threshold built from max_{j≠c}(G_j − s_j) + s_c; with |Δs| ≤ 1 per candidate a(D′) ≤ a(D) + 2, and
 P(G ≥ a + 2) ≥ e^{−2r}·P(G ≥ a) for the one-sided geometric law, so
 P_D′(c) ≥ e^{−2r}·P_D(c) ≥ e^{−ε_q}·P_D(c).
 Several quantiles split ε equally (ε_q = ε/k, rational), and their independent selections compose to
@@ -138,7 +138,7 @@ def noise_rate(p: QuantileParams, unit_rows: int = 1) -> Fraction:
 
     k = ``unit_rows`` is how many rows one neighbour step may change (a privacy unit's ``max_rows``; 1 when a
     row is a unit): every rank count, and q·n, then moves by at most k, so |Δs| ≤ k and Lemma Q2′ needs
-    2·r·k ≤ ε_q (docs/privacy.md §15)."""
+    2·r·k ≤ ε_q (docs/privacy/units.md#units)."""
     return Fraction(
         math.floor(per_quantile_epsilon(p) / (2 * unit_rows) * RATE_DENOMINATOR), RATE_DENOMINATOR
     )
@@ -220,6 +220,26 @@ def rank_error_bound(p: QuantileParams, size: int, beta: float = 0.05, unit_rows
     return math.log(size / beta) / float(noise_rate(p, unit_rows))
 
 
+USEFUL_RANK_FRACTION = 0.25
+"""A release warns when its 95 % rank-error bound exceeds this fraction of the (public) row count."""
+
+
+def accuracy_warnings(p: QuantileParams, rank_error: float, ctx: PublicContext) -> list[str]:
+    """Advice computed from public values only (the parameters, the public row count, the bound): when the
+    95 % rank error exceeds a quarter of the rows, the released values are close to random candidates
+    (e.g. ε = 8.5e-6: a bound of millions of rows on 1 000). Without a public row count (add-remove
+    neighbours) there is nothing to compare with, and no warning."""
+    n = ctx.n_rows
+    if n is None or n == 0 or rank_error <= USEFUL_RANK_FRACTION * n:
+        return []
+    useful = p.epsilon * rank_error / (USEFUL_RANK_FRACTION * n)  # the bound is ∝ 1/ε
+    return [
+        f"rank_error_95 = {rank_error:.3g} rows exceeds a quarter of the dataset's {n} rows: the released "
+        f"values are close to random candidates (not monotone in the level, for instance); an epsilon of "
+        f"at least {useful:.3g} brings the bound within a quarter of the rows"
+    ]
+
+
 class Quantile(ParamsChecked):
     """Quantiles of a numeric column by report-noisy-max over a public candidate grid (pure ε)."""
 
@@ -251,14 +271,18 @@ class Quantile(ParamsChecked):
         for q in p.quantiles:
             chosen = int(noisy_max_select(noise, counts, selected, q, rate)[0])
             released[repr(q)] = candidates[chosen].item()
-        output = {
+        rank_error = rank_error_bound(p, int(candidates.size), unit_rows=ctx.schema.unit_rows)
+        output: dict[str, object] = {
             "values": released,
             "mechanism": {
                 "name": "noisy_max_geometric",
                 "noise_rate": float(rate),
                 "candidates": int(candidates.size),
                 "epsilon_each": float(per_quantile_epsilon(p)),
-                "rank_error_95": rank_error_bound(p, int(candidates.size), unit_rows=ctx.schema.unit_rows),
+                "rank_error_95": rank_error,
             },
         }
+        warnings = accuracy_warnings(p, rank_error, ctx)
+        if warnings:
+            output["warnings"] = warnings
         return Release(output=output, realized=worst)

@@ -1,8 +1,8 @@
 """Accuracy-first statistics: noise reduction over a grid, stopped at the first release meeting a target.
 
 Service-facing adapters over ``mechanisms.reduction.noise_reduction`` (samplers, charges) and Ligett et al.'s
-InteractiveAboveThreshold (``mechanisms.threshold.above_threshold``). Documentation with request examples:
-docs/mechanisms/noise_reduction.md; proofs: docs/privacy.md §8.1.
+InteractiveAboveThreshold (``mechanisms.threshold.interactive``). Documentation with request examples:
+docs/mechanisms/noise_reduction.md; proofs: docs/privacy/noise_reduction.md#noise-reduction.
 
 One-shot mechanisms (``Mechanism``):
 
@@ -16,7 +16,9 @@ One-shot mechanisms (``Mechanism``):
     Brownian noise reduction on a public grid (discrete Gaussian bridge steps around rounded means) over a
     decreasing variance grid, same walk.
 
-Every release is an exact multiple of the published γ (``noise.granularity``); docs/privacy.md §8.1, §10.
+Every release is an exact multiple of the published γ (``noise.granularity``);
+docs/privacy/noise_reduction.md#noise-reduction,
+docs/privacy/finite_precision_reduction.md#fp-noise-reduction.
 
 Targets (``target``):
 
@@ -39,10 +41,10 @@ read.
 on the query f_t(D) = min_j(r·|y_j| − |ŷ_{t,j} − y_j|) (relative; sensitivity (1 + r)·max_j γ·m_j) or
 a − max_j |ŷ_{t,j} − y_j| (absolute; sensitivity max_j γ·m_j), y the grid answer γ·round(v/γ), passing
 when f_t + Lap(4Δ_q/ε_A) ≥ W + Lap(2Δ_q/ε_A) (on the IAT's own grid,
-``mechanisms.threshold.above_threshold``). Charge ε_A + (level charge) at the pass, ε_A + (last level charge)
+``mechanisms.threshold.interactive``). Charge ε_A + (level charge) at the pass, ε_A + (last level charge)
 without a pass. ε_A and W are given explicitly or by a labelled calibration (paper-theorem or reference-code)
 with width α and failure γ. For the Brownian family the pure ε_A is added to the RDP curve at every order
-(proof in docs/privacy.md §8.1.4).
+(proof in docs/privacy/noise_reduction.md#accuracy-first-statistics).
 
 Interactive sessions (``InteractiveMechanism``): ``noise_reduction.laplace`` and ``noise_reduction.gaussian``.
 Laplace: ``start`` draws the level-0 integer noise of the lazy sampler without reading data; Gaussian: each
@@ -54,16 +56,15 @@ noise) never appears in an answer.
 
 from __future__ import annotations
 
-import itertools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Annotated, Any, ClassVar, Literal, Self
+from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel
 from scipy import special
 
 from mechanisms.accounting import RdpCurve, pad_up
@@ -75,7 +76,6 @@ from mechanisms.queries.language import (
     AnyQuery,
     GridPlan,
     HistogramQuery,
-    Query,
     charged_fraction,
     check_query,
     check_unit_grid,
@@ -88,8 +88,20 @@ from mechanisms.queries.language import (
     shifts,
     unit_shift,
 )
+from mechanisms.reduction.accuracy_first_params import (
+    AbsoluteTarget,
+    GaussianOneShotParams,
+    GaussianSessionParams,
+    LaplaceOneShotParams,
+    LaplaceSessionParams,
+    NextQuery,
+    OneShotParams,
+    PrivateCheck,
+    RelativeTarget,
+    SessionParams,
+    Target,
+)
 from mechanisms.reduction.noise_reduction import (
-    MAX_LEVELS,
     LazyBrownianNR,
     LazyLaplaceNR,
     brownian_grid,
@@ -100,179 +112,15 @@ from mechanisms.reduction.noise_reduction import (
     laplace_nr_scales,
     units_to_values,
 )
-from mechanisms.threshold.above_threshold import (
-    IatCalibration,
+from mechanisms.threshold.interactive import (
     InteractiveAboveThreshold,
-    iat_paper_calibration,
-    iat_reference_calibration,
 )
 
 MAX_PATH_ENTRIES = 4_000_000
 """levels × output coordinates of an eager one-shot walk (memory bound; larger requests use a session)."""
 NOT_REACHABLE = "target not reachable within the grid"
 
-Epsilon = Annotated[float, Field(strict=True, ge=1e-9, le=100.0, allow_inf_nan=False)]
-Variance = Annotated[float, Field(strict=True, gt=0.0, le=1e18, allow_inf_nan=False)]
 Steps = list[tuple[dict[str, Any], dict[str, Any]]]
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-# ----- parameter models ----------------------------------------------------------------------------------
-class RelativeTarget(_Frozen):
-    """Relative error r: accept ŷ iff ŷ > 0 and (ŷ + σ)/(ŷ − σ) ≤ 1 + r (σ = scale_multiplier × scale)."""
-
-    relative: float = Field(strict=True, gt=0.0, le=10.0, allow_inf_nan=False, description="relative error r")
-    scale_multiplier: float = Field(
-        default=1.0,
-        strict=True,
-        gt=0.0,
-        le=1e3,
-        allow_inf_nan=False,
-        description="σ = this × the noise scale (Laplace b or Gaussian std); 1 reproduces Ghazi et al. §6.1",
-    )
-
-
-class AbsoluteTarget(_Frozen):
-    """Absolute error a: every coordinate's error ≤ a with probability ≥ confidence (released check)."""
-
-    absolute: float = Field(strict=True, gt=0.0, le=1e15, allow_inf_nan=False, description="absolute error a")
-    confidence: float | None = Field(
-        default=None,
-        strict=True,
-        gt=0.0,
-        lt=1.0,
-        allow_inf_nan=False,
-        description="1 − β for the released check (required there; not used by the private check)",
-    )
-
-
-class PrivateCheck(_Frozen):
-    """InteractiveAboveThreshold parameters: explicit (ε_A, threshold) or a labelled calibration."""
-
-    epsilon_a: float | None = Field(
-        default=None, strict=True, ge=1e-9, le=100.0, allow_inf_nan=False, description="explicit ε_A"
-    )
-    threshold: float = Field(
-        default=0.0,
-        strict=True,
-        ge=-1e15,
-        le=1e15,
-        allow_inf_nan=False,
-        description="W with an explicit ε_A: pass when f_t + Lap(4Δ/ε_A) ≥ W + Lap(2Δ/ε_A) (f ≥ 0: met)",
-    )
-    calibration: Literal["paper", "reference"] | None = Field(
-        default=None,
-        description="paper-theorem (Ligett Thm A.1) or reference-code (the authors' code, "
-        "docs/privacy.md §8.2.4)",
-    )
-    width: float | None = Field(
-        default=None, strict=True, gt=0.0, le=1e15, allow_inf_nan=False, description="α of the calibration"
-    )
-    failure: float | None = Field(
-        default=None, strict=True, gt=0.0, lt=1.0, allow_inf_nan=False, description="γ of the calibration"
-    )
-
-    @model_validator(mode="after")
-    def _one_way(self) -> Self:
-        if (self.epsilon_a is None) == (self.calibration is None):
-            raise ValueError("give either epsilon_a (with threshold) or calibration (with width and failure)")
-        if self.calibration is not None and (self.width is None or self.failure is None):
-            raise ValueError("a calibration needs width and failure")
-        if self.calibration is None and (self.width is not None or self.failure is not None):
-            raise ValueError("width and failure belong to a calibration")
-        return self
-
-    def resolve(self, query_sensitivity: float, levels: int) -> IatCalibration:
-        """ε_A and W for this query's sensitivity and grid size (public information only)."""
-        if self.epsilon_a is not None:
-            return IatCalibration(self.epsilon_a, self.threshold, "explicit")
-        assert self.width is not None
-        assert self.failure is not None
-        calibrate = iat_paper_calibration if self.calibration == "paper" else iat_reference_calibration
-        try:
-            calibration = calibrate(query_sensitivity, self.width, self.failure, levels)
-        except ValueError as exc:
-            raise ParamsError("private", str(exc)) from None
-        if not (calibration.epsilon_a <= 100.0 and math.isfinite(calibration.threshold)):
-            raise ParamsError("private", f"the calibration gives ε_A = {calibration.epsilon_a:g} (> 100)")
-        return calibration
-
-
-Target = RelativeTarget | AbsoluteTarget
-
-
-class _OneShotParams(_Frozen):
-    query: Query
-    target: Target = Field(description="{relative: r} or {absolute: a, confidence: 1 − β}")
-    check: Literal["released", "private"] = Field(
-        default="released", description="released: free post-processing; private: InteractiveAboveThreshold"
-    )
-    private: PrivateCheck | None = Field(default=None, description="required iff check = private")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Self:
-        if (self.check == "private") != (self.private is not None):
-            raise ValueError("'private' is required with check = private and refused otherwise")
-        if isinstance(self.target, AbsoluteTarget):
-            if self.check == "released" and self.target.confidence is None:
-                raise ValueError("an absolute target with the released check needs a confidence")
-            if self.check == "private" and self.target.confidence is not None:
-                raise ValueError("the private check does not use confidence (its failure is the IAT's γ)")
-        return self
-
-
-def _strictly(values: Sequence[float], increasing: bool, what: str) -> None:
-    pairs = itertools.pairwise(values)
-    if not all((b > a) if increasing else (b < a) for a, b in pairs):
-        raise ValueError(f"{what} must be strictly {'increasing' if increasing else 'decreasing'}")
-
-
-class LaplaceGridParams(_Frozen):
-    epsilons: tuple[Epsilon, ...] = Field(
-        min_length=1, max_length=MAX_LEVELS, description="strictly increasing ε-grid (most private first)"
-    )
-
-    @model_validator(mode="after")
-    def _grid(self) -> Self:
-        _strictly(self.epsilons, True, "epsilons")
-        return self
-
-
-class GaussianGridParams(_Frozen):
-    variances: tuple[Variance, ...] = Field(
-        min_length=1, max_length=MAX_LEVELS, description="strictly decreasing variances t (noisiest first)"
-    )
-
-    @model_validator(mode="after")
-    def _grid(self) -> Self:
-        _strictly(self.variances, False, "variances")
-        return self
-
-
-class LaplaceSessionParams(LaplaceGridParams):
-    query: Query
-
-
-class GaussianSessionParams(GaussianGridParams):
-    query: Query
-
-
-class LaplaceOneShotParams(_OneShotParams, LaplaceGridParams):
-    """A query, an increasing ε-grid, a target and how it is checked."""
-
-
-class GaussianOneShotParams(_OneShotParams, GaussianGridParams):
-    """A query, a decreasing variance grid, a target and how it is checked."""
-
-
-class NextQuery(_Frozen):
-    """A session step has no parameters: ``{}`` asks for the next, less noisy level."""
-
-
-SessionParams = LaplaceSessionParams | GaussianSessionParams
 
 
 # ----- shared helpers ------------------------------------------------------------------------------------
@@ -567,17 +415,17 @@ class AccuracyFirst(ParamsChecked):
     cost_parameter: ClassVar[str]
     cost_increases_with_parameter: ClassVar[bool] = True
 
-    def _plan(self, p: _OneShotParams, ctx: PublicContext) -> _Plan:
+    def _plan(self, p: OneShotParams, ctx: PublicContext) -> _Plan:
         return _checked_plan(self.family, p.query, ctx, self.family.grid(p))
 
-    def _fixed_level(self, p: _OneShotParams, plan: _Plan) -> int | None:
+    def _fixed_level(self, p: OneShotParams, plan: _Plan) -> int | None:
         """The level of an absolute target with the released check (public), None when unreachable."""
         assert isinstance(p.target, AbsoluteTarget)
         assert p.target.confidence is not None
         ok = self.family.absolute_ok(plan, p.target.absolute, p.target.confidence)
         return int(np.argmax(ok)) if bool(np.any(ok)) else None
 
-    def check(self, p: _OneShotParams, ctx: PublicContext) -> None:
+    def check(self, p: OneShotParams, ctx: PublicContext) -> None:
         check_query(p.query, ctx)
         levels = len(self.family.grid(p))
         if levels * output_dim(p.query, ctx) > MAX_PATH_ENTRIES:
@@ -590,7 +438,7 @@ class AccuracyFirst(ParamsChecked):
         if p.private is not None:
             p.private.resolve(_private_query_sensitivity(plan, p.target), levels)
 
-    def worst_case(self, p: _OneShotParams, ctx: PublicContext) -> RdpCurve:
+    def worst_case(self, p: OneShotParams, ctx: PublicContext) -> RdpCurve:
         plan = self._plan(p, ctx)
         levels = len(plan.grid_values)
         if isinstance(p.target, AbsoluteTarget) and p.check == "released":
@@ -604,7 +452,7 @@ class AccuracyFirst(ParamsChecked):
         calibration = p.private.resolve(_private_query_sensitivity(plan, p.target), levels)
         return _plus_pure(last, calibration.epsilon_a)
 
-    def run(self, p: _OneShotParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
+    def run(self, p: OneShotParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
         self.check(p, ctx)
         worst = self.worst_case(p, ctx)
         plan = self._plan(p, ctx)

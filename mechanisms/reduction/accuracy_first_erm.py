@@ -2,7 +2,8 @@
 
 Ligett, Neel, Roth, Waggoner, Wu, "Accuracy First: Selecting a Differential Privacy Level for
 Accuracy-Constrained ERM" (NeurIPS 2017; cited "the paper"). Documentation:
-docs/mechanisms/accuracy_first_erm.md; soundness argument, errata and their corrections: docs/privacy.md §8.2.
+docs/mechanisms/accuracy_first_erm.md; soundness argument, errata and their corrections:
+docs/privacy/accuracy_first_erm.md#accuracy-first-erm.
 
 Objective (the paper's §3, eq. (3.1)): L(θ, D) = (1/n) Σ_i ℓ(θ, x_i, y_i) + (λ/2)‖θ‖², with θ* = argmin L
 (secret).
@@ -14,7 +15,8 @@ Objective (the paper's §3, eq. (3.1)): L(θ, D) = (1/n) Σ_i ℓ(θ, x_i, y_i) 
     with Δ = 2 each: per-entry noise Lap(4/ε_t)). θ^t is the exact minimiser of (3.1) over the ball
     ‖θ‖₂ ≤ M = 1/√λ (a trust-region subproblem, Moré & Sorensen 1983). Query sensitivity Δ_q = (M+1)²/n (Claim
     A.5).
-``logistic`` (OutputNR, Algorithm 5 / Theorem 3.4 **with two errata**, docs/privacy.md §8.2.3)
+``logistic`` (OutputNR, Algorithm 5 / Theorem 3.4 **with two errata**,
+docs/privacy/accuracy_first_erm.md#accuracy-first-erm-proof)
     ℓ = log(1 + e^{−y θᵀx}). Rows need ‖x‖₂ ≤ 1 (weaker than the paper's ‖x‖₁ ≤ 1; every step of the proof
     uses only the ℓ2 norm: 1-Lipschitz loss, |θᵀx| ≤ M) and y = ±1. Noise reduction on θ* with ℓ1 sensitivity
     2√p/(nλ) (Chaudhuri–Monteleoni–Sarwate 2011 Cor. 8 gives ℓ2 sensitivity 2/(nλ)). θ^t is projected onto
@@ -29,10 +31,12 @@ never released.
 
 Calibrations of the test (all are pure ε_A-DP for any α; they differ only in the accuracy guarantee):
 ``paper_theorem``   ε_A = 16·Δ_q·ln(2T/γ)/α, threshold −α/2 (Theorem A.1 ⇒ excess ≤ α w.p. ≥ 1−γ).
-``reference_code``  the authors' code (with the paper's Δ_q; docs/privacy.md §8.2.4):
+``reference_code``  the authors' code (with the paper's Δ_q;
+docs/privacy/accuracy_first_erm.md#accuracy-first-erm-calibration):
                     b = α/(4·ln(1.5^{3/4}√T/γ)), threshold noise Lap(b), query noise Lap(2b), accept iff
                     excess ≤ s + noise with s = α/4 + (3/4)·b·ln 1.5 − ½·b·ln T; ε_A = 2Δ_q/b. Its
-                    worst-case failure rate is 0.0152 at T = 1000, γ = 0.1 (docs/privacy.md §8.2.4), not a
+                    worst-case failure rate is 0.0152 at T = 1000, γ = 0.1
+                    (docs/privacy/accuracy_first_erm.md#accuracy-first-erm-calibration), not a
                     theorem for every (T, γ).
 ``exact_bound``     ours: W = −α/2 and the smallest ε_A whose *exact* failure probability is ≤ γ (the event
                     Theorem A.1 union-bounds is {max_t ν_t − ρ > W + α}; its probability is a 1-D integral,
@@ -42,500 +46,78 @@ Baselines (library functions, for the benchmark): ``doubling`` (Algorithm 4 / Th
 pure composition ℰ(k) = k·ε_test + (2^k − 1)ε_1) and ``theory_epsilon`` (ε from the inverted utility
 theorems, e.g. Theorem 3.2's E[excess] bound).
 
-Numerical exactness (docs/privacy.md §8.2.5): θ* comes from a solver whose result carries a certificate from
-strong convexity, ‖∇L(θ̂)‖ ≤ g_tol ⇒ ‖θ̂ − θ*‖ ≤ g_tol/λ and L(θ̂) − L(θ*) ≤ g_tol²/(2λ); the sensitivities used
-are inflated by a public relative slack (``SLACK``) that covers these and float rounding by orders of
-magnitude. A solver that cannot certify raises (the service then commits the worst case).
+Numerical exactness (docs/privacy/accuracy_first_erm.md#accuracy-first-erm-exactness): θ* comes from a solver
+whose result carries a certificate from strong convexity, ‖∇L(θ̂)‖ ≤ g_tol ⇒ ‖θ̂ − θ*‖ ≤ g_tol/λ and L(θ̂) −
+L(θ*) ≤ g_tol²/(2λ); the sensitivities used are inflated by a public relative slack (``SLACK``) that covers
+these and float rounding by orders of magnitude. A solver that cannot certify raises (the service then commits
+the worst case).
 
-Finite precision (docs/privacy.md §10): every draw is exact and integer, through ``Noise`` (OS CSPRNG in the
-service). The statistic is rounded (exactly, half-up) to a public grid γ_S = 2^k chosen from Δ_S, its
-dimension, ε_1 and a public magnitude bound (``statistic_plan``); its ℓ1 sensitivity in grid units is the
-integer Δ_g = ⌊Δ_S/γ_S + d/64⌋ + d (each coordinate's rounded value moves by ≤ |change|/γ_S + 1; Δ_S already
-covers the float error of the computed statistic, d/64 is a further per-coordinate float allowance), and
-discrete Laplace noise reduction (``LazyLaplaceNR``, pure Δ_g·x_t ≤ ε_t per level) releases γ_S·(U + η_t).
-The models θ^t are post-processing of those grid vectors, and the released coefficients are truncated toward
-zero onto a public model grid (``coefficient_grid``: γ_S for logistic, where θ^t is the noisy statistic
-itself; 2^⌊log2 M⌋−40 for ridge), so every released number is a multiple of the published granularity. The
-test is the grid InteractiveAboveThreshold (``mechanisms.threshold.above_threshold``; only the level is
-released). Charges are unchanged (pure ε_A + ε_t). Timing is not claimed (rejection samplers run variable
-time).
+Finite precision (docs/privacy/finite_precision.md#finite-precision): every draw is exact and integer, through
+``Noise`` (OS CSPRNG in the service). The statistic is rounded (exactly, half-up) to a public grid γ_S = 2^k
+chosen from Δ_S, its dimension, ε_1 and a public magnitude bound (``statistic_plan``); its ℓ1 sensitivity in
+grid units is the integer Δ_g = ⌊Δ_S/γ_S + d/64⌋ + d (each coordinate's rounded value moves by ≤ |change|/γ_S
++ 1; Δ_S already covers the float error of the computed statistic, d/64 is a further per-coordinate float
+allowance), and discrete Laplace noise reduction (``LazyLaplaceNR``, pure Δ_g·x_t ≤ ε_t per level) releases
+γ_S·(U + η_t). The models θ^t are post-processing of those grid vectors, and the released coefficients are
+truncated toward zero onto a public model grid (``coefficient_grid``: γ_S for logistic, where θ^t is the noisy
+statistic itself; 2^⌊log2 M⌋−40 for ridge), so every released number is a multiple of the published
+granularity. The test is the grid InteractiveAboveThreshold (``mechanisms.threshold.interactive``; only
+the level is released). Charges are unchanged (pure ε_A + ε_t). Timing is not claimed (rejection samplers run
+variable time).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, ClassVar, Self
 
 import numpy as np
 from pydantic import BaseModel, Field, StrictFloat, StrictInt, model_validator
-from scipy import integrate, optimize
 
 from mechanisms.accounting import RdpCurve, pad_up, sum_up
 from mechanisms.base import ParamsChecked, ParamsError, ProgressFn, PublicContext, Release, Table, no_progress
 from mechanisms.learners.features import FeatureSpec, check_features, column_names, design_matrix, dimension
-from mechanisms.learners.features import Task as LearningTask
 from mechanisms.noise import Grid, Noise, dyadic_scale_up, laplace_grid
 from mechanisms.queries.language import charged_fraction, unit_shift
+from mechanisms.reduction.erm_calibration import (
+    CHUNK,
+    LEARNING_TASK,
+    MAX_DIMENSION,
+    MAX_EPSILON,
+    MAX_LEVELS,
+    MAX_ROWS,
+    MAX_WORST_CASE,
+    MIN_EPSILON,
+    Calibration,
+    StatisticPlan,
+    Task,
+    coefficient_grid,
+    doubling_test,
+    geometric_grid,
+    iat_calibration,
+    query_sensitivity,
+    radius,
+    smallest_level_epsilon,
+    snap,
+    statistic_plan,
+    statistic_sensitivity,
+    theory_epsilon,
+)
+from mechanisms.reduction.erm_solvers import (
+    ErmData,
+    LogisticData,
+    RidgeData,
+    hypotheses,
+)
 from mechanisms.reduction.noise_reduction import LazyLaplaceNR, laplace_nr_rates
-from mechanisms.threshold.above_threshold import (
+from mechanisms.threshold.interactive import (
     IatCalibration,
     InteractiveAboveThreshold,
-    ThresholdGrid,
     iat_charge,
-    iat_paper_calibration,
-    iat_reference_calibration,
 )
-
-Task = Literal["ridge", "logistic"]
-Calibration = Literal["paper_theorem", "reference_code", "exact_bound"]
-MAX_ROWS = 2_000_000
-"""Largest dataset: the block-summed XᵀX/Xᵀy rounding bound of the slack holds up to this n."""
-
-SLACK = 1e-6
-"""Public relative slack on every sensitivity that depends on data sums or θ* (certificate and rounding)."""
-ABSOLUTE_SLACK = 1e-9
-"""Public absolute slack on Δ_q: covers float rounding in evaluating L (≤ ~1e−10 even in the naive model)."""
-ROW_BLOCK = 4096
-"""Rows per block when summing XᵀX and Xᵀy (blocked sums keep the rounding error inside SLACK)."""
-MAX_DIMENSION = 300
-MAX_LEVELS = 10_000
-MAX_EPSILON = 100.0
-MAX_WORST_CASE = 1e4
-"""Largest ``epsilon_max`` (a cap on ε_A + ε_T; the grid's own top ε_T stays ≤ MAX_EPSILON)."""
-MIN_EPSILON = 1e-9
-LEARNING_TASK: dict[Task, LearningTask] = {"ridge": "regression", "logistic": "classification"}
-CHUNK = 32
-"""Levels evaluated per batch (one matrix product); decisions are still taken one level at a time."""
-SCALE_BITS = 40
-"""The statistic grid is coarsened until the noisiest level's scale, Δ_S/(γ_S·ε_1), is ≤ 2^40 grid units."""
-RANGE_BITS = 44
-"""... and until the public magnitude bound of the statistic is ≤ 2^44·γ_S (exact float arithmetic)."""
-COEFFICIENT_BITS = 40
-"""Ridge coefficients are released on 2^(⌊log2 M⌋ − 40): a change of ≤ √p·2^−40·M, far below any α."""
-FLOAT_ALLOWANCE = Fraction(1, 64)
-"""Per-coordinate float allowance (grid units) on top of Δ_S's relative slack, as ``queries.unit_shift``."""
-
-
-# ----- public constants of the problem (the paper's §3: Algorithms 3 and 5, Claims A.5 and A.12) ----------
-def radius(task: Task, lam: float) -> float:
-    """M with ‖θ*‖₂ ≤ M: 1/√λ for ridge (Lemma A.4), √(2 ln 2/λ) for logistic (Claim A.11)."""
-    return 1.0 / math.sqrt(lam) if task == "ridge" else math.sqrt(2.0 * math.log(2.0) / lam)
-
-
-def query_sensitivity(task: Task, n: int, lam: float) -> float:
-    """Δ_q of f(D) = L(θ*, D) − L(θ, D) over θ ∈ C, replace-one (Claim A.5 / A.12), with the slack.
-
-    Each point's loss lies in an interval of length (M+1)²/2 (ridge, |θᵀx| ≤ M, |y| ≤ 1) or M (logistic);
-    L(θ, ·) and min_C L(·, ·) each move by at most that over n, hence twice the range over n (Claims A.5,
-    A.12).
-    """
-    m = radius(task, lam)
-    exact = (m + 1.0) ** 2 / n if task == "ridge" else 2.0 * m / n
-    return pad_up(exact * (1.0 + SLACK) + ABSOLUTE_SLACK)
-
-
-def statistic_sensitivity(task: Task, n: int, lam: float, p: int) -> float:
-    """ℓ1 sensitivity of the noised statistic, times (1 + slack): 4 for (XᵀX, Xᵀy) (Lemma A.6, ‖x‖₁ ≤ 1,
-    |y| ≤ 1); 2√p/(nλ) for θ* (Lemma A.10 / CMS 2011 Cor. 8 with ‖x‖₂ ≤ 1, and ‖·‖₁ ≤ √p‖·‖₂)."""
-    if task == "ridge":
-        return pad_up(4.0 * (1.0 + SLACK))
-    return pad_up(2.0 * math.sqrt(p) / (n * lam) * (1.0 + SLACK))
-
-
-def gradient_tolerance(n: int, lam: float) -> float:
-    """g_tol of the θ* certificate: 2·g_tol/λ = 0.1·SLACK·2/(nλ), i.e. 10× inside the slack."""
-    return 0.1 * SLACK / n
-
-
-def theory_epsilon(task: Task, n: int, p: int, lam: float, alpha: float) -> float:
-    """ε of the one-shot mechanism whose *expected* excess risk is ≤ α by the utility theorem (Theorems 3.2,
-    3.4).
-
-    ridge: E_cov = 4√2(2√p·M + p·M²)/(nα) (Theorem 3.1); logistic: E_log = 2√2·p/(nλα) (Theorem 3.3,
-    first term, as the reference code; the exact quadratic differs by ~1e−4 relative).
-    """
-    if task == "ridge":
-        m = radius(task, lam)
-        return 4.0 * math.sqrt(2.0) * (2.0 * math.sqrt(p) * m + p * m * m) / (n * alpha)
-    return 2.0 * math.sqrt(2.0) * p / (n * lam * alpha)
-
-
-def geometric_grid(epsilon_min: float, epsilon_max: float, levels: int) -> np.ndarray:
-    """Strictly increasing geometric grid with both ends included (one level: just ε_max)."""
-    if levels == 1:
-        return np.array([epsilon_max])
-    grid = np.geomspace(epsilon_min, epsilon_max, levels)
-    grid[-1] = epsilon_max
-    if not np.all(np.diff(grid) > 0):
-        raise ValueError("the grid is not strictly increasing (ε_min too close to ε_max for this size)")
-    return grid
-
-
-# ----- the public grids (docs/privacy.md §10) ---------------------------------------------------------------
-def statistic_dimension(task: Task, p: int) -> int:
-    """d of the noised statistic: p² + p for (XᵀX, Xᵀy), p for θ*."""
-    return p * p + p if task == "ridge" else p
-
-
-def statistic_magnitude(task: Task, n: int, lam: float) -> float:
-    """A public bound on every coordinate of the computed statistic: n for (XᵀX, Xᵀy) (|Σ_i x_ij x_ik| ≤
-    Σ_i ‖x_i‖₁² ≤ n and |Σ_i x_ij y_i| ≤ n), 2M for θ* (‖θ*‖₂ ≤ M, doubled for the solver's tolerance)."""
-    return float(n) if task == "ridge" else 2.0 * radius(task, lam)
-
-
-def _grid_at_least(size: float) -> Grid:
-    """The smallest power-of-two grid ≥ ``size`` (> 0)."""
-    mantissa, exponent = math.frexp(size)  # size = mantissa·2^exponent, mantissa ∈ [0.5, 1)
-    return Grid(exponent - 1 if mantissa == 0.5 else exponent)
-
-
-@dataclass(frozen=True)
-class StatisticPlan:
-    """The public grid of the noised statistic and its ℓ1 sensitivity ``units`` (Δ_g, an integer) there."""
-
-    grid: Grid
-    dim: int
-    units: int
-
-    def to_units(self, values: np.ndarray) -> np.ndarray:
-        """⌊v/γ + ½⌋ exactly (int64): v/γ is a power-of-two scaling (exact), and so are v/γ − ⌊v/γ⌋ and the
-        comparison with ½ below 2^52. A public map, so |U_j(D) − U_j(D′)| ≤ ⌊|v_j(D) − v_j(D′)|/γ⌋ + 1."""
-        scaled = np.ldexp(np.asarray(values, dtype=np.float64), -self.grid.exponent)
-        if not np.all(np.isfinite(scaled)) or np.any(np.abs(scaled) >= float(1 << 52)):
-            raise ValueError("a statistic is too large for its grid (|value/γ| ≥ 2^52)")
-        low = np.floor(scaled)
-        units: np.ndarray = low.astype(np.int64) + (scaled - low >= 0.5).astype(np.int64)
-        return units
-
-    def from_units(self, units: np.ndarray) -> np.ndarray:
-        """γ·units, exact (checked below 2^53)."""
-        return self.grid.from_units(units)
-
-
-def statistic_plan(task: Task, n: int, p: int, lam: float, epsilon_min: float) -> StatisticPlan:
-    """γ_S from public values only: ``laplace_grid``'s largest 2^k ≤ 2^−10·Δ_S/d, coarsened until the
-    noisiest level's scale Δ_S/(γ_S·ε_1) ≤ 2^40 units and the magnitude bound ≤ 2^44·γ_S.
-
-    Δ_g = ⌊Δ_S/γ_S + d/64⌋ + d bounds ‖U(D) − U(D′)‖₁: coordinate-wise ⌊|a − b|⌋ + 1 ≤ |a − b| + 1, summed
-    with ‖Ŝ(D) − Ŝ(D′)‖₁ ≤ Δ_S (the computed statistics, SLACK included), plus a 1/64-unit allowance per
-    coordinate; an integer, so the floor is exact. Relative cost: ≤ (1 + 1/64)·2^−10 unless coarsened.
-    """
-    delta = statistic_sensitivity(task, n, lam, p)
-    dim = statistic_dimension(task, p)
-    grid = laplace_grid(delta, dim, integer_valued=False)
-    floors = (delta / (epsilon_min * 2.0**SCALE_BITS), statistic_magnitude(task, n, lam) * 2.0**-RANGE_BITS)
-    for floor in floors:
-        if floor > grid.granularity:
-            grid = _grid_at_least(floor)
-    units = math.floor(Fraction(delta) / Fraction(grid.granularity) + FLOAT_ALLOWANCE * dim) + dim
-    return StatisticPlan(grid, dim, units)
-
-
-def smallest_level_epsilon(task: Task, p: int) -> float:
-    """(2d + 2)·2^−40: from this ε_1 up, ``statistic_plan``'s coarsening keeps the noisiest scale Δ_g/ε_1 ≤
-    2^40 + (65d/64 + 1)/ε_1 < 2^41 grid units, the largest the exact noise reduction takes (Δ_g ≥ d)."""
-    return (2.0 * statistic_dimension(task, p) + 2.0) * 2.0**-40
-
-
-def coefficient_grid(task: Task, lam: float, plan: StatisticPlan) -> Grid:
-    """The public grid of the released coefficients: γ_S for logistic (θ^t is the noisy statistic, projected),
-    2^(⌊log2 M⌋ − 40) for ridge (θ^t solves a problem in the noisy statistic)."""
-    if task == "logistic":
-        return plan.grid
-    return Grid(math.frexp(radius(task, lam))[1] - 1 - COEFFICIENT_BITS)
-
-
-def snap(thetas: np.ndarray, grid: Grid) -> np.ndarray:
-    """Each coefficient truncated toward zero to a multiple of γ (exact; |snap(c)| ≤ |c|: ‖θ‖₂ ≤ M stays)."""
-    units = np.trunc(np.ldexp(np.asarray(thetas, dtype=np.float64), -grid.exponent))
-    if np.any(np.abs(units) >= float(1 << 53)):
-        raise OverflowError("a coefficient is too large for its grid")
-    result: np.ndarray = np.ldexp(units, grid.exponent)
-    return result
-
-
-# ----- the test: InteractiveAboveThreshold (Algorithm 2; mechanisms.threshold.above_threshold) -------------
-def iat_calibration(
-    calibration: Calibration, delta_q: float, alpha: float, gamma: float, levels: int
-) -> IatCalibration:
-    """ε_A and the threshold W on f = L(θ*) − L(θ) (target f ≥ −α, i.e. excess ≤ α).
-
-    paper_theorem: ε_A = 16Δ_q ln(2T/γ)/α and W = −α/2 (Theorem 3.2 / 3.4, Alg. 5 erratum: −α/2);
-    reference_code: the authors' code, docs/privacy.md §8.2.4 (W = −s). Both are pure ε_A-DP (Lemma 2.8).
-    """
-    if calibration == "exact_bound":
-        return iat_exact_calibration(delta_q, alpha, gamma, levels)
-    calibrate = iat_paper_calibration if calibration == "paper_theorem" else iat_reference_calibration
-    return calibrate(delta_q, alpha, gamma, levels, target=-alpha)
-
-
-# The exact-bound calibration (ours; an adapter on top of mechanisms.threshold.above_threshold). Theorem A.1
-# bounds the failure by a union bound over the threshold and the T query noises. The exact probability of the
-# event it controls is a one-dimensional integral: if a level with excess > α is accepted at t, then
-# f_t < −α and f_t + ν_t ≥ W + ρ, so ν_t − ρ > W + α =: c. Pre-drawing ν_1..ν_T (same law),
-#   P[an accepted level has excess > α] ≤ P[max_{t≤T} ν_t − ρ > c] = 1 − E_ρ[F_ν(c + ρ)^T],
-# for every data set and every hypothesis sequence. In units of the query-noise scale 4Δ/ε_A, ρ ~ Lap(1/2),
-# ν ~ Lap(1) and c becomes u = c·ε_A/(4Δ), so the failure is a function φ_T(u), decreasing in u.
-def _failure_in_units(u: float, levels: int) -> float:
-    """Upper bound on φ_T(u) = P[max_{t≤T} ν_t − ρ > u], ρ ~ Lap(1/2), ν_t ~ Lap(1): quadrature value plus
-    its error estimate plus the truncated tails (|ρ| > 40 has probability e^{−80})."""
-
-    def integrand(r: float) -> float:
-        x = u + r
-        log_cdf = math.log1p(-0.5 * math.exp(-x)) if x >= 0 else math.log(0.5) + x
-        return math.exp(-2.0 * abs(r)) * -math.expm1(levels * log_cdf)  # density of Lap(1/2) is e^{−2|r|}
-
-    total = math.exp(-80.0)
-    for low, high in ((-40.0, min(-u, 0.0)), (min(-u, 0.0), 0.0), (0.0, 40.0)):
-        if high > low:
-            value, error = integrate.quad(integrand, low, high, limit=200, epsabs=1e-13, epsrel=1e-10)
-            total += value + abs(error)
-    return min(1.0, total)
-
-
-def iat_failure_probability(epsilon_a: float, delta_q: float, margin: float, levels: int) -> float:
-    """Upper bound on P[some accepted level has excess > α] when W + α = ``margin``
-    (exact; docs/privacy.md §8.2.4)."""
-    return _failure_in_units(margin * epsilon_a / (4.0 * delta_q), levels)
-
-
-def _dlap_cdf(m: np.ndarray, q: float) -> np.ndarray:
-    """P(Z ≤ m) for Z ~ DLap(q), P(z) = (1−q)/(1+q)·q^|z|: 1 − q^(m+1)/(1+q) for m ≥ 0, q^(−m)/(1+q) else."""
-    m = np.asarray(m, dtype=np.float64)
-    log_q = math.log(q)
-    upper = -np.expm1((np.maximum(m, 0.0) + 1.0) * log_q - math.log1p(q))
-    lower = np.exp(-np.minimum(m, 0.0) * log_q - math.log1p(q))
-    result: np.ndarray = np.where(m >= 0, upper, lower)
-    return result
-
-
-def iat_discrete_failure_probability(
-    epsilon_a: float, delta_q: float, threshold: float, alpha: float, levels: int
-) -> float:
-    """Upper bound on P[some accepted level has excess > α] for the grid IAT actually run.
-
-    Acceptance at f_t < −α needs R(f_t) + ν_t ≥ R(W) + ρ (R = round to the IAT grid γ_A; |R(x) − x/γ_A| ≤ ½,
-    and the ±2^44 clamp only helps), so ν_t − ρ > (W + α)/γ_A − 1, i.e. ν_t − ρ ≥ k = ⌊(W + α)/γ_A⌋ (an
-    integer). Pre-drawing the ν's: failure ≤ Σ_r P(ρ = r)·h(r), h(r) = 1 − P(ν ≤ k + r − 1)^T, h decreasing.
-    Summed over blocks of ρ (exact block probabilities, h at the block's left end: an upper bound), ρ beyond
-    ±60 scales counted as failure, plus 10⁻¹² for float rounding.
-    """
-    grid = ThresholdGrid.build(delta_q, epsilon_a)
-    t1, t2 = float(grid.threshold_scale), float(grid.query_scale)
-    q1, q2 = math.exp(-1.0 / t1), math.exp(-1.0 / t2)
-    k = math.floor((Fraction(threshold) + Fraction(alpha)) / Fraction(grid.grid.granularity))
-    reach = math.ceil(60.0 * t1)
-    width = max(1, math.ceil(t1 / 4000.0))
-    starts = np.arange(-reach, reach + 1, width, dtype=np.float64)
-    block = _dlap_cdf(starts + (width - 1), q1) - _dlap_cdf(starts - 1, q1)
-    log_cdf = np.log(np.maximum(_dlap_cdf(k + starts - 1, q2), 1e-300))
-    h = -np.expm1(levels * log_cdf)
-    tails = float(_dlap_cdf(np.array([-reach - 1.0]), q1)[0]) + float(
-        1.0 - _dlap_cdf(np.array([starts[-1] + width - 1]), q1)[0]
-    )
-    return min(1.0, float(np.sum(np.maximum(block, 0.0) * h)) + tails + 1e-12)
-
-
-@functools.lru_cache(maxsize=256)
-def iat_exact_calibration(delta_q: float, alpha: float, gamma: float, levels: int) -> IatCalibration:
-    """W = −α/2 (as the paper) and the smallest ε_A with exact failure bound ≤ γ (ours, see above).
-
-    Solves φ_T(u) = γ·(1 − 10⁻⁶) by Brent's method for continuous Laplace noise, then certifies the grid IAT
-    that actually runs (discrete Laplace, scales ~0.1 % larger, rounded comparisons) with
-    ``iat_discrete_failure_probability``, raising ε_A by 0.05 % steps until the bound is ≤ γ.
-    """
-    target = gamma * (1.0 - 1e-6)
-    u = optimize.brentq(lambda v: _failure_in_units(v, levels) - target, 1e-9, 200.0, xtol=1e-12, rtol=1e-12)
-    u *= 1.0 + 1e-9
-    margin = alpha / 2.0
-    epsilon_a = pad_up(4.0 * delta_q * u / margin)
-    threshold = -alpha / 2.0
-    for _ in range(200):
-        if iat_discrete_failure_probability(epsilon_a, delta_q, threshold, alpha, levels) <= target:
-            return IatCalibration(epsilon_a, threshold, "exact-bound")
-        epsilon_a = pad_up(epsilon_a * (1.0 + 5e-4))
-    raise ArithmeticError("the exact-bound calibration could not be certified")
-
-
-def doubling_test(calibration: Calibration, delta_q: float, alpha: float, gamma: float, levels: int) -> float:
-    """Noise scale of one Doubling test (accept iff f + Lap ≥ −α/2); ε_test = Δ_q/scale.
-
-    paper_theorem: Lap(α/(2 ln(T/γ))) (Algorithm 4); reference_code: Lap((α/2)/ln(T/(2γ))) (the authors'
-    code); exact_bound: the exact failure 1 − (1 − ½e^{−(α/2)/s})^T = γ,
-    i.e. s = (α/2)/(−ln(2(1 − (1−γ)^{1/T}))).
-    """
-    if calibration == "paper_theorem":
-        log_term = math.log(levels / gamma)
-    elif calibration == "reference_code":
-        log_term = math.log(levels / (2 * gamma))
-    else:
-        log_term = -math.log(2.0 * -math.expm1(math.log1p(-gamma * (1.0 - 1e-9)) / levels))
-    if log_term <= 0:
-        raise ValueError("ln(T/γ) must be > 0")
-    return alpha / (2.0 * log_term)
-
-
-# ----- losses and solvers ----------------------------------------------------------------------------------
-def project(thetas: np.ndarray, m: float) -> np.ndarray:
-    """Rows θ with ‖θ‖₂ > M scaled onto the sphere (the corrected Alg. 5 step), a hair inside for rounding."""
-    norms = np.linalg.norm(thetas, axis=-1, keepdims=True)
-    target = m * (1.0 - 1e-12)
-    scale = np.where(norms > target, target / np.maximum(norms, np.finfo(float).tiny), 1.0)
-    result: np.ndarray = thetas * scale
-    return result
-
-
-@dataclass(frozen=True)
-class RidgeData:
-    """Sufficient statistics of ridge (secret): XᵀX, Xᵀy, yᵀy, n."""
-
-    xtx: np.ndarray
-    xty: np.ndarray
-    yty: float
-    n: int
-
-    @classmethod
-    def from_arrays(cls, x: np.ndarray, y: np.ndarray) -> RidgeData:
-        """Blocked sums: the rounding error of XᵀX is ≤ (B + n/B)·u·Σ‖x_i‖₁² (B = ROW_BLOCK, u = 2⁻⁵³),
-        i.e. ≤ 1e−6 relative to the sensitivity 4 for n ≤ 2·10⁶ even in the worst-case model."""
-        n, p = x.shape
-        xtx, xty = np.zeros((p, p)), np.zeros(p)
-        for start in range(0, n, ROW_BLOCK):
-            block, labels = x[start : start + ROW_BLOCK], y[start : start + ROW_BLOCK]
-            xtx += block.T @ block
-            xty += block.T @ labels
-        return cls(xtx, xty, float(y @ y), int(n))
-
-    def statistic(self) -> np.ndarray:
-        """S(D) = (XᵀX row-major, Xᵀy), the vector noise reduction runs on."""
-        return np.concatenate([self.xtx.ravel(), self.xty])
-
-    def losses(self, thetas: np.ndarray, lam: float) -> np.ndarray:
-        """L(θ) = (yᵀy − 2θᵀXᵀy + θᵀXᵀXθ)/(2n) + (λ/2)‖θ‖² for each row θ."""
-        quad = np.einsum("ij,jk,ik->i", thetas, self.xtx, thetas)
-        data_term = (self.yty - 2.0 * thetas @ self.xty + quad) / (2.0 * self.n)
-        result: np.ndarray = data_term + 0.5 * lam * np.sum(thetas * thetas, axis=1)
-        return result
-
-    def minimizer(self, lam: float) -> np.ndarray:
-        """θ* = (XᵀX + nλI)⁻¹Xᵀy (closed form, Cholesky), checked by the gradient certificate."""
-        p = self.xty.shape[0]
-        hessian = self.xtx / self.n + lam * np.eye(p)
-        factor = np.linalg.cholesky(hessian)
-        theta = np.linalg.solve(factor.T, np.linalg.solve(factor, self.xty / self.n))
-        for _ in range(3):  # iterative refinement
-            grad = hessian @ theta - self.xty / self.n
-            if np.linalg.norm(grad) <= gradient_tolerance(self.n, lam):
-                return np.asarray(theta)
-            theta = theta - np.linalg.solve(factor.T, np.linalg.solve(factor, grad))
-        raise RuntimeError("the ridge solver could not certify its minimiser")
-
-
-@dataclass(frozen=True)
-class LogisticData:
-    """Design matrix and ±1 labels (secret)."""
-
-    x: np.ndarray
-    y: np.ndarray
-
-    @property
-    def n(self) -> int:
-        return int(self.x.shape[0])
-
-    def losses(self, thetas: np.ndarray, lam: float) -> np.ndarray:
-        """L(θ) = mean log(1 + e^{−y θᵀx}) + (λ/2)‖θ‖² for each row θ (logaddexp: no overflow)."""
-        # (k, n): the mean runs along the contiguous axis, where numpy sums pairwise (error O(log n · u)).
-        margins = (thetas @ self.x.T) * self.y[None, :]
-        result: np.ndarray = np.logaddexp(0.0, -margins).mean(axis=1) + 0.5 * lam * np.sum(thetas * thetas, 1)
-        return result
-
-    def minimizer(self, lam: float) -> np.ndarray:
-        """θ* by damped Newton; returns only once ‖∇L‖ ≤ g_tol (certificate, docs/privacy.md §8.2.5)."""
-        n, p = self.x.shape
-        theta = np.zeros(p)
-        tol = gradient_tolerance(n, lam)
-        for _ in range(100):
-            margins = self.y * (self.x @ theta)
-            sig = 0.5 * (1.0 - np.tanh(0.5 * margins))  # σ(−m), stable
-            grad = -(self.x.T @ (sig * self.y)) / n + lam * theta
-            if np.linalg.norm(grad) <= tol:
-                return theta
-            weights = sig * (1.0 - sig)
-            hessian = (self.x.T * weights) @ self.x / n + lam * np.eye(p)
-            step = np.linalg.solve(hessian, grad)
-            current = float(self.losses(theta[None, :], lam)[0])
-            # Armijo backtracking; decreases below float resolution count as sufficient (the result is
-            # certified by the gradient alone, so the line search cannot affect soundness).
-            size, slope = 1.0, float(grad @ step)
-            resolution = 8.0 * np.finfo(float).eps * abs(current)
-            while size > 1e-10:
-                candidate = theta - size * step
-                loss = float(self.losses(candidate[None, :], lam)[0])
-                if loss <= current - 1e-4 * size * slope + resolution:
-                    break
-                size /= 2.0
-            theta = theta - size * step
-        raise RuntimeError("the logistic solver could not certify its minimiser")
-
-
-ErmData = RidgeData | LogisticData
-
-
-def trust_region_minimizer(a: np.ndarray, z: np.ndarray, m: float) -> np.ndarray:
-    """argmin_{‖θ‖₂ ≤ M} ½θᵀAθ − zᵀθ for symmetric A (Moré & Sorensen 1983).
-
-    With A = QΛQᵀ and z̃ = Qᵀz: the unconstrained solution if A ≻ 0 and ‖A⁻¹z‖ ≤ M; otherwise
-    θ(μ) = Q(Λ + μI)⁻¹z̃ with μ > max(0, −λ_min) solving ‖θ(μ)‖ = M (bisection on a monotone function), and
-    the hard case (z̃ ⊥ the bottom eigenspace) completes with a bottom eigenvector. Always returns ‖θ‖ ≤ M.
-    """
-    w, q = np.linalg.eigh(a)
-    zt = q.T @ z
-    if w[0] > 0:
-        theta0 = zt / w
-        if np.linalg.norm(theta0) <= m:
-            return np.asarray(q @ theta0)
-    low = max(0.0, -float(w[0]))
-    spread = float(np.max(np.abs(w))) + 1.0
-    bottom = w <= w[0] + 1e-12 * spread
-
-    def norm(mu: float) -> float:
-        with np.errstate(divide="ignore"):
-            return float(np.linalg.norm(zt / (w + mu)))
-
-    eps_mu = 1e-13 * spread
-    if norm(low + eps_mu) <= m:  # hard case: the secular equation has no root right of −λ_min
-        coeffs = np.where(bottom, 0.0, zt / np.where(bottom, 1.0, w + low))
-        tail = math.sqrt(max(m * m - float(coeffs @ coeffs), 0.0))
-        coeffs = coeffs + tail * bottom / math.sqrt(float(np.sum(bottom)))
-        return np.asarray(project((q @ coeffs)[None, :], m)[0])
-    lo, hi = low + eps_mu, low + float(np.linalg.norm(z)) / m + spread
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if norm(mid) > m:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-13 * hi:
-            break
-    return np.asarray(project((q @ (zt / (w + hi)))[None, :], m)[0])
-
-
-def ridge_hypothesis(noisy: np.ndarray, p: int, n: int, lam: float) -> np.ndarray:
-    """θ^t = argmin_{‖θ‖ ≤ 1/√λ} (1/2n)(θᵀZθ − 2zᵀθ) + (λ/2)‖θ‖² for the noisy (Z, z) (equation 3.1)."""
-    z_mat = noisy[: p * p].reshape(p, p)
-    a = 0.5 * (z_mat + z_mat.T) + n * lam * np.eye(p)
-    return trust_region_minimizer(a, noisy[p * p :], radius("ridge", lam))
-
-
-def hypotheses(task: Task, noisy: np.ndarray, p: int, n: int, lam: float) -> np.ndarray:
-    """The models θ^t ∈ C of a batch of noisy statistics (rows): post-processing of the released levels."""
-    if task == "ridge":
-        return np.stack([ridge_hypothesis(row, p, n, lam) for row in noisy])
-    return project(noisy, radius(task, lam))
 
 
 # ----- the accuracy-first walk (the paper's §3: noise reduction + Algorithm 2) ----------------------------
@@ -935,7 +517,8 @@ class AccuracyFirstErm(ParamsChecked):
 
 
 def _charge(problem: Problem, grid: np.ndarray, level: int, orders: Sequence[float]) -> RdpCurve:
-    """ε_A + ε_level (1-based level) as a pure curve (Lemma 2.8 with Theorem 2.7; docs/privacy.md §8.2.3)."""
+    """ε_A + ε_level (1-based level) as a pure curve (Lemma 2.8 with Theorem 2.7;
+    docs/privacy/accuracy_first_erm.md#accuracy-first-erm-proof)."""
     epsilon_a = problem.test(len(grid)).epsilon_a
     return iat_charge(epsilon_a, [float(e) for e in grid], level - 1, orders)
 

@@ -3,7 +3,7 @@
 Two families, each with an eager sampler (the whole path, or the walk, at once) and a lazy forward sampler
 (JSON state, so a session can step forward). Every draw is exact integer arithmetic over ``Noise``
 (``mechanisms.noise``); every release is a multiple of a public grid γ = 2^k. Documentation, proofs and the
-numeric checks: docs/mechanisms/noise_reduction.md, docs/privacy.md §8.1.
+numeric checks: docs/mechanisms/noise_reduction.md, docs/privacy/noise_reduction.md#noise-reduction.
 
 **Laplace noise reduction, discrete** (Koufogiannis, Han, Pappas 2016; Ligett, Neel, Roth, Waggoner, Wu 2017
 "Accuracy First", Algorithm 1 / Theorem 2.7). A vector value, rounded to the grid (``Grid``), with ℓ1
@@ -405,7 +405,7 @@ def brownian_nr_charge(
 
     ε(α) = α·Σ_{j≤S} Δ_j²/(2σ_j²) ≤ (1 + 1.01·2^{−10})²·α·Δ₂²/(2t_S), no pure bound: per-step discrete
     Gaussian RDP (CKS 2020) composed over the released steps, valid for any stopping rule adapted to the
-    released values (docs/privacy.md §8.1.2).
+    released values (docs/privacy/noise_reduction.md#brownian-noise-reduction).
     """
     var = _decreasing_variances(variances)
     level = _level_index(stopped_level, var.size)

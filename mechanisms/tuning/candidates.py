@@ -14,7 +14,8 @@ Under replace-one the replaced row lies in exactly one part; the other part's co
 distributed (or a post-processing of the private part with independent noise), so M_i^π's divergence is
 that of one part, for every π: the curve is max(train, score) pointwise. Theorems 11/13 then hold
 conditionally on π with the same charges, and the ex-post inequalities survive the data-independent mixture
-over π (pure: linear; RDP: (p, q) ↦ p^α q^{1−α} is jointly convex). Details: docs/privacy.md §8.5.3.
+over π (pure: linear; RDP: (p, q) ↦ p^α q^{1−α} is jointly convex). Details:
+docs/privacy/tuning.md#tuning-candidates.
 
 There is no notion of a public validation set in the dataset model, so every score is a noisy score on a
 held-out split (a variant scoring on public validation data is not implemented).
@@ -30,9 +31,9 @@ Learners
     ‖θ̂ − θ*‖ ≤ g/λ by λ-strong convexity, and Δ₂(θ̂) ≤ 2(L/n_t + g)/λ; if it does not, the candidate raises
     (the service then charges the worst case). θ̂ is released on a public grid γ = 2^k ≤ 2^{−10}·Δ₁/d
     (Δ₁ = √d·Δ₂ rounded up) with discrete Laplace noise of scale t ≥ (Δ₁/γ + d)/ε grid units (Lemma GRID
-    and Theorem DLAP of docs/privacy.md §10): ε-DP. The minimiser is noise-free and depends on λ only, so
-    ``prepare`` solves it once per λ **before** the latent is drawn; each candidate then only adds its
-    noise and scores (padding costs almost nothing).
+    and Theorem DLAP of docs/privacy/finite_precision.md#theorem-dlap): ε-DP. The minimiser is noise-free and
+    depends on λ only, so ``prepare`` solves it once per λ **before** the latent is drawn; each candidate then
+    only adds its noise and scores (padding costs almost nothing).
 
 Held-out scores (every learner) are integer statistics with integer noise: the number of correct signs
 (classification; sensitivity 1, no rounding), or the correctly rounded sum S of clipped squared errors on a
@@ -213,7 +214,7 @@ class ScoreNoise:
 
 def _score_grid(task: Task, m: int, gaussian: bool) -> tuple[Grid, float]:
     """(grid, sensitivity in grid units): γ = 1 and 1 for the correct count; for the squared-error sum a
-    grid γ ≤ 2^{−10}·Δ_S and Δ_S/γ + 1 (Lemma GRID, docs/privacy.md §10)."""
+    grid γ ≤ 2^{−10}·Δ_S and Δ_S/γ + 1 (Lemma GRID, docs/privacy/finite_precision.md#lemma-grid)."""
     if task == "classification":
         return Grid(0), 1.0
     delta = _sum_sensitivity(m)
@@ -313,7 +314,8 @@ class Split:
 
 def split_rows(x: np.ndarray, y: np.ndarray, holdout: int, noise: Noise) -> Split:
     """A data-independent random split: the first ``holdout`` positions of a uniform permutation
-    (``Noise.permutation``; the proof needs only that π is independent of the data, privacy.md §8.5.3)."""
+    (``Noise.permutation``; the proof needs only that π is independent of the data,
+    docs/privacy/tuning.md#tuning-candidates)."""
     perm = noise.permutation(x.shape[0])
     hold, train = perm[:holdout], perm[holdout:]
     return Split(x[train], y[train], x[hold], y[hold])
@@ -351,7 +353,8 @@ def solve_erm(
     n_t ≤ 10⁶, but not near n_t ≈ 10⁷ (a certified check is future work). ``progress`` is a heartbeat
     (called with 0.0 once per Newton iteration; the service throttles it to one write a second). Failure is
     argued, not proven, data-independent: on the hardest measured inputs (separable, λ = 1e-6) the logistic
-    solver needs 12–14 gradient/Hessian evaluations against a cap of ``NEWTON_CAP`` = 100 (privacy.md §8.5.3).
+    solver needs 12–14 gradient/Hessian evaluations against a cap of ``NEWTON_CAP`` = 100
+    (docs/privacy/tuning.md#tuning-candidates).
     """
     n, d = x.shape
     if task == "regression":
@@ -604,12 +607,12 @@ def objpert_sigma(epsilon: float, reg: float, order: float) -> float:
     """A small σ with ``objpert_curve``(α*) ≤ ε (public values only), or ValueError.
 
     The curve is −log(1−β/λ) + αL²/(2σ²) + log(2Φ((α−1)L/σ))/(α−1) + the AMP term (Redberg, Koskela, Wang
-    2023, Thm 4.3.2; docs/privacy.md §8.4.2), with L → 2L under replace_one. It need not be monotone in σ (the
-    grid-safe output noise adds terms that grow with σ), so σ is the first point of a 301-point log grid on
-    [1e-6, 1e9] where the curve is ≤ ε, refined by 200 bisection steps (in log space) between it and the grid
-    point before; the result always satisfies the inequality (the upper end of the bracket does). Any σ that
-    does is valid: the charge is the curve evaluated at the configuration that runs
-    (``objpert_candidate_config``).
+    2023, Thm 4.3.2; docs/privacy/objective_perturbation.md#objpert-rdp-charge), with L → 2L under
+    replace_one. It need not be monotone in σ (the grid-safe output noise adds terms that grow with σ), so σ
+    is the first point of a 301-point log grid on [1e-6, 1e9] where the curve is ≤ ε, refined by 200 bisection
+    steps (in log space) between it and the grid point before; the result always satisfies the inequality (the
+    upper end of the bracket does). Any σ that does is valid: the charge is the curve evaluated at the
+    configuration that runs (``objpert_candidate_config``).
     """
 
     def at(sigma: float) -> float:
@@ -648,10 +651,11 @@ def objpert_candidate_config(epsilon: float, reg: float, order: float, d: int, n
     σ from ``objpert_sigma`` (the AMP term 2α/1000² does not depend on τ because σ_out = 1000·τ/λ). τ is
     max(1e-6, 2 × ``minimum_tolerance``(λ, σ, R = 1, d, n̄ = n_t)): the stand-alone mechanism's guard
     (0.99τ ≥ 10 × the public rounding slack), so the certified stop is reachable on every dataset of this
-    shape and failure does not depend on the data (docs/privacy.md §8.5.3). The curve is re-evaluated with the
-    final τ and σ raised by 1e-9 relative steps until it is ≤ ε at α* again (τ recomputed with it), so the
-    validity mask of Theorem 13 sees exactly the configuration that runs. ValueError if no τ works
-    (``minimum_tolerance`` infinite: n_t·d/λ beyond float64 precision) or ε is unreachable.
+    shape and failure does not depend on the data (docs/privacy/tuning.md#tuning-candidates). The curve is
+    re-evaluated with the final τ and σ raised by 1e-9 relative steps until it is ≤ ε at α* again (τ
+    recomputed with it), so the validity mask of Theorem 13 sees exactly the configuration that runs.
+    ValueError if no τ works (``minimum_tolerance`` infinite: n_t·d/λ beyond float64 precision) or ε is
+    unreachable.
     """
     sigma = objpert_sigma(epsilon, reg, order)
     for _ in range(1000):

@@ -4,7 +4,7 @@ Source: Ghazi, Kamath, Knop, Kumar, Manurangsi, Zhang, "Private hyperparameter t
 guarantee" (2025; cited "Ghazi et al." with the paper's own section, algorithm and theorem numbers). The
 service mechanism ``tuning.select`` built on these functions lives in ``mechanisms.tuning.candidates`` (base
 learners) and at the bottom of this module (``TuningSelect``). Docs: docs/mechanisms/tuning.md,
-docs/privacy.md §8.5.
+docs/privacy/tuning.md#tuning.
 
 Algorithm 3 (best-of with random dropping, Ghazi et al. §4)
 -----------------------------------------------------------
@@ -25,27 +25,28 @@ Candidates M_1 … M_n (a fixed list, repeats allowed), **drop parameters** c_1 
       ε̃_α(⊥)    = log(1 + τ)/(α − 1)
 
   ℓ_i is analysis-only slack, optimised per (α, c_i) by bisection on the derivative (the objective is
-  convex, docs/privacy.md §8.5.2); the charge is always **evaluated at the ℓ actually used**. A mechanism
-  that is (α, ε_i(α))-RDP with ε_i(α) ≤ c_i is (α, c_i)-RDP, so the paper's statement applies with c_i in
-  every place. At an order where some candidate's RDP exceeds its drop parameter nothing is proven: every
-  outcome is charged +∞ there (docs/privacy.md §6 rule 5).
+  convex, docs/privacy/tuning.md#tuning-theorems); the charge is always **evaluated at the ℓ actually used**.
+  A mechanism that is (α, ε_i(α))-RDP with ε_i(α) ≤ c_i is (α, c_i)-RDP, so the paper's statement applies with
+  c_i in every place. At an order where some candidate's RDP exceeds its drop parameter nothing is proven:
+  every outcome is charged +∞ there (docs/privacy/rules.md#rule-infinity-unproven).
 
 Algorithm 2 (known threshold, Ghazi et al. §3.2, Theorem 10): the first kept candidate whose output passes a
 data-independent threshold is released; charge 2c_i + ε′ for it and ε′ for ⊥ (geometric latent).
 
 The worst case is max(ε̃(⊥), max_i ε̃(o, i)) order by order, computed from the public list before the data
-is touched (docs/privacy.md §8.5.1).
+is touched (docs/privacy/tuning.md#tuning-filter-needs).
 
-Secrets (docs/privacy.md §8.5.4): the latent k, the keep bits, which and how many candidates ran, their
-outputs and timings. Nothing here returns them except ``sample_kept`` (a sampler for tests and simulations;
-the service never calls it directly and never exposes its result). The service mechanism always pads:
-every candidate runs whatever k is (dropped ones are discarded), and noise-free shared work (the ERM
+Secrets (docs/privacy/tuning.md#tuning-secrets): the latent k, the keep bits, which and how many candidates
+ran, their outputs and timings. Nothing here returns them except ``sample_kept`` (a sampler for tests and
+simulations; the service never calls it directly and never exposes its result). The service mechanism always
+pads: every candidate runs whatever k is (dropped ones are discarded), and noise-free shared work (the ERM
 minimiser per λ) is done before k is drawn, so the amount of work does not depend on k;
-``pad_to_worst_case_time`` must be true (docs/privacy.md §8.5.4: the run count voids Theorem 11, and what
-remains of the timing channel).
+``pad_to_worst_case_time`` must be true (docs/privacy/tuning.md#tuning-secrets: the run count voids Theorem
+11, and what remains of the timing channel).
 
-Numerics (docs/privacy.md §10.4.5). The latent and the keep bits are exact (``mechanisms/noise/tuning.py``,
-docs/privacy.md §10): k ~ Geom_{e^{−ε′}} by exact inversion of one uniform real revealed 64 bits at a time
+Numerics (docs/privacy/finite_precision_tuning.md#fp-tuning). The latent and the keep bits are exact
+(``mechanisms/noise/tuning.py``, docs/privacy/finite_precision.md#finite-precision): k ~ Geom_{e^{−ε′}} by
+exact inversion of one uniform real revealed 64 bits at a time
 (k = max{m : U < e^{−ε′m}}, each comparison decided by a rigorous integer enclosure of e^{−ε′m}); given k,
 candidate i is kept iff a fresh uniform V_i < e^{−c_i k} (same exact comparison). The exponential latent of
 Theorem 13 is never materialised: its keep mask is the set of clocks still running when X ~ Exp(ε′) rings in
@@ -63,11 +64,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
-from itertools import product
-from typing import Annotated, Any, ClassVar, Literal, Self
+from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, model_validator
+from pydantic import BaseModel
 
 from mechanisms.accounting import RdpCurve
 from mechanisms.base import (
@@ -79,53 +79,19 @@ from mechanisms.base import (
     Table,
     no_progress,
 )
-from mechanisms.learners.features import FeatureSpec, check_features, column_names, design_matrix, dimension
+from mechanisms.learners.features import check_features, column_names, design_matrix, dimension
 from mechanisms.noise import Noise
 from mechanisms.noise.tuning import exponential_race, geometric_latent, keep_given_latent
 from mechanisms.tuning.candidates import (
     LEARNERS,
     CandidateConfig,
-    LearnerName,
     PublicShape,
     objpert_candidate_config,
     objpert_sigma,
     split_rows,
 )
-
-Latent = Literal["geometric", "exponential"]
-
-_PAD = 1e-9
-"""Relative upward pad on computed charges: covers the float error of sums over ≤ 10⁶ terms."""
-
-
-def _up(values: np.ndarray) -> np.ndarray:
-    """Raise finite positive values by a relative pad and one ulp (rounding may only over-charge)."""
-    padded = np.where(np.isfinite(values) & (values > 0), np.nextafter(values * (1.0 + _PAD), np.inf), values)
-    result: np.ndarray = padded
-    return result
-
-
-def _check_drop(drop: Sequence[float] | np.ndarray) -> np.ndarray:
-    array = np.asarray(drop, dtype=float)
-    if array.ndim != 1 or array.size == 0:
-        raise ValueError("the drop parameters must be a non-empty 1-d list")
-    if not np.all(np.isfinite(array)) or np.any(array < 0):
-        raise ValueError("drop parameters must be finite and ≥ 0")
-    return array
-
-
-def _check_eps_prime(eps_prime: float) -> float:
-    value = float(eps_prime)
-    if not (math.isfinite(value) and value > 0.0):
-        raise ValueError("ε′ must be finite and > 0")
-    return value
-
-
-def _check_orders(orders: Sequence[float] | np.ndarray) -> np.ndarray:
-    array = np.asarray(orders, dtype=float)
-    if array.ndim != 1 or array.size == 0 or not np.all(np.isfinite(array)) or np.any(array <= 1.0):
-        raise ValueError("orders must be finite and > 1")
-    return array
+from mechanisms.tuning.charges import Latent, check_drop, check_eps_prime, pure_charges, rdp_charges
+from mechanisms.tuning.params import TuningParams
 
 
 # ----- samplers (exact: mechanisms/noise/tuning.py) ----------------------------------------------------
@@ -136,7 +102,7 @@ def draw_latent(noise: Noise, latent: Latent, eps_prime: float, size: int | None
     Theorem 13 is never materialised: ``sample_kept`` draws its keep mask from the exact law by an
     exponential race, so asking for x itself is an error.
     """
-    eps_prime = _check_eps_prime(eps_prime)
+    eps_prime = check_eps_prime(eps_prime)
     if latent == "geometric":
         k = geometric_latent(noise, eps_prime, 1 if size is None else size)
         return int(k[0]) if size is None else k
@@ -159,8 +125,8 @@ def sample_kept(
     exact race of T_i ~ Exp(c_i) against X ~ Exp(ε′) (same law as keeping i w.p. e^{−c_i x} given x).
     The result is SECRET (it reveals k); only simulations and ``algorithm3``/``algorithm2`` use it.
     """
-    c = _check_drop(drop)
-    eps_prime = _check_eps_prime(eps_prime)
+    c = check_drop(drop)
+    eps_prime = check_eps_prime(eps_prime)
     values, index = _exact_drop(tuple(c.tolist()))
     runs = 1 if size is None else size
     if latent == "geometric":
@@ -180,253 +146,6 @@ def _exact_drop(drop: tuple[float, ...]) -> tuple[list[Fraction], np.ndarray]:
     distinct, index = np.unique(np.array(drop), return_inverse=True)
     index.flags.writeable = False  # shared by every call with this list
     return [Fraction(float(v)) for v in distinct], index
-
-
-# ----- closed forms (public; tests, docs and benchmarks) -----------------------------------------------
-def expected_runs(drop: Sequence[float] | np.ndarray, eps_prime: float, latent: Latent) -> np.ndarray:
-    """τ_i = E_k[e^{−c_i k}] per entry: entry i's expected number of runs (τ_i of Ghazi et al. Theorem 13).
-
-    Geometric latent: (1−e^{−ε′})/(1−e^{−(ε′+c_i)}); exponential latent: ε′/(ε′+c_i).
-    """
-    c = _check_drop(drop)
-    eps_prime = _check_eps_prime(eps_prime)
-    if latent == "geometric":
-        result: np.ndarray = np.expm1(-eps_prime) / np.expm1(-(eps_prime + c))
-        return result
-    if latent == "exponential":
-        exp_result: np.ndarray = eps_prime / (eps_prime + c)
-        return exp_result
-    raise ValueError(f"unknown latent {latent!r}")
-
-
-def _log_all_dropped(c_unique: np.ndarray, counts: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """log Π_j (1 − e^{−c_j k}) for each k (−∞ where some entry is surely kept)."""
-    with np.errstate(divide="ignore"):
-        terms = np.log1p(-np.exp(-np.outer(k, c_unique)))
-    result: np.ndarray = terms @ counts.astype(float)
-    return result
-
-
-def probability_bottom(drop: Sequence[float] | np.ndarray, eps_prime: float, latent: Latent) -> float:
-    """P(⊥) = E_k[Π_j (1 − e^{−c_j k})]: ⊥ iff every entry is dropped, so data-independent (Ghazi et al. §4).
-
-    Geometric: the series over k truncated where e^{−ε′k} < 1e-17 (tail below that). Exponential: with
-    u = e^{−ε′x}, ∫₀¹ Π_j (1 − u^{c_j/ε′}) du by adaptive quadrature.
-    """
-    c = _check_drop(drop)
-    eps_prime = _check_eps_prime(eps_prime)
-    values, counts = np.unique(c, return_counts=True)
-    if values[0] == 0.0:
-        return 0.0
-    if latent == "geometric":
-        top = math.ceil(40.0 / eps_prime) + 1
-        total = 0.0
-        for start in range(0, top, 200_000):
-            k = np.arange(start, min(top, start + 200_000), dtype=float)
-            log_terms = np.log(-np.expm1(-eps_prime)) - eps_prime * k + _log_all_dropped(values, counts, k)
-            total += float(np.exp(log_terms).sum())
-        return total
-    if latent == "exponential":
-        from scipy.integrate import quad
-
-        def integrand(u: float) -> float:
-            if u <= 0.0:
-                return 1.0
-            return float(np.exp(counts @ np.log1p(-np.power(u, values / eps_prime))))
-
-        value, _ = quad(integrand, 0.0, 1.0, limit=400, epsabs=1e-13, epsrel=1e-11)
-        return float(value)
-    raise ValueError(f"unknown latent {latent!r}")
-
-
-# ----- charges -----------------------------------------------------------------------------------------
-def pure_charges(drop: Sequence[float] | np.ndarray, eps_prime: float) -> np.ndarray:
-    """Theorem 11 / Theorem 10: ε̃(o, i) = 2c_i + ε′ per entry (valid when M_j is c_j-DP for every j)."""
-    c = _check_drop(drop)
-    return _up(2.0 * c + _check_eps_prime(eps_prime))
-
-
-def pure_worst_case(drop: Sequence[float] | np.ndarray, eps_prime: float, algorithm: int = 3) -> float:
-    """sup ε̃ for pure Algorithm 3 (⊥ = 0) or Algorithm 2 (⊥ = ε′): max_i (2c_i + ε′)."""
-    if algorithm not in (2, 3):
-        raise ValueError("algorithm must be 2 or 3")
-    return float(pure_charges(drop, eps_prime).max())
-
-
-@dataclass(frozen=True)
-class RdpCharges:
-    """Theorem 13 at every order: ``per_drop[a, u]`` is ε̃_α(o, i) for an entry with drop ``drops[u]``.
-
-    ``ell[a, u]`` is the ℓ used, ``bottom[a]`` is ε̃_α(⊥), ``valid[a]`` says whether every candidate's RDP
-    at order a is ≤ its drop parameter (else every charge at that order is +∞).
-    """
-
-    orders: tuple[float, ...]
-    drops: np.ndarray
-    per_drop: np.ndarray
-    ell: np.ndarray
-    bottom: np.ndarray
-    valid: np.ndarray
-    tau: float
-
-    def for_drop(self, c: float) -> np.ndarray:
-        """ε̃(o, i) at every order for an entry with drop parameter ``c`` (must be one of the list's)."""
-        where = np.flatnonzero(self.drops == c)
-        if where.size != 1:
-            raise KeyError(f"{c!r} is not a drop parameter of this list")
-        result: np.ndarray = self.per_drop[:, int(where[0])]
-        return result
-
-    def worst(self) -> np.ndarray:
-        """max(ε̃(⊥), max_i ε̃(o, i)) at every order (docs/privacy.md §8.5.1)."""
-        result: np.ndarray = np.maximum(self.bottom, self.per_drop.max(axis=1))
-        return result
-
-
-def theorem13_value(
-    ell: np.ndarray,
-    c_i: np.ndarray,
-    alpha: np.ndarray,
-    eps_prime: float,
-    log_tau1: float,
-    values: np.ndarray,
-    counts_minus_own: np.ndarray,
-) -> np.ndarray:
-    """(2+ℓ)c_i + (1+ℓ)ε′ + [log(1+τ) + Σ_u m_u e^{−u(1+αℓ)}]/(α−1), broadcast over (orders, drops).
-
-    ``counts_minus_own[u_i, u]`` is the number of entries j ≠ i with drop ``values[u]``.
-    """
-    exponent = -values[None, None, :] * (1.0 + alpha[:, None, None] * ell[:, :, None])
-    sums = np.einsum("aiu,iu->ai", np.exp(exponent), counts_minus_own)
-    result: np.ndarray = (
-        (2.0 + ell) * c_i[None, :] + (1.0 + ell) * eps_prime + (log_tau1 + sums) / (alpha[:, None] - 1.0)
-    )
-    return result
-
-
-def _derivative(
-    ell: np.ndarray, c_i: np.ndarray, alpha: np.ndarray, eps_prime: float, values: np.ndarray, cmo: np.ndarray
-) -> np.ndarray:
-    exponent = -values[None, None, :] * (1.0 + alpha[:, None, None] * ell[:, :, None])
-    weighted = np.einsum("aiu,iu->ai", np.exp(exponent) * values[None, None, :], cmo)
-    result: np.ndarray = c_i[None, :] + eps_prime - alpha[:, None] / (alpha[:, None] - 1.0) * weighted
-    return result
-
-
-def _optimise_exact(
-    values: np.ndarray,
-    counts: np.ndarray,
-    alpha: np.ndarray,
-    eps_prime: float,
-    log_tau1: float,
-    iterations: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(ℓ, ε̃) per (order, distinct drop): bisection on the derivative, sums excluding one own copy exactly."""
-    n = float(counts.sum())
-    per_drop = np.empty((alpha.size, values.size))
-    ell = np.empty((alpha.size, values.size))
-    block_size = max(1, 2_000_000 // (alpha.size * values.size))
-    for start in range(0, values.size, block_size):
-        block = values[start : start + block_size]
-        cmo = np.broadcast_to(counts.astype(float), (block.size, values.size)).copy()
-        cmo[np.arange(block.size), np.arange(start, start + block.size)] -= 1.0
-        zero = np.zeros((alpha.size, block.size))
-        at_zero = _derivative(zero, block, alpha, eps_prime, values, cmo)
-        lo = zero.copy()
-        hi = n / (math.e * (alpha[:, None] - 1.0) * (block[None, :] + eps_prime)) + 1.0
-        hi = np.where(at_zero >= 0.0, 0.0, hi)
-        for _ in range(iterations):
-            mid = 0.5 * (lo + hi)
-            positive = _derivative(mid, block, alpha, eps_prime, values, cmo) >= 0.0
-            hi = np.where(positive, mid, hi)
-            lo = np.where(positive, lo, mid)
-        chosen = hi  # the derivative is ≥ 0 there (or ℓ = 0); any ℓ ≥ 0 is valid
-        ell[:, start : start + block.size] = chosen
-        per_drop[:, start : start + block.size] = theorem13_value(
-            chosen, block, alpha, eps_prime, log_tau1, values, cmo
-        )
-    return ell, per_drop
-
-
-def _optimise_grid(
-    values: np.ndarray, counts: np.ndarray, alpha: np.ndarray, eps_prime: float, log_tau1: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """(ℓ, ε̃) for very many distinct drops: ℓ on a fixed log grid, Σ_{j≠i} = Σ_all − own copy.
-
-    Σ_all is a sum of m positive terms (relative float error ≤ m·u) and the subtraction adds ≤ u·Σ_all,
-    so (m + 4)·u·Σ_all/(α−1) is added to each value: the result stays an upper bound at the ℓ used.
-    """
-    n = float(counts.sum())
-    top = n / (math.e * (float(alpha.min()) - 1.0) * (float(values.min()) + eps_prime)) + 1.0
-    grid = np.concatenate([[0.0], np.geomspace(1e-6, top, 511)])
-    exponent_base = 1.0 + alpha[:, None] * grid[None, :]  # (A, G)
-    s_all = np.zeros((alpha.size, grid.size))
-    chunk = max(1, 2_000_000 // (alpha.size * grid.size))
-    for start in range(0, values.size, chunk):
-        part = values[start : start + chunk]
-        terms = np.exp(-exponent_base[:, :, None] * part)
-        s_all += np.einsum("agu,u->ag", terms, counts[start : start + chunk].astype(float))
-    margin = (values.size + 4) * np.finfo(float).eps * s_all / (alpha[:, None] - 1.0)
-    per_drop = np.empty((alpha.size, values.size))
-    ell = np.empty((alpha.size, values.size))
-    block_size = max(1, 2_000_000 // (alpha.size * grid.size))
-    for start in range(0, values.size, block_size):
-        block = values[start : start + block_size]
-        own = np.exp(-exponent_base[:, None, :] * block[None, :, None])  # (A, b, G)
-        others = np.maximum(s_all[:, None, :] - own, 0.0)
-        f = (
-            (2.0 + grid) * block[None, :, None]
-            + (1.0 + grid) * eps_prime
-            + (log_tau1 + others) / (alpha[:, None, None] - 1.0)
-            + margin[:, None, :]
-        )
-        best = np.argmin(f, axis=2)
-        ell[:, start : start + block.size] = grid[best]
-        per_drop[:, start : start + block.size] = np.take_along_axis(f, best[:, :, None], axis=2)[:, :, 0]
-    return ell, per_drop
-
-
-EXACT_DISTINCT = 256
-"""Up to this many distinct drop values ℓ is optimised exactly (bisection); beyond, on a fixed grid."""
-
-
-def rdp_charges(
-    drop: Sequence[float] | np.ndarray,
-    eps_prime: float,
-    orders: Sequence[float] | np.ndarray,
-    candidate_rdp: np.ndarray | None = None,
-    iterations: int = 64,
-) -> RdpCharges:
-    """Theorem 13 (exponential latent) at every order, with ℓ_i optimised per (order, drop value).
-
-    ``candidate_rdp[j, a]`` (optional) is candidate j's own RDP at order a, from its calibration; at an
-    order where some candidate exceeds its drop parameter, every charge is +∞. Optimisation: ℓ* = 0 when
-    the derivative at 0 is ≥ 0, else bisection on [0, n/(e(α−1)(c_i+ε′)) + 1] (there the derivative is
-    > 0 because c·e^{−cαℓ} ≤ 1/(eαℓ)); for more than ``EXACT_DISTINCT`` distinct drops, a 512-point ℓ grid.
-    Any ℓ ≥ 0 gives a valid bound; the value is evaluated at the ℓ used.
-    """
-    c = _check_drop(drop)
-    eps_prime = _check_eps_prime(eps_prime)
-    alpha = _check_orders(orders)
-    values, counts = np.unique(c, return_counts=True)
-    n = c.size
-    tau = math.fsum((eps_prime / (eps_prime + values)) * counts)
-    log_tau1 = math.log1p(tau)
-    if values.size <= EXACT_DISTINCT:
-        ell, per_drop = _optimise_exact(values, counts, alpha, eps_prime, log_tau1, iterations)
-    else:
-        ell, per_drop = _optimise_grid(values, counts, alpha, eps_prime, log_tau1)
-    bottom = log_tau1 / (alpha - 1.0)
-    if candidate_rdp is None:
-        valid = np.ones(alpha.size, dtype=bool)
-    else:
-        rdp = np.asarray(candidate_rdp, dtype=float)
-        if rdp.shape != (n, alpha.size):
-            raise ValueError(f"candidate_rdp must have shape {(n, alpha.size)}, got {rdp.shape}")
-        valid = np.all(rdp <= c[:, None], axis=0)
-    per_drop = np.where(valid[:, None], _up(per_drop), np.inf)
-    bottom = np.where(valid, _up(bottom), np.inf)
-    return RdpCharges(tuple(float(a) for a in alpha), values, per_drop, ell, bottom, valid, tau)
 
 
 # ----- the algorithms ---------------------------------------------------------------------------------------
@@ -464,13 +183,13 @@ def algorithm3(
     """Algorithm 3: run the kept candidates in list order and return the maximum under (key, index).
 
     ``run_candidate(i)`` returns (key, output): the key must be a data-independent function of M_i's DP
-    output (docs/privacy.md §8.5.2, "The order"). With ``pad`` every dropped candidate is run too and its
-    result discarded, so the amount of work does not depend on the latent (closes the gross timing channel;
-    docs/privacy.md §8.5.4). ``TuningSelect`` always pads; ``pad=False`` is for simulations, where nobody
-    observes the time. ``progress`` is called after every candidate (a heartbeat; the fraction is secret
-    and must not be shown).
+    output (docs/privacy/tuning.md#tuning-order). With ``pad`` every dropped candidate is run
+    too and its result discarded, so the amount of work does not depend on the latent (closes the gross timing
+    channel; docs/privacy/tuning.md#tuning-secrets). ``TuningSelect`` always pads; ``pad=False`` is for
+    simulations, where nobody observes the time. ``progress`` is called after every candidate (a heartbeat;
+    the fraction is secret and must not be shown).
     """
-    c = _check_drop(drop)
+    c = check_drop(drop)
     mask = sample_kept(c, latent, eps_prime, noise)
     best: tuple[ScoreKey, int] | None = None
     best_output: Any = None
@@ -500,7 +219,7 @@ def algorithm2(
     ``run_candidate(i)`` returns (passes, output), ``passes`` a data-independent function of the DP output
     (e.g. o_i ≥ thr). Charges: ``pure_charges`` for (o, i), ε′ for ⊥ (Theorem 10).
     """
-    c = _check_drop(drop)
+    c = check_drop(drop)
     mask = sample_kept(c, "geometric", eps_prime, noise)
     for i in range(c.size):
         if mask[i]:
@@ -513,114 +232,6 @@ def algorithm2(
 
 
 # ----- the service mechanism ``tuning.select`` ------------------------------------------------------------
-MAX_CANDIDATES = 10_000
-MAX_TOTAL_STEPS = 5_000_000
-"""Compute limit: gradient steps summed over every DP-GD candidate of a request (padding runs them all)."""
-GridEpsilon = Annotated[float, Field(strict=True, ge=1e-6, le=100, allow_inf_nan=False)]
-Regularization = Annotated[float, Field(strict=True, ge=1e-6, le=1e3, allow_inf_nan=False)]
-Steps = Annotated[int, Field(strict=True, ge=1, le=10_000)]
-StepSize = Annotated[float, Field(strict=True, gt=0, le=1e3, allow_inf_nan=False)]
-Clip = Annotated[float, Field(strict=True, gt=0, le=1e6, allow_inf_nan=False)]
-
-
-class TuningParams(BaseModel):
-    """Public parameters of ``tuning.select`` (the candidate list is fixed by them, before k is drawn)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    learner: LearnerName = Field(description="base learner of every candidate")
-    features: FeatureSpec = Field(description="feature and label columns")
-    epsilons: tuple[GridEpsilon, ...] = Field(
-        min_length=1, max_length=200, description="grid of candidate ε (each candidate's drop parameter)"
-    )
-    regularization: tuple[Regularization, ...] = Field(
-        default=(0.01,), min_length=1, max_length=50, description="grid of ridge λ"
-    )
-    steps: tuple[Steps, ...] | None = Field(
-        default=None, min_length=1, max_length=20, description="DP-GD only: grid of step counts"
-    )
-    step_size: tuple[StepSize, ...] | None = Field(
-        default=None, min_length=1, max_length=20, description="DP-GD only: grid of step sizes"
-    )
-    clip: tuple[Clip, ...] | None = Field(
-        default=None, min_length=1, max_length=20, description="DP-GD only: grid of clipping norms"
-    )
-    repeats: int = Field(default=1, strict=True, ge=1, le=1000, description="copies of each configuration")
-    epsilon_prime: StrictFloat = Field(
-        ge=1e-6, le=10, allow_inf_nan=False, description="ε′ of the latent (Geom or Exp with rate ε′)"
-    )
-    utility_bar: StrictFloat = Field(
-        ge=-4,
-        le=1,
-        allow_inf_nan=False,
-        description="a candidate passes if its noisy held-out utility (accuracy, or −MSE) is ≥ this",
-    )
-    pass_margin: StrictFloat = Field(
-        default=0.0,
-        ge=0,
-        le=10,
-        allow_inf_nan=False,
-        description="a candidate passes iff score − pass_margin × (sd of the score noise) ≥ utility_bar",
-    )
-    mode: Literal["pure", "rdp"] = Field(description="pure: Theorem 11 (geometric); rdp: Theorem 13 (exp)")
-    order: StrictFloat | None = Field(
-        default=None,
-        gt=1,
-        le=1e6,
-        allow_inf_nan=False,
-        description="rdp + DP-GD/objpert: the calibration order α* (a dataset order); candidates' RDP "
-        "is ≤ their ε at orders where the curve says so (DP-GD: exactly α ≤ α*), +∞ elsewhere",
-    )
-    holdout_fraction: StrictFloat = Field(
-        default=0.2, ge=0.01, le=0.9, allow_inf_nan=False, description="share of rows held out for scoring"
-    )
-    pad_to_worst_case_time: StrictBool = Field(
-        default=True,
-        description="must be true (the default): every candidate runs, dropped ones are discarded, so the "
-        "work does not reveal the secret latent k; false is refused (the run count voids the charge)",
-    )
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Self:
-        gd = self.learner.startswith("dp_gd")
-        calibrated = gd or self.learner == "objpert.logistic"  # RDP-only learners, calibrated at α*
-        for name in ("steps", "step_size", "clip"):
-            if not gd and getattr(self, name) is not None:
-                raise ValueError(f"{name} applies to DP-GD learners only")
-        if calibrated and self.mode == "pure":
-            raise ValueError(f"{self.learner} has no pure ε guarantee: use mode 'rdp' or output_perturbation")
-        if calibrated and self.order is None:
-            raise ValueError(f"{self.learner} candidates need the calibration order 'order'")
-        if not calibrated and self.order is not None:
-            raise ValueError("order applies to DP-GD and objpert learners only")
-        if self.learner == "objpert.logistic" and min(self.regularization) <= 0.25:
-            raise ValueError("objpert.logistic needs every regularization (sum-scale λ) > β = 1/4")
-        if len(self.grid()) * self.repeats > MAX_CANDIDATES:
-            raise ValueError(f"at most {MAX_CANDIDATES} candidates (grid size × repeats)")
-        if gd and sum(c.steps for c in self.grid()) * self.repeats > MAX_TOTAL_STEPS:
-            raise ValueError(f"at most {MAX_TOTAL_STEPS} DP-GD steps over the whole list (compute limit)")
-        return self
-
-    def grid(self) -> list[CandidateConfig]:
-        """The configurations in list order (ε outermost), without repeats."""
-        if self.learner.startswith("dp_gd"):
-            return [
-                CandidateConfig(e, r, s, t, c)
-                for e, r, s, t, c in product(
-                    self.epsilons,
-                    self.regularization,
-                    self.steps or (100,),
-                    self.step_size or (1.0,),
-                    self.clip or (1.0,),
-                )
-            ]
-        return [CandidateConfig(e, r) for e, r in product(self.epsilons, self.regularization)]
-
-    def candidates(self) -> list[CandidateConfig]:
-        """The full list: each configuration repeated ``repeats`` times (each copy its own index)."""
-        return [config for config in self.grid() for _ in range(self.repeats)]
-
-
 def noise_sd(noise: dict[str, Any]) -> float:
     """Standard deviation of the score noise from its public description (Laplace: √2·scale)."""
     if noise["distribution"] == "laplace":

@@ -1,4 +1,5 @@
-"""approximate DP through the filter: a δ-ledger beside the RDP slots (docs/privacy.md §11)
+"""approximate DP through the filter: a δ-ledger beside the RDP slots
+(docs/privacy/approximate.md#approximate-dp)
 
 Revision ID: 0006
 Revises: 0005

@@ -34,8 +34,9 @@ class ViewModel(BaseModel):
 
 def clean_amount(value: float) -> float:
     """A budget amount (capacity, spent, reserved, remaining, shortfall) for JSON. The ledger counts in
-    fixed-point units of 1e-12 ε (docs/privacy.md), so every amount is a whole number of units and rounding
-    to 12 decimals recovers it exactly: ``0.1`` rather than the float difference ``0.09999999999999998``."""
+    fixed-point units of 1e-12 ε (docs/privacy/ledger.md#ledger-arithmetic), so every amount is a whole number
+    of units and rounding to 12 decimals recovers it exactly: ``0.1`` rather than the float difference
+    ``0.09999999999999998``."""
     return round(value, 12)
 
 
@@ -142,7 +143,7 @@ class BudgetIn(StrictModel):
         lt=1,
         description="part of δ set aside for approximate-DP mechanisms (propose-test-release), < delta; "
         "the RDP slots then use delta − delta_share. Once set it may only grow, and delta − delta_share "
-        "may never shrink (docs/privacy.md §11)",
+        "may never shrink (docs/privacy/approximate.md#approximate-dp)",
     )
     confirm_below_spent: bool = Field(
         default=False,
@@ -516,11 +517,16 @@ class EstimateOut(ViewModel):
     refusal: dict[str, Any] | None = Field(
         None, description="when not admitted: the problem submit would answer (a Problem with per-slot rows)"
     )
+    privacy_unit: dict[str, Any] | None = Field(
+        None,
+        description="on a dataset with a privacy unit: who ε protects (the unit column, each unit with all "
+        "its rows) and the bound in force (at most max_rows rows of a unit per release)",
+    )
 
 
 class PrivacyReportOut(ViewModel):
     """``POST /v1/requests/{id}/privacy-report``: a release's per-instance report on the caller's record
-    (docs/privacy.md §8.4); charged 0."""
+    (docs/privacy/objective_perturbation.md#objective-perturbation); charged 0."""
 
     request_id: str
     mechanism: str
@@ -544,3 +550,8 @@ class MechanismOut(BaseModel):
     )
     params_schema: dict[str, Any] = Field(description="the JSON schema of `params`")
     query_schema: dict[str, Any] | None = Field(None, description="sessions: the JSON schema of one query")
+    privacy_units: bool = Field(
+        False,
+        description="runs on a dataset that declares a privacy unit (ε then protects each unit with all its "
+        "rows, each release bounded to the unit's max_rows rows); else refused there with a 422",
+    )

@@ -570,6 +570,10 @@ class _Compiler:
             selected.append(self._as_bigint(s.column).as_(f"v{i}"))
             cells_select.append(_col(f"v{i}", "selected").as_(f"v{i}"))
             return exp.Sum(this=_col(f"v{i}"))
+        if s.kind == "distinct_units":  # NumPy's ``_distinct_per_cell``: distinct clipped ids per cell
+            selected.append(self._as_bigint(s.column).as_(f"v{i}"))
+            cells_select.append(_col(f"v{i}", "selected").as_(f"v{i}"))
+            return exp.Count(this=exp.Distinct(expressions=[_col(f"v{i}")]))
         if s.kind != "grid_sum":
             raise ValueError(f"unknown sum kind {s.kind!r}")
         y = exp.Sub(this=self._as_double(s.column), expression=double(s.center))

@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 import pyarrow.parquet as pq
 
-from mechanisms.data.plan import Aggregation, Answer
+from mechanisms.data.plan import ORDER_COLUMN, Aggregation, Answer
 from mechanisms.data.schema import DatasetSchema
 
 
@@ -91,8 +91,10 @@ class ParquetTable(Mapping[str, np.ndarray]):
         return int(pq.ParquetFile(self.path).metadata.num_rows)
 
     def batches(self, names: Sequence[str], rows_per_batch: int = 65536) -> Iterator[dict[str, np.ndarray]]:
-        """The columns ``names`` in record batches of at most ``rows_per_batch`` rows (bounded memory)."""
-        unknown = [name for name in names if name not in self.schema.names]
+        """The columns ``names`` in record batches of at most ``rows_per_batch`` rows (bounded memory); with
+        a privacy unit also ``ORDER_COLUMN`` (the bounding order a learner needs to bound units)."""
+        readable = (*self.schema.names, *((ORDER_COLUMN,) if self.schema.privacy_unit is not None else ()))
+        unknown = [name for name in names if name not in readable]
         if unknown:
             raise KeyError(unknown[0])
         if rows_per_batch < 1:

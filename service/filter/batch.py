@@ -1,17 +1,20 @@
-"""The filter's transactions for a whole batch, in plain SQL: lock once, apply in memory, write once.
+"""THE FILTER's transactions: the only code that locks filter rows, admits, reserves, settles and chains
+the ledger. Lock once, apply in memory, write once, in plain SQL.
 
-The group-commit writer (``service.runs.writer``) applies many admissions and settlements in one database
-transaction. Done through ORM objects, each of them costs an object per filter, request and ledger entry
-and the unit of work's bookkeeping at flush. This module keeps the same transitions with plain rows:
+Every admission and settlement of a request or a session runs in a batch: the group-commit writer
+(``service.runs.writer``) applies many in one database transaction, and every other caller (sessions,
+cancel, the reaper, a retried job) submits a batch of one (``service.runs.admission.transact``). A batch
 
-* **lock**: one ``SELECT … FOR UPDATE`` of every filter row the batch touches, ordered by (dataset id, id),
-  the global lock order of every locking path (:meth:`FilterRepository.lock_many`);
-* **apply**: each job's check, reserve and settle on the locked rows' :class:`FilterState`, in arrival order,
-  with exactly the functions of the one-by-one path (``admits_state``, ``FilterState.reserve`` and
-  ``settle``) and the ledger entry built by :func:`service.filter.ledger.entry_values`: the hash chain is
-  extended in memory, entry after entry, from the head read under the lock;
-* **flush**: one executemany UPDATE of the changed filter rows (totals and chain head) and one executemany
-  INSERT of the new ledger entries, in the caller's transaction (which commits them with the request rows).
+* **locks** with one ``SELECT … FOR UPDATE`` every filter row it touches, ordered by (dataset id, id),
+  the global lock order (:meth:`FilterRepository.lock_many`), so admissions on one dataset are serialized
+  (docs/privacy/rules.md#rule-serialized-admission, concurrency) and each dataset's ledger chain is linear;
+* **applies** each job's check, reserve and settle on the locked rows' :class:`FilterState` (the rule of
+  ``service.filter.state``), in arrival order, with the ledger entry built by
+  :func:`service.filter.ledger.entry_values`: the hash chain is extended in memory, entry after entry,
+  from the head read under the lock;
+* **flushes** with one executemany UPDATE of the changed filter rows (totals and chain head) and one
+  executemany INSERT of the new ledger entries, in the caller's transaction (which commits them with the
+  request rows).
 
 A job's transition is computed completely before anything is changed in memory, so a refusal or an error
 of one job leaves the batch as if the job had not been there.
@@ -27,11 +30,40 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from mechanisms.accounting import UnitsVector
-from service.filter.admission import Refused, admits_state, delta_field
-from service.filter.ledger import LedgerEvent, entry_values
-from service.filter.state import FilterSnapshot, FilterState, read
+from service.errors import NoBudget
+from service.filter.ledger import Entry, LedgerEvent, entry_values
+from service.filter.state import FilterLike, FilterSnapshot, FilterState, read
 from service.store.models import DATASET_SCOPE
 from service.store.repositories import FilterRepository, LedgerRepository
+
+
+class Refused(Exception):
+    """Raised under the filter locks, before anything is written, with snapshots of the filters; the
+    public refusal is built outside the lock (the affordable value takes ~60 worst-case evaluations)."""
+
+    def __init__(self, blocked: FilterSnapshot, filters: list[FilterSnapshot]) -> None:
+        super().__init__("refused")
+        self.blocked, self.filters = blocked, filters
+
+
+def admits(flt: FilterLike, charge: UnitsVector, delta: int = 0) -> bool:
+    """Dataset filters need a budget; an analyst filter without a sub-budget only tracks spending (its
+    δ-ledger too: without a sub-budget there is no sub-share to exhaust)."""
+    return admits_state(flt.scope, read(flt), charge, delta)
+
+
+def admits_state(scope: str, state: FilterState, charge: UnitsVector, delta: int = 0) -> bool:
+    """:func:`admits` on a state already read (a batch keeps its filters' states in memory)."""
+    if not state.has_budget:
+        if scope == DATASET_SCOPE:
+            raise NoBudget("this dataset has no privacy budget yet; an admin must PUT one first")
+        return True
+    return state.admits(charge, delta)
+
+
+def delta_field(delta: int) -> dict[str, int]:
+    """The ledger names δ only for approximate requests, so every earlier entry replays unchanged."""
+    return {"delta": delta} if delta else {}
 
 
 @dataclass
@@ -103,28 +135,21 @@ class FilterBatch:
         head, own = self.rows.get((dataset_id, DATASET_SCOPE)), self.rows.get((dataset_id, analyst))
         return None if head is None or own is None else [head, own]
 
-    # ----- the transitions (same functions as service.filter.admission) ---------------------------------
+    # ----- the transitions ---------------------------------------------------------------------------------
 
     def check(self, filters: list[FilterRow], charge: UnitsVector, delta: int = 0) -> None:
-        """Raise :class:`Refused` unless every filter admits the charge (``check_admission``)."""
+        """Raise :class:`Refused` unless every filter admits ``charge`` and δ units ``delta`` (writes
+        nothing)."""
         blocked = next((f for f in filters if not admits_state(f.scope, f.state, charge, delta)), None)
         if blocked is not None:
             raise Refused(blocked.snapshot(), [f.snapshot() for f in filters])
 
-    def reserve(
-        self,
-        filters: list[FilterRow],
-        charge: UnitsVector,
-        actor: str,
-        details: dict[str, Any],
-        request_id: str,
-        delta: int = 0,
-        now: datetime | None = None,
-    ) -> None:
-        """``admission.reserve``: add the charge to every filter's reservations, append ``reserve``."""
+    def reserve(self, filters: list[FilterRow], charge: UnitsVector, delta: int, entry: Entry) -> None:
+        """Add ``charge`` (and δ units ``delta``) to every filter's reservations and append the ``reserve``
+        entry (after :meth:`check`)."""
         states = [f.state.reserve(charge, delta) for f in filters]
-        payload = {**details, "worst_case": charge.to_json(), **delta_field(delta)}
-        self._commit(filters, states, LedgerEvent.RESERVE, actor, payload, request_id, now)
+        payload = {**entry.details, "worst_case": charge.to_json(), **delta_field(delta)}
+        self._commit(filters, states, LedgerEvent.RESERVE, payload, entry)
 
     def settle(
         self,
@@ -132,34 +157,30 @@ class FilterBatch:
         scopes: list[str],
         reservation: UnitsVector,
         realized: UnitsVector | None,
-        actor: str,
-        details: dict[str, Any],
-        request_id: str,
-        delta: int = 0,
-        now: datetime | None = None,
+        delta: int,
+        entry: Entry,
     ) -> None:
-        """``admission.settle_reservation``: replace the reservation by ``realized`` (None: abort)."""
+        """Replace ``reservation`` by ``realized`` in the filters of ``scopes`` (``commit``: the reserved δ
+        units ``delta`` are spent), or release both when ``realized`` is None (``abort``), and append the
+        entry."""
         states = [
             f.state.settle(reservation, realized, delta) if f.scope in scopes else f.state for f in filters
         ]
         event = LedgerEvent.ABORT if realized is None else LedgerEvent.COMMIT
-        payload = {"scopes": scopes, "worst_case": reservation.to_json(), **delta_field(delta), **details}
-        self._commit(filters, states, event, actor, payload, request_id, now)
+        worst_case = reservation.to_json()
+        payload = {"scopes": scopes, "worst_case": worst_case, **delta_field(delta), **entry.details}
+        self._commit(filters, states, event, payload, entry)
 
     def _commit(
         self,
         filters: list[FilterRow],
         states: list[FilterState],
         event: LedgerEvent,
-        actor: str,
         payload: dict[str, Any],
-        request_id: str,
-        now: datetime | None,
+        about: Entry,
     ) -> None:
         head = filters[0]
-        entry = entry_values(
-            head.dataset_id, head.last_seq, head.last_hash, event, actor, payload, request_id, now
-        )
+        entry = entry_values(head, event, payload, about)
         for flt, state in zip(filters, states, strict=True):  # nothing above raised: apply it all
             if state is not flt.state:
                 flt.state, flt.dirty = state, True

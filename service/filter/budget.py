@@ -1,8 +1,8 @@
-"""The persistent ex-post Rényi filter on its database rows (docs/privacy.md §2): budgets, the
+"""The persistent ex-post Rényi filter on its database rows (docs/privacy/filter.md#filter): budgets, the
 transitions of ``service.filter.state`` applied to stored filters, and the public budget views.
 
 Slots are the dataset's orders followed by the pure slot (α = ∞). The rule and its transitions are
-``service.filter.state``; ``service.filter.admission`` applies them to locked rows. The caller holds the
+``service.filter.state``; ``service.filter.batch`` applies them to locked rows. The caller holds the
 filter's row lock for every mutation.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
@@ -70,37 +71,55 @@ def validate_budget(epsilon: float, delta: float, delta_share: float | None = No
         )
 
 
+def written(value: float) -> Fraction:
+    """A float read as the decimal the admin wrote (its shortest round-trip form, exactly): ``2e-06`` is
+    2·10⁻⁶, not the binary float nearest to it. Budget *validations* compare these; capacities never do."""
+    return Fraction(Decimal(repr(float(value))))
+
+
 @dataclass(frozen=True)
 class DeltaSplit:
     """What a budget's guarantee actually uses of δ: δ_R, the Ville/union-bound parameter of the Rényi
-    slots (a float, exactly what ``capacity_units`` receives), and δ_A, the δ-ledger's capacity in units."""
+    slots (a float, exactly what ``capacity_units`` receives), and δ_A, the δ-ledger's capacity in units;
+    ``rdp_written`` is δ − δ_A as the admin wrote the two decimals (exact), for ``check_share_change``."""
 
     rdp: float
     share_units: int
+    rdp_written: Fraction
 
     @classmethod
     def of(cls, delta: float, delta_share: float | None) -> DeltaSplit:
         if delta_share is None:
-            return cls(delta, 0)
-        return cls(remainder_delta(delta, delta_share), delta_units_down(delta_share))
+            return cls(delta, 0, written(delta))
+        remainder = written(delta) - written(delta_share)
+        return cls(remainder_delta(delta, delta_share), delta_units_down(delta_share), remainder)
 
 
 def check_share_change(session: Session, target: PrivacyFilter, new: DeltaSplit) -> None:
-    """A dataset's guarantee is sup_t δ_R + sup_t δ_A over every budget ever set (docs/privacy.md §11.3,
+    """A dataset's guarantee is sup_t δ_R + sup_t δ_A over every budget ever set
+    (docs/privacy/approximate.md#theorem-approx-filter,
     budget changes). Once a share is set or added, each new budget must keep both at least at their
     largest past values (read from the ledger, exactly), so that the guarantee is the current δ.
-    Budgets that never had a share keep §3's rule (the largest δ ever set)."""
+    Budgets that never had a share keep the rule of docs/privacy/filter.md#filter-remarks (the largest δ ever
+    set).
+
+    δ − δ_A is compared as the admin wrote the decimals (``rdp_written``: 2e-6 − 1e-6 ≥ 1e-6 holds), not
+    as the rounded-down floats the capacities use, which would refuse it. This only validates: every
+    capacity is still computed from ``rdp`` and ``share_units``, which never exceed the written values
+    (``remainder_delta`` and ``delta_units_down`` round down; a budget without a share uses its float δ,
+    within half an ulp of the decimal, and ``capacity_units`` pads the union-bound term up by far more), so
+    sup δ_R + sup δ_A stays ≤ the δ written now."""
     bodies = LedgerRepository(session).bodies_of(target.dataset_id, LedgerEvent.BUDGET)
     past = [body for body in map(json.loads, bodies) if body["scope"] == target.scope]
     splits = [DeltaSplit.of(body["delta"], body.get("delta_share")) for body in past]
     if not splits or (new.share_units == 0 and all(s.share_units == 0 for s in splits)):
         return
-    rdp_max, share_max = max(s.rdp for s in splits), max(s.share_units for s in splits)
-    if new.share_units < share_max or new.rdp < rdp_max:
+    rdp_max, share_max = max(s.rdp_written for s in splits), max(s.share_units for s in splits)
+    if new.share_units < share_max or new.rdp_written < rdp_max:
         raise InvalidInput(
             "delta_share",
             f"with a δ share the budget can only grow: the share must stay ≥ {_delta(share_max):g} and "
-            f"δ − share ≥ {rdp_max:g} (the largest ever set: the guarantee is their sum)",
+            f"δ − share ≥ {float(rdp_max):g} (the largest ever set: the guarantee is their sum)",
         )
 
 
@@ -135,7 +154,8 @@ def set_budget(
 ) -> PrivacyFilter:
     """Set the (ε, δ) target of the dataset filter or of an analyst's sub-filter (one transaction).
 
-    ``delta_share`` δ_A sets part of δ aside for approximate-DP mechanisms (docs/privacy.md §11): the
+    ``delta_share`` δ_A sets part of δ aside for approximate-DP mechanisms
+    (docs/privacy/approximate.md#approximate-dp): the
     RDP slots' capacity then uses δ_R = δ − δ_A, and the δ-ledger's capacity is δ_A. A capacity below
     what is spent and reserved in every slot (the filter could admit nothing more) needs
     ``confirm_below_spent``."""
@@ -211,7 +231,8 @@ def budget_view(flt: PrivacyFilter, orders: list[float]) -> dict[str, Any]:
 
 
 def delta_view(flt: FilterLike) -> dict[str, Any]:
-    """The δ-ledger of approximate-DP requests (docs/privacy.md §11): share δ_A, spent, reserved, left."""
+    """The δ-ledger of approximate-DP requests (docs/privacy/approximate.md#approximate-dp): share δ_A, spent,
+    reserved, left."""
     state = read(flt)
     if state.delta_capacity is None:
         return {

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
@@ -59,38 +59,51 @@ def append(
     payload: dict[str, Any],
     request_id: str | None = None,
 ) -> LedgerEntry:
-    """Append one entry to the dataset's chain; the caller holds the lock on ``dataset_filter``."""
-    values = entry_values(
-        dataset_filter.dataset_id,
-        dataset_filter.last_seq,
-        dataset_filter.last_hash,
-        event,
-        actor,
-        payload,
-        request_id,
-    )
-    entry = LedgerEntry(**values)
+    """Append one entry to the dataset's chain (an admin's: a dataset, a grant, a budget); the caller
+    holds the lock on ``dataset_filter``. Requests' entries are chained by their batch
+    (``service.filter.batch``)."""
+    entry = LedgerEntry(**entry_values(dataset_filter, event, payload, Entry(request_id, actor, payload)))
     LedgerRepository(session).add(entry)
     dataset_filter.last_seq = entry.seq
     dataset_filter.last_hash = entry.hash
     return entry
 
 
+@dataclass(frozen=True)
+class Entry:
+    """What a ledger entry says besides its event and amounts: the request (None for an admin's entry), who
+    acted, the details (mechanism and parameters, or the outcome) and when (None: now)."""
+
+    request_id: str | None
+    actor: str
+    details: dict[str, Any]
+    at: datetime | None = None
+
+
+class ChainHead(Protocol):
+    """The head of a dataset's chain, as its dataset filter row holds it."""
+
+    @property
+    def dataset_id(self) -> str: ...
+    @property
+    def last_seq(self) -> int: ...
+    @property
+    def last_hash(self) -> str: ...
+
+
 def entry_values(
-    dataset_id: str,
-    last_seq: int,
-    last_hash: str,
-    event: LedgerEvent,
-    actor: str,
-    payload: dict[str, Any],
-    request_id: str | None = None,
-    now: datetime | None = None,
+    head: ChainHead, event: LedgerEvent, payload: dict[str, Any], about: Entry
 ) -> dict[str, Any]:
-    """The columns of the entry that follows (``last_seq``, ``last_hash``) on a dataset's chain: the one
-    place the hashed body is built (the ORM path :func:`append` and the batch path both use it)."""
-    now = now or datetime.now(UTC)
-    seq = last_seq + 1
-    prev = last_hash or GENESIS
+    """The columns of the entry that follows ``head`` on a dataset's chain: the one place the hashed body is
+    built (a batch's transitions and :func:`append` both use it)."""
+    now, dataset_id, actor, request_id = (
+        about.at or datetime.now(UTC),
+        head.dataset_id,
+        about.actor,
+        about.request_id,
+    )
+    seq = head.last_seq + 1
+    prev = head.last_hash or GENESIS
     body = canonical_json(
         {
             "dataset_id": dataset_id,

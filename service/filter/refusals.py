@@ -20,6 +20,7 @@ from service.auth import Principal
 from service.errors import BudgetExhausted
 from service.filter.ledger import canonical_json
 from service.logs import failure_fields
+from service.store import unit
 from service.store.models import Refusal
 from service.store.repositories import RefusalRepository
 
@@ -80,7 +81,7 @@ def record_refusal(
     """Store one refusal in its own transaction; never raises (the 409 stands whatever happens here)."""
     try:
         row = refusal_row(principal, dataset_id, kind, mechanism, params, problem)
-        with sessions() as session, session.begin():
+        with unit.transaction(sessions) as session:
             RefusalRepository(session).add(row)
     except Exception as exc:
         log.error("could not record a refusal", dataset_id=dataset_id, **failure_fields(exc))

@@ -3,17 +3,18 @@
 A filter holds, per slot (the dataset's orders α, then the pure slot α = ∞), a capacity B (fixed-point
 units, rounded down; None for an unusable slot, and the whole is None while no budget is set), the
 realized charges ``spent`` and the worst cases ``reserved`` of requests still running.
-docs/privacy.md §2–§3 prove the rule:
+docs/privacy/filter.md#filter and docs/privacy/filter.md#proof-of-dp prove the rule:
 
     admits(w)  ⇔  ∃ usable slot j:  spent[j] + reserved[j] + w[j] ≤ B[j]
     reserve(w):   reserved += w                      (admission, before the data is read)
     settle(w, r): reserved −= w;  spent += r  (r ≤ w)  (commit; r = None releases w: an abort)
 
-An approximate-DP request (docs/privacy.md §11) also carries δ_k on the δ-ledger (exact units of 10⁻³⁰):
+An approximate-DP request (docs/privacy/approximate.md#approximate-dp) also carries δ_k on the δ-ledger (exact
+units of 10⁻³⁰):
 it is admitted only if, in addition, δ_spent + δ_reserved + δ_k ≤ δ_A (the share set aside), and its
 commit always spends the δ_k it reserved (no realized δ: the bad event is not observable).
 
-Nothing else ever lowers a charge. The database path (``service.filter.admission``) and the ledger's
+Nothing else ever lowers a charge. The database path (``service.filter.batch``) and the ledger's
 replay (``service.filter.ledger.verify``) both apply exactly these functions, so the cached totals on a
 filter row and the totals rebuilt from the ledger cannot follow different rules.
 """
@@ -30,7 +31,7 @@ from mechanisms.accounting import UnitsVector
 @dataclass(frozen=True)
 class FilterState:
     """One filter's totals. ``capacity`` None means no budget is set (admission then depends on the
-    filter's role: see :func:`service.filter.admission.admits`)."""
+    filter's role: see :func:`service.filter.batch.admits`)."""
 
     capacity: tuple[int | None, ...] | None
     spent: UnitsVector

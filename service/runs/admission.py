@@ -1,11 +1,11 @@
 """Admission of requests and sessions: validate from public information, then admit + reserve.
 
 ``validate`` checks the parameters against the dataset's public schema and computes the worst case,
-without reading any data. ``admit`` then runs one transaction under the dataset's filter locks: replay by
-Idempotency-Key, the analyst's execution limits, the filter rule (``service.filter.admission``), the
-request row and the reservation. A refusal writes nothing; its public body says requested vs spent,
-reserved and capacity per order, and the largest affordable value of the mechanism's cost parameter.
-"""
+without reading any data. ``admit_batched`` then, in a batch holding the dataset's filter locks (the
+writer's, or a batch of one: :func:`transact`): replay by Idempotency-Key, the analyst's execution
+limits, the filter rule (``service.filter.batch``), the request row and the reservation. A refusal writes
+nothing; its public body says requested vs spent, reserved and capacity per order, and the largest
+affordable value of the mechanism's cost parameter."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import IntegrityError
@@ -41,19 +41,18 @@ from service.errors import (
     LimitExceeded,
     NoBudget,
     NotAdmissible,
+    NotFound,
 )
-from service.filter import admission as filter_admission
 from service.filter import budget
-from service.filter.admission import Refused, check_admission, lock_filters, reserve
-from service.filter.batch import FilterBatch, FilterRow
-from service.filter.ledger import canonical_json
+from service.filter.batch import FilterBatch, FilterRow, Refused, admits
+from service.filter.ledger import Entry, canonical_json
 from service.filter.state import snapshot
 from service.runs.leases import worker_id
+from service.store import unit
 from service.store.models import (
     DATASET_SCOPE,
     AnalysisRequest,
     Dataset,
-    PrivacyFilter,
     RequestState,
     detached_request,
 )
@@ -62,9 +61,9 @@ from service.store.repositories import (
     FilterRepository,
     LimitRepository,
     RequestRepository,
-    commit_pipelined,
-    pipelined,
 )
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,8 @@ class Validated:
     inline: bool = False  # runs in the admitting thread: admitted already claimed by this process
     limits: Limits | None = None  # checked at admission (under the filter locks) when given
     queue: str | None = None  # whose workers may claim it (EXPOST_QUEUE_NAME); None: only claimed by id
-    delta: int = 0  # δ units on the δ-ledger (approximate-DP mechanisms only, docs/privacy.md §11)
+    # δ units on the δ-ledger (approximate-DP mechanisms only, docs/privacy/approximate.md#approximate-dp)
+    delta: int = 0
 
 
 def validate(session: Session, principal: Principal, dataset_id: str, name: str, raw: Any) -> Validated:
@@ -118,7 +118,8 @@ def validated_for(
     delta = 0
     try:
         mechanism.check(params, context)
-        if is_approximate(mechanism):  # (ε, δ): its curve, and δ on the δ-ledger (docs/privacy.md §11)
+        # (ε, δ): its curve, and δ on the δ-ledger (docs/privacy/approximate.md#approximate-dp)
+        if is_approximate(mechanism):
             approximate = cast(ApproximateMechanism[Any], mechanism).approximate_charge(params, context)
             worst, delta = approximate.curve, approximate.delta_units
         else:
@@ -198,7 +199,7 @@ def affordable(v: Validated, refused: Refused) -> dict[str, Any] | None:
     assert isinstance(v.mechanism, Mechanism)
 
     def admissible(curve: RdpCurve) -> bool:
-        return all(filter_admission.admits(f, UnitsVector.charge(curve)) for f in refused.filters)
+        return all(admits(f, UnitsVector.charge(curve)) for f in refused.filters)
 
     name, _ = cost_knob(v.mechanism, v.params)
     value = best_affordable_cost(v.mechanism, v.params, v.context, admissible, iterations=32)
@@ -247,7 +248,7 @@ def admission_check(session: Session, principal: Principal, v: Validated) -> dic
     filters = FilterRepository(session)
     checked = [f for f in (filters.get(v.dataset.id), filters.get(v.dataset.id, principal.name)) if f]
     try:
-        blocked = next((f for f in checked if not filter_admission.admits(f, v.charge, v.delta)), None)
+        blocked = next((f for f in checked if not admits(f, v.charge, v.delta)), None)
     except NoBudget as exc:
         return {"admitted": False, "reason": exc.detail, "worst_case": v.worst_case.as_dict()}
     result: dict[str, Any] = {"admitted": blocked is None, "worst_case": v.worst_case.as_dict()}
@@ -255,36 +256,6 @@ def admission_check(session: Session, principal: Principal, v: Validated) -> dic
         snapshots = [snapshot(f) for f in checked]
         result["refusal"] = refusal(v, Refused(snapshot(blocked), snapshots)).problem()
     return result
-
-
-def admit_locked(
-    session: Session,
-    filters: list[PrivacyFilter],
-    principal: Principal,
-    v: Validated,
-    key: str | None,
-    lease: float,
-) -> tuple[AnalysisRequest, bool]:
-    """Inside a transaction holding ``filters``' locks: replay by Idempotency-Key, or admit + reserve."""
-    fp = v.fingerprint
-    if key is not None:
-        existing = RequestRepository(session).by_idempotency_key(principal.name, key)
-        if existing is not None:
-            if existing.fingerprint != fp:
-                raise IdempotencyKeyReused(
-                    "this Idempotency-Key was used for a different request", idempotency_key=key
-                )
-            return existing, False
-    check_admissible_now(session, principal, v.dataset.id)
-    if v.limits is not None:
-        check_limits(session, principal.name, v)
-    check_admission(filters, v.charge, v.delta)
-    values = new_request(principal, v, fp, key, lease)
-    request = AnalysisRequest(**values)
-    RequestRepository(session).add(request)
-    details = {"scopes": request.scopes, "mechanism": request.mechanism, "params": request.params}
-    reserve(session, filters, v.charge, principal.name, details, request.id, v.delta)
-    return request, True
 
 
 def check_admissible_now(session: Session, principal: Principal, dataset_id: str) -> None:
@@ -328,18 +299,23 @@ def new_request(principal: Principal, v: Validated, fp: str, key: str | None, le
     }
 
 
-# ----- the batch path (the group-commit writer): plain rows and set-based statements ------------------
+# ----- the batch: every admission and settlement, in plain rows and set-based statements ---------------
 
 
 @dataclass
 class RequestBatch:
-    """What the admissions and settlements of one writer batch share: the locked filters
-    (:class:`FilterBatch`), what admission reads under the locks (read once for the whole batch), and the
-    request rows to write. Requests are plain (transient) ``AnalysisRequest`` objects, never added to the
-    ORM session: :meth:`write` stores them with one executemany INSERT and one executemany UPDATE."""
+    """What the admissions and settlements of one batch share: the locked filters (:class:`FilterBatch`),
+    what admission reads under the locks (read once for the whole batch), and the request rows to write.
+    Requests are plain (transient) ``AnalysisRequest`` objects, never added to the ORM session:
+    :meth:`write` stores them with one executemany INSERT and executemany UPDATEs.
+
+    A writer batch (``pipeline``) sends its writes and its COMMIT in one round trip on PostgreSQL; a batch
+    of one (:func:`transact`) sends them plainly, so a unique-key race surfaces as SQLAlchemy's
+    ``IntegrityError`` (its callers replay the winner)."""
 
     session: Session
     filters: FilterBatch
+    pipeline: bool = True
     keyed: dict[tuple[str, str], AnalysisRequest] = field(default_factory=dict)
     fresh: dict[str, AnalysisRequest] = field(default_factory=dict)
     archived: set[str] = field(default_factory=set)
@@ -348,27 +324,23 @@ class RequestBatch:
     updates: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
-    def locked(
-        cls,
-        session: Session,
-        scopes: dict[str, Sequence[str]],
-        keys: Sequence[tuple[str, str]],
-        settles: Sequence[str],
-        analysts: Sequence[tuple[str, str]],
-    ) -> RequestBatch:
-        """Lock the filters of ``scopes``, then read (under the locks) the requests stored under ``keys``
-        (analyst, Idempotency-Key), the running requests to settle, which datasets are archived and which
-        (dataset, analyst) ``analysts`` hold a grant with an API key not revoked: a few statements for the
-        whole batch."""
+    def locked(cls, session: Session, reads: BatchReads, pipeline: bool = True) -> RequestBatch:
+        """Lock the filters of ``reads.scopes``, then read (under the locks) the requests stored under
+        its keys (analyst, Idempotency-Key), the running requests to settle, which datasets are archived
+        and which (dataset, analyst) hold a grant with an API key not revoked: a few statements for the
+        whole batch. A batch of one (not ``pipeline``) also locks the rows of the requests it settles: a
+        worker's claim or heartbeat, which take only that row, cannot slip between its check and its
+        transition (the writer settles only the runs of its own process)."""
         filters = FilterBatch(session)
-        filters.lock(scopes)
+        filters.lock(reads.scopes)
         requests = RequestRepository(session)
-        batch = cls(session, filters)
-        for row in requests.by_keys(keys):
+        batch = cls(session, filters, pipeline)
+        for row in requests.by_keys(reads.keys):
             batch.keyed[(row["analyst"], row["idempotency_key"])] = detached_request(row)
-        batch.fresh = {row["id"]: detached_request(row) for row in requests.rows(settles)}
+        rows = requests.rows(reads.settles, lock=not pipeline)
+        batch.fresh = {row["id"]: detached_request(row) for row in rows}
         batch.archived, batch.granted = DatasetRepository(session).admissible_many(
-            sorted(scopes), sorted({a for _, a in analysts})
+            sorted(reads.scopes), sorted({a for _, a in reads.grants})
         )
         return batch
 
@@ -381,6 +353,14 @@ class RequestBatch:
         if dataset_id in self.archived or not granted:
             check_admissible_now(self.session, principal, dataset_id)
 
+    def request(self, request_id: str) -> AnalysisRequest | None:
+        """A request read (and locked) under the batch's filter locks: one of those it settles, else read
+        now (a session opened since the batch's caller listed them)."""
+        if request_id not in self.fresh:
+            for row in RequestRepository(self.session).rows([request_id], lock=True):
+                self.fresh[request_id] = detached_request(row)
+        return self.fresh.get(request_id)
+
     def add(self, values: dict[str, Any]) -> AnalysisRequest:
         request = detached_request(values)
         self.inserts[request.id] = values
@@ -389,32 +369,80 @@ class RequestBatch:
         return request
 
     def settled(self, request: AnalysisRequest, columns: dict[str, Any]) -> None:
-        """Set the settled ``columns`` of ``request`` and record them (a new row of this batch is inserted
-        settled). The batch's request objects are detached (``detached_request``): set at once, without
-        the ORM's attribute events."""
+        """Set ``columns`` of ``request`` and record them (a new row of this batch is inserted with them).
+        The batch's request objects are detached (``detached_request``): set at once, without the ORM's
+        attribute events."""
         request.__dict__.update(columns)
         if request.id in self.inserts:
             self.inserts[request.id].update(columns)
         else:
-            self.updates[request.id] = {"_id": request.id, **columns}
+            self.updates.setdefault(request.id, {"_id": request.id}).update(columns)
 
     def write(self) -> None:
-        """The batch's writes so far: request rows (INSERT, UPDATE), filter totals and ledger entries."""
-        with pipelined(self.session):  # one round trip on PostgreSQL
-            self._send()
+        """The batch's writes so far, now (in one round trip on PostgreSQL for a writer batch)."""
+        if not self.pipeline:
+            self.send()
+            return
+        with unit.pipelined(self.session):
+            self.send()
 
-    def commit(self) -> None:
-        """The batch's writes and its COMMIT in one round trip on PostgreSQL (``commit_pipelined``). Any
-        failed statement fails the COMMIT, so nothing of the batch is durable and the caller retries its
-        jobs."""
-        commit_pipelined(self.session, self._send)
-
-    def _send(self) -> None:
+    def send(self) -> None:
+        """Execute the batch's pending writes: request rows (INSERT, UPDATE), filter totals and ledger
+        entries."""
         requests = RequestRepository(self.session)
         requests.insert_many(list(self.inserts.values()))
-        requests.update_many(list(self.updates.values()))
+        by_columns: dict[frozenset[str], list[dict[str, Any]]] = {}
+        for row in self.updates.values():  # one executemany per set of columns
+            by_columns.setdefault(frozenset(row), []).append(row)
+        for rows in by_columns.values():
+            requests.update_many(rows)
         self.filters.flush()
         self.inserts, self.updates = {}, {}
+
+
+@dataclass(frozen=True)
+class BatchReads:
+    """What a batch locks and reads under the locks: ``scopes`` (dataset id → filter scopes to lock),
+    ``keys`` (analyst, Idempotency-Key) of admissions, the requests it ``settles`` and the (dataset,
+    analyst) ``grants`` its analysts' admissions need."""
+
+    scopes: dict[str, Sequence[str]]
+    keys: Sequence[tuple[str, str]] = ()
+    settles: Sequence[str] = ()
+    grants: Sequence[tuple[str, str]] = ()
+
+    @classmethod
+    def of(cls, dataset_ids: Sequence[str], analyst: str, **reads: Any) -> BatchReads:
+        """The filters of ``analyst`` (and the datasets') on ``dataset_ids``."""
+        return cls({d: sorted({DATASET_SCOPE, analyst}) for d in dataset_ids}, **reads)
+
+
+def transact(
+    session: Session, reads: BatchReads, apply: Callable[[RequestBatch], T], pipeline: bool = False
+) -> T:
+    """One batch on ``session`` (which has no transaction yet): lock and read ``reads``, ``apply`` the
+    transitions, write and commit. An exception rolls all of it back. The writer's batches are
+    ``pipeline``; every other caller submits a batch of one, whose ORM objects (a session's transcript, its
+    secret state) commit in the same transaction."""
+    unit.begin(session)
+    try:
+        batch = RequestBatch.locked(session, reads, pipeline)
+        result = apply(batch)
+        # The writes and the COMMIT (one round trip for a writer batch on PostgreSQL): any failed
+        # statement fails the COMMIT, so nothing of the batch is durable and the caller retries its jobs.
+        unit.commit(session, batch.send, pipeline)
+    except BaseException:
+        unit.rollback(session)
+        raise
+    return result
+
+
+def filters_of(batch: RequestBatch, dataset_id: str, analyst: str) -> list[FilterRow]:
+    """[dataset filter, analyst filter] of a locked batch; a missing one is a 404."""
+    filters = batch.filters.filters(dataset_id, analyst)
+    if filters is None:
+        raise NotFound(f"no dataset {dataset_id!r}")
+    return filters
 
 
 def admit_batched(
@@ -425,8 +453,8 @@ def admit_batched(
     key: str | None,
     lease: float,
 ) -> tuple[AnalysisRequest, bool]:
-    """:func:`admit_locked` on a writer batch: the same steps in the same order (replay by
-    Idempotency-Key, admissible, limits, the filter rule, the row, the reservation)."""
+    """Under ``filters``' locks: replay by Idempotency-Key, or admit + reserve (admissible, limits, the
+    filter rule, the row, the reservation)."""
     fp = v.fingerprint
     if key is not None:
         existing = batch.keyed.get((principal.name, key))
@@ -443,7 +471,8 @@ def admit_batched(
     batch.filters.check(filters, v.charge, v.delta)
     request = batch.add(new_request(principal, v, fp, key, lease))
     details = {"scopes": request.scopes, "mechanism": request.mechanism, "params": request.params}
-    batch.filters.reserve(filters, v.charge, principal.name, details, request.id, v.delta, request.created_at)
+    entry = Entry(request.id, principal.name, details, request.created_at)
+    batch.filters.reserve(filters, v.charge, v.delta, entry)
     return request, True
 
 
@@ -483,13 +512,25 @@ def check_limits(session: Session, analyst: str, v: Validated) -> None:
 def admit(
     session: Session, principal: Principal, v: Validated, key: str | None, lease: float
 ) -> tuple[AnalysisRequest, bool]:
-    """Admit and reserve in one transaction; returns (request, created). Raises a refusal otherwise."""
+    """Admit and reserve in a batch of one; returns (request, created). Raises a refusal otherwise."""
+    reads = admission_reads(principal, v, key)
+
+    def apply(batch: RequestBatch) -> tuple[AnalysisRequest, bool]:
+        filters = filters_of(batch, v.dataset.id, principal.name)
+        return admit_batched(batch, filters, principal, v, key, lease)
+
     try:
-        with session.begin():
-            filters = lock_filters(session, v.dataset.id, principal.name)
-            return admit_locked(session, filters, principal, v, key, lease)
+        return transact(session, reads, apply)
     except Refused as refused:
         raise refusal(v, refused) from None
+
+
+def admission_reads(principal: Principal, v: Validated, key: str | None) -> BatchReads:
+    """What an admission reads under its filter locks: its Idempotency-Key's stored request and, for an
+    analyst, whether the grant still holds."""
+    keys = [] if key is None else [(principal.name, key)]
+    grants = [(v.dataset.id, principal.name)] if principal.role is Role.analyst else []
+    return BatchReads.of([v.dataset.id], principal.name, keys=keys, grants=grants)
 
 
 def admit_or_replay(

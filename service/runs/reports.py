@@ -1,4 +1,5 @@
-"""Per-instance privacy reports of committed releases (docs/privacy.md §8.4): evaluate a release's
+"""Per-instance privacy reports of committed releases
+(docs/privacy/objective_perturbation.md#objective-perturbation): evaluate a release's
 reporting function.
 
 ``privacy_report`` takes a record supplied by the caller, encodes it with the request's public parameters

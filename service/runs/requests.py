@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Generic, TypeVar, cast
 
 import anyio.to_thread
@@ -26,7 +27,7 @@ from mechanisms.base import Mechanism, has_public_progress, is_long_running
 from mechanisms.catalog import MECHANISMS
 from service import metrics
 from service.auth import Principal, Role
-from service.datasets import cached_visible_dataset
+from service.datasets import TableCache, cached_visible_dataset
 from service.errors import (
     BudgetExhausted,
     Conflict,
@@ -37,21 +38,24 @@ from service.errors import (
     NotFound,
     ServiceUnavailable,
 )
-from service.runs.admission import Validated, admission_check, validate, validated_for
+from service.filter.batch import FilterRow
+from service.filter.refusals import record_refusal
+from service.runs.admission import RequestBatch, Validated, admission_check, validate, validated_for
 from service.runs.runtime import Runtime
 from service.runs.settlement import (
     RequestRef,
     abort,
-    end_reservation,
-    lock_running,
     notify_settled,
-    settle_locked,
+    release_batched,
+    settle_batched,
+    transition,
     wait_settled,
 )
 from service.runs.worker import execute
 from service.runs.writer import ONE_TRANSACTION, RunFn
 from service.store.models import AnalysisRequest, RequestState
 from service.store.repositories import RequestRepository
+from service.store.repositories.base import HistoryFilter
 
 log = structlog.get_logger("expost.requests")
 
@@ -60,20 +64,42 @@ MAX_ASYNC_WAITERS = 256
 40 threads make further clients wait for a thread (the back-pressure every other request has)."""
 
 
-def submit(
-    runtime: Runtime,
-    principal: Principal,
-    dataset_id: str,
-    mechanism: str,
-    params: Any,
-    key: str | None,
-    wait_seconds: float | None = None,
-) -> AnalysisRequest:
+@dataclass(frozen=True)
+class Submission:
+    """One analysis request as submitted: who, on which dataset, which mechanism with which parameters,
+    its Idempotency-Key and how long the caller waits for the release (None: the server's window)."""
+
+    principal: Principal
+    dataset_id: str
+    mechanism: str
+    params: Any
+    key: str | None = None
+    wait_seconds: float | None = None
+
+
+async def submit_async(runtime: Runtime, s: Submission) -> AnalysisRequest:
+    """The submission plan of every HTTP front (the route, the direct route, the SQL front): the cheapest
+    requests on the event loop (:func:`submit_one_transaction`), the rest in a worker thread
+    (:func:`submit`). A refusal is recorded (best-effort, after the admission transaction) and raised."""
+    try:
+        request = await submit_one_transaction(runtime, s)
+        if request is None:
+            request = await anyio.to_thread.run_sync(submit, runtime, s)
+    except BudgetExhausted as refused:
+        kind, mechanism, params = "request", s.mechanism, s.params
+        record = partial(record_refusal, runtime.sessions, s.principal, s.dataset_id, kind, mechanism, params)
+        await anyio.to_thread.run_sync(record, refused)
+        raise
+    return request
+
+
+def submit(runtime: Runtime, s: Submission) -> AnalysisRequest:
     """Validate (read-only), admit + reserve (one durable transaction), run, settle, respond.
 
     Cheap mechanisms (``settings.inline_mechanisms``) run in the request's thread; others (and every
     long-running mechanism) go to the executor and the response waits up to the wait window (else 202).
     """
+    principal, dataset_id, mechanism, params, key = s.principal, s.dataset_id, s.mechanism, s.params, s.key
     started = time.monotonic()
     if runtime.draining.is_set():
         raise ServiceUnavailable("the service is shutting down; retry on another instance or later")
@@ -84,7 +110,7 @@ def submit(
     try:
         if v.inline:
             # One transaction: admit + reserve, run here (microseconds), commit the realized charge and
-            # store the release (docs/privacy.md §9); a replay returns the stored request.
+            # store the release (docs/privacy/workers.md#workers); a replay returns the stored request.
             request, created = runtime.writer.admit_and_run(
                 principal, v, key, runtime.settings.lease_seconds, _inline_run(runtime, v)
             )
@@ -112,7 +138,7 @@ def submit(
                 notify_settled()
                 raise ServiceUnavailable("the service cannot run requests now; retry later") from None
             # a worker got it after all: wait for its release
-    remaining = _wait_left(runtime, wait_seconds, started)
+    remaining = _wait_left(runtime, s.wait_seconds, started)
     return wait_settled(runtime.sessions, request.id, remaining, runtime.draining)
 
 
@@ -122,15 +148,7 @@ def _wait_left(runtime: Runtime, wait_seconds: float | None, started: float) -> 
     return max(0.0, window - (time.monotonic() - started))
 
 
-async def submit_one_transaction(
-    runtime: Runtime,
-    principal: Principal,
-    dataset_id: str,
-    mechanism: str,
-    params: Any,
-    key: str | None,
-    wait_seconds: float | None = None,
-) -> AnalysisRequest | None:
+async def submit_one_transaction(runtime: Runtime, s: Submission) -> AnalysisRequest | None:
     """:func:`submit` on the event loop for the cheapest requests, or None (nothing done) if it does not
     apply. It applies to an inline Laplace or Gaussian query (``writer.ONE_TRANSACTION``) on a dataset
     whose row and grant this process has cached: validation needs no database read, and the request is
@@ -139,8 +157,9 @@ async def submit_one_transaction(
     """
     if runtime.writer.async_waiters >= MAX_ASYNC_WAITERS:  # back-pressure: the thread pool's limit
         return None
+    principal, dataset_id, mechanism, key = s.principal, s.dataset_id, s.mechanism, s.key
     started = time.monotonic()
-    v = _cached_validation(runtime, principal, dataset_id, mechanism, params)
+    v = _cached_validation(runtime, principal, dataset_id, mechanism, s.params)
     if v is None or not runtime.tables.loaded(v.dataset):  # loading a table is for a worker thread
         return None
     try:
@@ -152,7 +171,7 @@ async def submit_one_transaction(
         raise
     _admitted(request, created, principal, dataset_id, mechanism)
     if request.state == RequestState.RUNNING:  # a replay of one admitted on the two-phase path
-        remaining = _wait_left(runtime, wait_seconds, started)
+        remaining = _wait_left(runtime, s.wait_seconds, started)
         draining = runtime.draining
         return await anyio.to_thread.run_sync(wait_settled, runtime.sessions, request.id, remaining, draining)
     return request
@@ -239,10 +258,35 @@ def _admitted(
 
 
 def dry_run(
-    session: Session, principal: Principal, dataset_id: str, mechanism: str, params: Any
+    session: Session,
+    principal: Principal,
+    dataset_id: str,
+    mechanism: str,
+    params: Any,
+    tables: TableCache | None = None,
 ) -> dict[str, Any]:
-    """Would the request be admitted now? Validates and checks the filters; takes no lock, writes nothing."""
-    return admission_check(session, principal, validate(session, principal, dataset_id, mechanism, params))
+    """Would the request be admitted now? Validates, refuses what ``tables.check_fits`` refuses on a real
+    submission (a learner's row limit, a mechanism without a unit analysis), checks the filters; takes no
+    lock, writes nothing. On a privacy-unit dataset the result says what a unit is and the bound in force."""
+    v = validate(session, principal, dataset_id, mechanism, params)
+    if tables is not None:
+        tables.check_fits(v.dataset, v.mechanism.name)
+    result = admission_check(session, principal, v)
+    unit = v.context.schema.privacy_unit
+    if unit is not None:
+        result["privacy_unit"] = unit_description(unit.column, unit.max_rows)
+    return result
+
+
+def unit_description(column: str, max_rows: int) -> dict[str, Any]:
+    """What a privacy unit is and the bound in force, as an estimate shows it."""
+    return {
+        "column": column,
+        "max_rows": max_rows,
+        "meaning": f"ε protects each {column!r} with all its rows: neighbouring datasets differ by one "
+        f"{column} (all its rows added, removed or replaced); every release uses at most {max_rows} rows "
+        "of a unit, chosen by a secret keyed hash",
+    }
 
 
 def cancel(sessions: sessionmaker[Session], principal: Principal, request_id: str) -> AnalysisRequest:
@@ -257,26 +301,27 @@ def cancel(sessions: sessionmaker[Session], principal: Principal, request_id: st
         if request.kind != "request":
             raise Conflict("this is a session's reservation; close the session instead")
         ref = RequestRef.of(request)
-    with sessions() as session, session.begin():
-        locked = lock_running(session, ref)
-        if locked is None:
-            final = RequestRepository(session).fresh(ref.id)
-            assert final is not None
-            if final.cancelled_by is None:
-                raise NotCancellable(
-                    f"request {ref.id} has already finished ({final.state})", state=final.state
-                )
-            return final
-        filters, row = locked
+
+    def change(batch: RequestBatch, filters: list[FilterRow], row: AnalysisRequest) -> bool:
         if row.lease_owner is None:
             reason = "cancelled before a worker started it; nothing was charged"
-            end_reservation(session, filters, row, None, {"reason": reason, "outcome": "cancelled"})
-            row.state, row.error = RequestState.ABORTED, reason
-            row.idempotency_key = None  # nothing was read: a retry with the same key is a new request
+            release_batched(batch, filters, row, reason, {"reason": reason, "outcome": "cancelled"})
         else:
             reason = "cancelled while running; its worst case was charged (the data had been read)"
-            settle_locked(session, filters, row, None, None, reason)
-        row.cancelled_by = principal.name
+            settle_batched(batch, filters, row, None, None, reason)
+        batch.settled(row, {"cancelled_by": principal.name})
+        return True
+
+    with sessions() as session:
+        cancelled = transition(session, ref, change)
+    if cancelled is None:
+        with sessions() as session:
+            final = RequestRepository(session).get(ref.id)
+        assert final is not None
+        if final.cancelled_by is None:
+            raise NotCancellable(f"request {ref.id} has already finished ({final.state})", state=final.state)
+        return final
+    row = cancelled
     notify_settled()
     log.info("cancelled", request_id=ref.id, by=principal.name, outcome=row.state)
     return row
@@ -350,7 +395,7 @@ def history(session: Session, principal: Principal, query: HistoryQuery) -> Hist
         if cursor is None or cursor.kind != "request" or not _may_see(principal, cursor.analyst):
             raise InvalidInput("query.after", f"no request {query.after!r} in this listing to continue after")
         before = (cursor.created_at, cursor.id)
-    rows = repository.history(owner, query.dataset_id, query.state, before, query.limit + 1)
+    rows = repository.history(HistoryFilter(owner, query.dataset_id, query.state, before, query.limit + 1))
     return history_page(rows, query.limit, lambda row: row.id)
 
 

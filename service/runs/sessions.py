@@ -1,4 +1,5 @@
-"""Interactive sessions (docs/privacy.md §6 rule 8, §8.1): open → queries → close, each transition one
+"""Interactive sessions (docs/privacy/rules.md#rule-sessions-interleave,
+docs/privacy/noise_reduction.md#noise-reduction-sessions): open → queries → close, each transition one
 transaction.
 
 * **Open** reserves the session's worst case exactly like a request (its ``requests`` row, kind
@@ -16,8 +17,10 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from pydantic import BaseModel, ValidationError
@@ -38,16 +41,29 @@ from service.errors import (
     NoBudget,
     NotFound,
 )
-from service.filter.admission import Refused, lock_filters
+from service.filter.batch import FilterRow, Refused
 from service.logs import failure_fields
-from service.runs.admission import Validated, admit_locked, refusal, validated_for
+from service.runs.admission import (
+    BatchReads,
+    RequestBatch,
+    Validated,
+    admission_reads,
+    admit_batched,
+    filters_of,
+    refusal,
+    transact,
+    validated_for,
+)
 from service.runs.requests import HistoryPage, HistoryQuery, history_owner, history_page
 from service.runs.runtime import Runtime
-from service.runs.settlement import settle_locked
-from service.store.models import AnalysisRequest, AnalysisSession, ApiKey, PrivacyFilter, SecretState
+from service.runs.settlement import settle_batched
+from service.store.models import AnalysisRequest, AnalysisSession, ApiKey, SecretState
 from service.store.repositories import FilterRepository, RequestRepository, SessionRepository
+from service.store.repositories.base import HistoryFilter
 
 log = structlog.get_logger("expost.sessions")
+
+T = TypeVar("T")
 
 
 class SessionClosed(Conflict):
@@ -72,41 +88,46 @@ def open_session(
     sessions: sessionmaker[Session], principal: Principal, v: Validated, key: str | None, ttl: float
 ) -> AnalysisSession:
     """Reserve the worst case and draw the secret state, in one transaction."""
-    assert isinstance(v.mechanism, InteractiveMechanism)
+    mechanism = v.mechanism
+    assert isinstance(mechanism, InteractiveMechanism)
+
+    def apply(batch: RequestBatch) -> AnalysisSession:
+        filters = filters_of(batch, v.dataset.id, principal.name)
+        request, created = admit_batched(batch, filters, principal, v, key, ttl)
+        outcome = "admitted" if created else "replayed"
+        metrics.after_commit(batch.session, lambda: metrics.REQUESTS.labels(mechanism.name, outcome).inc())
+        repository = SessionRepository(batch.session)
+        if not created:
+            existing = repository.by_request(request.id)
+            if existing is None:
+                raise IdempotencyKeyReused("this Idempotency-Key was used for a request, not a session")
+            return existing
+        noise = Noise.system()
+        state = mechanism.start(v.params, v.context, noise)
+        now = datetime.now(UTC)
+        row = AnalysisSession(
+            id="ss_" + uuid.uuid4().hex[:20],
+            request_id=request.id,
+            dataset_id=v.dataset.id,
+            analyst=principal.name,
+            mechanism=mechanism.name,
+            params=request.params,
+            state="open",
+            close_reason=None,
+            steps=[],
+            created_at=now,
+            updated_at=now,
+            expires_at=now + timedelta(seconds=ttl),
+        )
+        batch.write()  # the request row, before the rows that refer to it
+        repository.add(row)
+        batch.session.flush()
+        repository.add_secret(SecretState(request_id=request.id, state=_encode(state), updated_at=now))
+        return row
+
     try:
-        with sessions() as session, session.begin():
-            filters = lock_filters(session, v.dataset.id, principal.name)
-            request, created = admit_locked(session, filters, principal, v, key, ttl)
-            outcome = "admitted" if created else "replayed"
-            metrics.after_commit(session, lambda: metrics.REQUESTS.labels(v.mechanism.name, outcome).inc())
-            repository = SessionRepository(session)
-            if not created:
-                existing = repository.by_request(request.id)
-                if existing is None:
-                    raise IdempotencyKeyReused("this Idempotency-Key was used for a request, not a session")
-                return existing
-            noise = Noise.system()
-            state = v.mechanism.start(v.params, v.context, noise)
-            now = datetime.now(UTC)
-            row = AnalysisSession(
-                id="ss_" + uuid.uuid4().hex[:20],
-                request_id=request.id,
-                dataset_id=v.dataset.id,
-                analyst=principal.name,
-                mechanism=v.mechanism.name,
-                params=request.params,
-                state="open",
-                close_reason=None,
-                steps=[],
-                created_at=now,
-                updated_at=now,
-                expires_at=now + timedelta(seconds=ttl),
-            )
-            session.flush()
-            repository.add(row)
-            session.flush()
-            repository.add_secret(SecretState(request_id=request.id, state=_encode(state), updated_at=now))
-            return row
+        with sessions() as session:
+            return transact(session, admission_reads(principal, v, key), apply)
     except Refused as refused:
         problem = refusal(v, refused)
         metrics.REQUESTS.labels(v.mechanism.name, "refused").inc()
@@ -158,7 +179,7 @@ def history(
         if cursor is None or (principal.role is not Role.admin and cursor.analyst != principal.name):
             raise InvalidInput("query.after", f"no session {query.after!r} in this listing to continue after")
         before = (cursor.created_at, cursor.id)
-    rows = repository.history(owner, query.dataset_id, query.state, before, query.limit + 1)
+    rows = repository.history(HistoryFilter(owner, query.dataset_id, query.state, before, query.limit + 1))
     return history_page(rows, query.limit, lambda pair: pair[0].id)
 
 
@@ -174,27 +195,35 @@ class _PublicParts:
         self.public: PublicContext = public_context(dataset)
 
 
-def _lock(
-    session: Session, session_id: str, analyst: str, dataset_id: str
-) -> tuple[list[PrivacyFilter], AnalysisSession, AnalysisRequest]:
-    filters = lock_filters(session, dataset_id, analyst)
-    row = SessionRepository(session).fresh(session_id)
-    assert row is not None
-    request = RequestRepository(session).fresh(row.request_id)
+@dataclass
+class _Locked:
+    """A session's transition in a batch of one: its batch, its filters, its row (locked) and its
+    reservation's request."""
+
+    batch: RequestBatch
+    filters: list[FilterRow]
+    row: AnalysisSession
+    request: AnalysisRequest
+
+
+def _locked(batch: RequestBatch, row: AnalysisSession) -> _Locked:
+    """Under the batch's filter locks: the session row re-read and locked, and its request."""
+    fresh = SessionRepository(batch.session).fresh(row.id)
+    assert fresh is not None
+    request = batch.request(fresh.request_id)
     assert request is not None
-    return filters, row, request
+    return _Locked(batch, filters_of(batch, fresh.dataset_id, fresh.analyst), fresh, request)
 
 
-def _close(
-    session: Session,
-    filters: list[PrivacyFilter],
-    row: AnalysisSession,
-    request: AnalysisRequest,
-    parts: _PublicParts,
-    reason: str,
-    failed: bool = False,
-) -> None:
+def _transact(session: Session, row: AnalysisSession, apply: Callable[[_Locked], T]) -> T:
+    """A batch of one for a transition of the session ``row``: its filters and rows locked."""
+    reads = BatchReads.of([row.dataset_id], row.analyst, settles=[row.request_id])
+    return transact(session, reads, lambda batch: apply(_locked(batch, row)))
+
+
+def _close(locked: _Locked, parts: _PublicParts, reason: str, failed: bool = False) -> None:
     """Commit the realized charge of the public transcript (the worst case on failure); drop the secret."""
+    batch, row, request = locked.batch, locked.row, locked.request
     transcript = [(step["query"], step["answer"]) for step in row.steps]
     realized = (
         None
@@ -202,10 +231,10 @@ def _close(
         else parts.mechanism.realized(parts.params, parts.public, transcript, reason == "halted")
     )
     error = "the mechanism failed; its worst case was charged" if failed else None
-    settle_locked(session, filters, request, realized, {"steps": transcript}, error)
+    settle_batched(batch, locked.filters, request, realized, {"steps": transcript}, error)
     row.state, row.close_reason, row.updated_at = "closed", reason, datetime.now(UTC)
-    SessionRepository(session).drop_secret(request.id)
-    metrics.session_closed(session, row.mechanism, reason)
+    SessionRepository(batch.session).drop_secret(request.id)
+    metrics.session_closed(batch.session, row.mechanism, reason)
 
 
 def ask(
@@ -220,20 +249,23 @@ def ask(
     except ValidationError as exc:
         raise InvalidInput.from_validation("query", exc) from None
     query_json = query.model_dump(mode="json")
-    with runtime.sessions() as session, session.begin():
-        filters, row, request = _lock(session, session_id, row.analyst, row.dataset_id)
+
+    def apply(locked: _Locked) -> tuple[AnalysisSession, dict[str, Any]] | SessionClosed:
+        row = locked.row
         replay = _replay(row, key, query_json)
         if replay is not None:
             return row, replay
         if row.state == "open" and datetime.now(UTC) >= row.expires_at:
-            _close(session, filters, row, request, parts, "expired")
+            _close(locked, parts, "expired")
         if row.state != "open":
-            outcome: tuple[AnalysisSession, dict[str, Any]] | SessionClosed = SessionClosed(
+            return SessionClosed(
                 f"session {session_id} is closed ({row.close_reason}); open a new one",
                 close_reason=row.close_reason,
             )
-        else:
-            outcome = _step(session, runtime, filters, row, request, parts, query, query_json, key)
+        return _step(runtime, locked, parts, query, query_json, key)
+
+    with runtime.sessions() as session:
+        outcome = _transact(session, row, apply)
     if isinstance(outcome, Exception):
         raise outcome
     if outcome[1].get("failed"):
@@ -255,21 +287,19 @@ def _replay(row: AnalysisSession, key: str | None, query_json: dict[str, Any]) -
 
 
 def _step(
-    session: Session,
     runtime: Runtime,
-    filters: list[PrivacyFilter],
-    row: AnalysisSession,
-    request: AnalysisRequest,
+    locked: _Locked,
     parts: _PublicParts,
     query: BaseModel,
     query_json: dict[str, Any],
     key: str | None,
 ) -> tuple[AnalysisSession, dict[str, Any]]:
+    row, request = locked.row, locked.request
     try:
         parts.mechanism.check_query(parts.params, parts.public, query, len(row.steps))
     except ParamsError as exc:
         raise InvalidInput(f"query.{exc.field}", exc.reason) from None
-    secret = SessionRepository(session).secret(request.id)
+    secret = SessionRepository(locked.batch.session).secret(request.id)
     assert secret is not None, "an open session has its secret state"
     try:
         table = runtime.tables.get(parts.dataset, parts.public.schema)
@@ -282,20 +312,21 @@ def _step(
             session_id=row.id,
             **failure_fields(exc),
         )
-        _close(session, filters, row, request, parts, "failed", failed=True)
+        _close(locked, parts, "failed", failed=True)
         return row, {"failed": True}
     row.steps = [*row.steps, {"query": query_json, "answer": result.answer, "key": key}]
     now = datetime.now(UTC)
     row.updated_at = secret.updated_at = now
     # Expiry is for idle sessions: every answered query pushes it back by the session TTL.
-    row.expires_at = request.lease_expires_at = now + timedelta(seconds=runtime.settings.session_ttl_seconds)
+    row.expires_at = now + timedelta(seconds=runtime.settings.session_ttl_seconds)
+    locked.batch.settled(request, {"lease_expires_at": row.expires_at})
     secret.state = _encode(result.state)
     max_queries = getattr(parts.params, "max_queries", None)
     exhausted = max_queries is not None and len(row.steps) >= max_queries
     if result.halted or exhausted:
         # "halted": the session stopped on an answer; "max_queries": its last allowed query was answered.
         reason = "max_queries" if exhausted and not result.answer.get("above", False) else "halted"
-        _close(session, filters, row, request, parts, reason)
+        _close(locked, parts, reason)
     return row, result.answer
 
 
@@ -307,11 +338,14 @@ def close(runtime: Runtime, principal: Principal, session_id: str) -> AnalysisSe
     with runtime.sessions() as session:
         row = visible_session(session, principal, session_id)
         parts = _PublicParts(session, row)
-    with runtime.sessions() as session, session.begin():
-        filters, row, request = _lock(session, session_id, row.analyst, row.dataset_id)
-        if row.state == "open":
-            _close(session, filters, row, request, parts, reason)
-    return row
+
+    def apply(locked: _Locked) -> AnalysisSession:
+        if locked.row.state == "open":
+            _close(locked, parts, reason)
+        return locked.row
+
+    with runtime.sessions() as session:
+        return _transact(session, row, apply)
 
 
 def expire_sessions(sessions: sessionmaker[Session]) -> int:
@@ -322,11 +356,15 @@ def expire_sessions(sessions: sessionmaker[Session]) -> int:
         contexts = [(row, _PublicParts(session, row)) for row in rows if row is not None]
     closed = 0
     for row, parts in contexts:
-        with sessions() as session, session.begin():
-            filters, fresh, request = _lock(session, row.id, row.analyst, row.dataset_id)
-            if fresh.state == "open":
-                _close(session, filters, fresh, request, parts, "expired")
-                closed += 1
+
+        def apply(locked: _Locked, parts: _PublicParts = parts) -> bool:
+            if locked.row.state != "open":
+                return False
+            _close(locked, parts, "expired")
+            return True
+
+        with sessions() as session:
+            closed += _transact(session, row, apply)
     return closed
 
 
@@ -335,7 +373,7 @@ def revoke_key(sessions: sessionmaker[Session], name: str) -> tuple[ApiKey, int]
     many sessions were closed.
 
     The transaction first locks the key's filters: on every dataset where the key has a sub-filter (each
-    admission of the key holds it: ``admission.lock_filters``), that one and the dataset's, datasets in id
+    admission of the key locks it in its batch), that one and the dataset's, datasets in id
     order (the global lock order). So every admission of the key, through any process whatever its key
     cache says, either committed before the revocation or reads the key revoked under the locks and is
     refused (``admission.check_admissible_now``); nothing is reserved or charged for it. Then every open
@@ -347,16 +385,17 @@ def revoke_key(sessions: sessionmaker[Session], name: str) -> tuple[ApiKey, int]
     sub-filter is created after the locks were taken); an admission there may commit just after the
     revocation. Both are admin actions: grant, then revoke, not both at once."""
     validate_name(name)
-    with sessions() as session, session.begin():
-        datasets = FilterRepository(session).datasets_of_scope(name)  # in id order: the global lock order
-        locked = {dataset_id: lock_filters(session, dataset_id, name) for dataset_id in datasets}
+    with sessions() as session:
+        datasets = FilterRepository(session).datasets_of_scope(name)
+        opened = [row.request_id for row in SessionRepository(session).open_of(name)]
+
+    def apply(batch: RequestBatch) -> tuple[ApiKey, int]:
         closed = 0
-        for row in SessionRepository(session).open_of(name):
-            filters = locked.get(row.dataset_id)
-            assert filters is not None, "a session was admitted under its analyst's filter on its dataset"
-            request = RequestRepository(session).fresh(row.request_id)
-            assert request is not None
-            _close(session, filters, row, request, _PublicParts(session, row), "key_revoked")
+        for row in SessionRepository(batch.session).open_of(name):
+            assert row.dataset_id in datasets, "a session was admitted under its analyst's filter"
+            _close(_locked(batch, row), _PublicParts(batch.session, row), "key_revoked")
             closed += 1
-        key = auth.revoke_key(session, name)
-    return key, closed
+        return auth.revoke_key(batch.session, name), closed
+
+    with sessions() as session:
+        return transact(session, BatchReads.of(datasets, name, settles=opened), apply)

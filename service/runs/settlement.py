@@ -1,6 +1,7 @@
 """Settlement: a running request's reservation replaced by its realized charge (commit), or released
-without charge (abort, only when its data was provably never read). Never twice: each transition re-reads
-the request under its filters' locks and does nothing unless it is still running.
+without charge (abort, only when its data was provably never read), in a batch (``service.filter.batch``):
+the writer's, or a batch of one (:func:`transition`). Never twice: each transition re-reads the request
+under its filters' locks and does nothing unless it is still running.
 
 The release is stored in the same transaction that commits the realized charge, so a release never leaves
 before its debit is durable.
@@ -21,10 +22,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import RdpCurve, UnitsVector
 from service import metrics
-from service.filter.admission import lock_filters, settle_reservation
 from service.filter.batch import FilterRow
-from service.runs.admission import RequestBatch, curve_record
-from service.store.models import AnalysisRequest, PrivacyFilter, RequestState
+from service.filter.ledger import Entry
+from service.runs.admission import BatchReads, RequestBatch, curve_record, filters_of, transact
+from service.store.models import AnalysisRequest, RequestState
 from service.store.repositories import RequestRepository
 
 log = structlog.get_logger("expost.requests")
@@ -43,27 +44,23 @@ class RequestRef:
         return cls(request.id, request.dataset_id, request.analyst)
 
 
-def lock_running(session: Session, ref: RequestRef) -> tuple[list[PrivacyFilter], AnalysisRequest] | None:
-    """Lock the request's filters, then re-read it; None unless it is still running."""
-    filters = lock_filters(session, ref.dataset_id, ref.analyst)
-    request = RequestRepository(session).fresh(ref.id)
-    return None if request is None or request.state != RequestState.RUNNING else (filters, request)
-
-
-def settle_locked(
+def transition(
     session: Session,
-    filters: list[PrivacyFilter],
-    request: AnalysisRequest,
-    realized: RdpCurve | None,
-    release: dict[str, Any] | None,
-    error: str | None,
-) -> None:
-    """Replace the reservation by the realized charge (or the worst case on error); store the release."""
-    record, charge, _, release, error = settlement_of(request, realized, release, error)
-    outcome = {"realized": charge.to_json(), "outcome": "released" if error is None else "failed"}
-    end_reservation(session, filters, request, charge, outcome)
-    request.state = RequestState.COMMITTED if error is None else RequestState.FAILED_CHARGED
-    request.realized, request.release, request.error = record, release, error
+    ref: RequestRef,
+    change: Callable[[RequestBatch, list[FilterRow], AnalysisRequest], bool],
+) -> AnalysisRequest | None:
+    """A batch of one on ``session``: lock the request's filters, re-read (and lock) its row and, if it is
+    still running, apply ``change`` (which returns False to leave it as it is). Returns the request after
+    the change, or None (no longer running, or left): never charge twice."""
+
+    def apply(batch: RequestBatch) -> AnalysisRequest | None:
+        request = batch.fresh.get(ref.id)
+        if request is None or request.state != RequestState.RUNNING:
+            return None
+        filters = filters_of(batch, ref.dataset_id, ref.analyst)
+        return request if change(batch, filters, request) else None
+
+    return transact(session, BatchReads.of([ref.dataset_id], ref.analyst, settles=[ref.id]), apply)
 
 
 def settlement_of(
@@ -102,35 +99,32 @@ def settle_batched(
     release: dict[str, Any] | None,
     error: str | None,
 ) -> None:
-    """:func:`settle_locked` on a writer batch (the request's row is written with the batch)."""
-    record, charge, reservation, release, error = settlement_of(request, realized, release, error)
-    label = "released" if error is None else "failed"
-    outcome = {"realized": charge.to_json(), "outcome": label}
-    now = datetime.now(UTC)
-    batch.filters.settle(
-        filters,
-        request.scopes,
-        reservation,
-        charge,
-        request.analyst,
-        outcome,
-        request.id,
-        reserved_delta(request),
-        now,
-    )
-    metrics.ended(batch.session, request.dataset_id, request.kind, label, charge)
+    """Replace the reservation by the realized charge (or the worst case on error) and store the release,
+    in ``batch`` (the request's row is written with the batch)."""
+    record, charge, _, release, error = settlement_of(request, realized, release, error)
+    outcome = {"realized": charge.to_json(), "outcome": "released" if error is None else "failed"}
     state = RequestState.COMMITTED if error is None else RequestState.FAILED_CHARGED
-    batch.settled(
-        request,
-        {
-            "state": state,
-            "realized": record,
-            "release": release,
-            "error": error,
-            "updated_at": now,
-            "lease_expires_at": None,
-        },
-    )
+    columns = {"state": state, "realized": record, "release": release, "error": error}
+    end_batched(batch, filters, request, charge, outcome, columns)
+
+
+def end_batched(
+    batch: RequestBatch,
+    filters: list[FilterRow],
+    request: AnalysisRequest,
+    charge: UnitsVector | None,
+    details: dict[str, Any],
+    columns: dict[str, Any],
+) -> None:
+    """End the request's reservation in ``batch``: replaced by ``charge`` (None: released, its δ too) in
+    its filters, with the ledger entry of ``details``; the request's row gets ``columns``."""
+    now = datetime.now(UTC)
+    reservation = UnitsVector.from_json(request.worst_case["units"])
+    entry = Entry(request.id, request.analyst, details, now)
+    batch.filters.settle(filters, request.scopes, reservation, charge, reserved_delta(request), entry)
+    label = str(details.get("outcome", "abort"))
+    metrics.ended(batch.session, request.dataset_id, request.kind, label, charge)
+    batch.settled(request, {**columns, "updated_at": now, "lease_expires_at": None})
 
 
 UNSTORABLE = "the mechanism failed; its worst case was charged"
@@ -139,7 +133,8 @@ UNSTORABLE = "the mechanism failed; its worst case was charged"
 def storable(release: dict[str, Any] | None) -> bool:
     """Can the release be stored whatever its values (strict JSON: no NaN or infinity)? Checked by every
     settlement (:func:`settlement_of`) before it writes the release, so no settlement transaction can fail
-    because of the released values (the one-transaction path relies on this, docs/privacy.md §9)."""
+    because of the released values (the one-transaction path relies on this,
+    docs/privacy/workers.md#workers)."""
     try:
         json.dumps(release, allow_nan=False)
     except (TypeError, ValueError):
@@ -147,29 +142,18 @@ def storable(release: dict[str, Any] | None) -> bool:
     return True
 
 
-def end_reservation(
-    session: Session,
-    filters: list[PrivacyFilter],
+def release_batched(
+    batch: RequestBatch,
+    filters: list[FilterRow],
     request: AnalysisRequest,
-    charge: UnitsVector | None,
-    details: dict[str, Any],
+    reason: str,
+    details: dict[str, Any] | None = None,
 ) -> None:
-    """Replace the request's reservation by ``charge`` (None: release it, its δ too) in its filters and
-    the ledger."""
-    reservation = UnitsVector.from_json(request.worst_case["units"])
-    settle_reservation(
-        session,
-        filters,
-        request.scopes,
-        reservation,
-        charge,
-        request.analyst,
-        details,
-        request.id,
-        reserved_delta(request),
-    )
-    metrics.ended(session, request.dataset_id, request.kind, str(details.get("outcome", "abort")), charge)
-    request.updated_at, request.lease_expires_at = datetime.now(UTC), None
+    """Release the request's reservation without charge (its δ too): an ``abort`` entry, the request
+    ``aborted`` with ``reason``. Only for requests whose data was provably never read; nothing was read,
+    so a retry with the same Idempotency-Key is admitted afresh (the key is cleared)."""
+    columns = {"state": RequestState.ABORTED, "error": reason, "idempotency_key": None}
+    end_batched(batch, filters, request, None, details or {"reason": reason}, columns)
 
 
 def reserved_delta(request: AnalysisRequest) -> int:
@@ -191,12 +175,12 @@ def settle(
 
     Returns the settled request, or None if it was no longer running (never charge twice).
     """
-    with session.begin():
-        locked = lock_running(session, ref)
-        if locked is None:
-            return None
-        settle_locked(session, *locked, realized, release, error)
-    return locked[1]
+
+    def change(batch: RequestBatch, filters: list[FilterRow], request: AnalysisRequest) -> bool:
+        settle_batched(batch, filters, request, realized, release, error)
+        return True
+
+    return transition(session, ref, change)
 
 
 def abort(
@@ -213,18 +197,16 @@ def abort(
     ``owner``: only if that worker holds it (a worker that claimed it but found it cannot run it, before
     reading anything).
     """
-    with session.begin():
-        locked = lock_running(session, ref)
-        if locked is None or (unclaimed_only and locked[1].lease_owner is not None):
+
+    def change(batch: RequestBatch, filters: list[FilterRow], request: AnalysisRequest) -> bool:
+        if unclaimed_only and request.lease_owner is not None:
             return False
-        if owner is not None and locked[1].lease_owner != owner:
+        if owner is not None and request.lease_owner != owner:
             return False
-        filters, request = locked
-        end_reservation(session, filters, request, None, {"reason": reason})
-        request.state, request.error = RequestState.ABORTED, reason
-        # Nothing was read, so a retry with the same key must be admitted afresh (not replay the abort).
-        request.idempotency_key = None
-    return True
+        release_batched(batch, filters, request, reason)
+        return True
+
+    return transition(session, ref, change) is not None
 
 
 SettleFn = Callable[["RequestRef", RdpCurve | None, dict[str, Any] | None, str | None], object]

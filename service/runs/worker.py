@@ -31,18 +31,21 @@ from mechanisms.base import Mechanism, ProgressFn, PublicContext, has_public_pro
 from mechanisms.catalog import MECHANISMS
 from mechanisms.noise import Noise
 from service.datasets import TableCache, dataset_by_id, public_context
+from service.filter.batch import FilterRow
 from service.logs import failure_fields
+from service.runs.admission import RequestBatch
 from service.runs.leases import worker_id
 from service.runs.settlement import (
     RequestRef,
     SettleFn,
     abort,
-    lock_running,
     notify_settled,
     settle,
-    settle_locked,
+    settle_batched,
+    transition,
 )
-from service.store.models import AnalysisRequest, Dataset, PrivacyFilter, RequestState
+from service.store import unit
+from service.store.models import AnalysisRequest, Dataset, RequestState
 from service.store.repositories import RequestRepository
 
 log = structlog.get_logger("expost.requests")
@@ -89,7 +92,7 @@ class Heartbeat:
             progress = float(min(1.0, max(0.0, fraction)))
         until = datetime.now(UTC) + timedelta(seconds=self.lease_seconds)
         try:
-            with self.sessions() as session, session.begin():
+            with unit.transaction(self.sessions) as session:
                 renewed = RequestRepository(session).renew(self.request_id, self.owner, until, progress)
         except SQLAlchemyError as exc:  # a database restart or an exhausted pool: the next beat tries again
             log.warning("heartbeat failed", request_id=self.request_id, **failure_fields(exc))
@@ -140,7 +143,7 @@ def claim(sessions: sessionmaker[Session], request_id: str, owner: str, lease_se
     """Take this queued request for ``owner`` (atomic conditional update); False if anyone else has it or
     it is settled. The lease starts now."""
     now = datetime.now(UTC)
-    with sessions() as session, session.begin():
+    with unit.transaction(sessions) as session:
         until = now + timedelta(seconds=lease_seconds)
         return RequestRepository(session).claim(request_id, owner, now, until)
 
@@ -176,7 +179,7 @@ def claim_next(
     """
     known = runnable_mechanisms() if mechanisms is None else mechanisms
     for _ in range(10):
-        with sessions() as session, session.begin():
+        with unit.transaction(sessions) as session:
             repository = RequestRepository(session)
             oldest = repository.queued_analysts(known, queue)
             if not oldest:
@@ -312,31 +315,36 @@ def stop_runs(sessions: sessionmaker[Session], claimed: list[tuple[str, str]], r
     past its grace period: their data was read). Their heartbeats then fail and the runs stop."""
     stopped = 0
     for request_id, owner in claimed:
-        with sessions() as session, session.begin():
+        with sessions() as session:
             request = RequestRepository(session).get(request_id)
             if request is None:
                 continue
-            locked = lock_running(session, RequestRef.of(request))
-            if locked is None or locked[1].lease_owner != owner:
-                continue
-            settle_locked(session, *locked, None, None, reason)
-            stopped += 1
+            ref = RequestRef.of(request)
+
+        def change(
+            batch: RequestBatch, filters: list[FilterRow], row: AnalysisRequest, owner: str = owner
+        ) -> bool:
+            if row.lease_owner != owner:
+                return False
+            settle_batched(batch, filters, row, None, None, reason)
+            return True
+
+        with sessions() as session:
+            stopped += transition(session, ref, change) is not None
     if stopped:
         log.warning("stopped runs at shutdown; their worst case was charged", count=stopped)
         notify_settled()
     return stopped
 
 
-def _lock_expired(
-    session: Session, ref: RequestRef, now: datetime
-) -> tuple[list[PrivacyFilter], AnalysisRequest] | None:
-    """Like ``lock_running`` but also re-checks, under the locks, that the request is claimed and its
-    lease still expired (a heartbeat may have renewed it since the reaper listed it)."""
-    locked = lock_running(session, ref)
-    if locked is None or locked[1].lease_owner is None:
-        return None
-    expires = locked[1].lease_expires_at
-    return locked if expires is not None and expires < now else None
+def _reap(batch: RequestBatch, filters: list[FilterRow], request: AnalysisRequest, now: datetime) -> bool:
+    """Charge the worst case of a claimed request whose lease is still expired, re-checked under the
+    locks (a heartbeat may have renewed it since the reaper listed it)."""
+    expires = request.lease_expires_at
+    if request.lease_owner is None or expires is None or not expires < now:
+        return False
+    settle_batched(batch, filters, request, None, None, "the worker was lost; its worst case was charged")
+    return True
 
 
 def reap_expired(sessions: sessionmaker[Session], max_queue_seconds: float | None = None) -> int:
@@ -353,12 +361,8 @@ def reap_expired(sessions: sessionmaker[Session], max_queue_seconds: float | Non
             overdue = [RequestRef.of(r) for r in repository.overdue_queued(before)]
     reaped = 0
     for ref in expired:
-        with sessions() as session, session.begin():
-            locked = _lock_expired(session, ref, now)
-            if locked is None:
-                continue
-            settle_locked(session, *locked, None, None, "the worker was lost; its worst case was charged")
-            reaped += 1
+        with sessions() as session:
+            reaped += transition(session, ref, lambda b, f, r: _reap(b, f, r, now)) is not None
     aborted = 0
     for ref in overdue:
         reason = f"no worker started it within {max_queue_seconds:g} s; nothing was charged"

@@ -5,17 +5,17 @@ one, each request holds the dataset's lock for about a dozen database round trip
 requests on a dataset queue behind it. The writer drains whatever is queued (up to ``max_batch``), locks
 every filter of the batch in one statement (datasets in id order, filters in id order: the global lock
 order), applies the jobs **in arrival order** on plain rows (``admission.admit_batched``,
-``settlement.settle_batched``: the steps of the single-request code, the filter rule of
+``settlement.settle_batched``: the same steps as every batch of one, the filter rule of
 ``service.filter.state``), writes everything with a few set-based statements and commits once, the
-writes and the ``COMMIT`` in one round trip (``RequestBatch.commit``, ``FilterBatch.flush``). Outcomes
+writes and the ``COMMIT`` in one round trip (``unit.commit``, ``FilterBatch.flush``). Outcomes
 are identical to running the jobs one by one in that order: each admission sees every reservation and
 commit before it. A reservation is durable before its caller may read the data, as before. A refusal or
 error of one job writes nothing and does not affect the others; if the batch transaction itself fails,
-every job is retried alone (the ORM path).
+every job is retried alone (a batch of one: ``admission.transact``).
 
 A cheap inline request can be one job (:meth:`WriteBatcher.admit_and_run`): admit + reserve, run the
 mechanism, commit its realized charge with the release, all in the batch's transaction: one commit instead
-of two, and the release still leaves only after its charge is durable (docs/privacy.md §9).
+of two, and the release still leaves only after its charge is durable (docs/privacy/workers.md#workers).
 """
 
 from __future__ import annotations
@@ -39,9 +39,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from mechanisms.accounting import RdpCurve
 from service import metrics
 from service.auth import Principal, Role
-from service.errors import NotFound, ServiceError, ServiceUnavailable
-from service.filter.admission import Refused
-from service.filter.batch import FilterRow
+from service.errors import ServiceError, ServiceUnavailable
+from service.filter.batch import FilterRow, Refused
 from service.logs import failure_fields
 from service.runs import admission, settlement
 from service.runs.admission import RequestBatch
@@ -51,8 +50,8 @@ log = structlog.get_logger("expost.writer")
 
 # The inline mechanisms that may run inside the writer's transaction (admit_and_run): vectorized
 # arithmetic on a table in memory, microseconds, realized = worst case, no native code that could end the
-# process (docs/privacy.md §9). Any other mechanism an operator lists in EXPOST_INLINE_MECHANISMS runs
-# inline on the two-phase path (reserve committed, run, settle committed): a slow run must not hold the
+# process (docs/privacy/workers.md#workers). Any other mechanism an operator lists in EXPOST_INLINE_MECHANISMS
+# runs inline on the two-phase path (reserve committed, run, settle committed): a slow run must not hold the
 # writer (every dataset of the process) and a crash after its read must leave a reservation to charge.
 ONE_TRANSACTION = frozenset({"laplace", "gaussian"})
 BUSY = "the database is busy; retry with the same Idempotency-Key"
@@ -208,8 +207,9 @@ class WriteBatcher:
     def _withdraw(self, job: Job) -> None:
         """The caller stopped waiting (timeout, or its task was cancelled): withdraw the job if the writer
         has not taken it yet. If it is being applied, an admission nobody will run is aborted once it
-        commits: its data was never read (docs/privacy.md §6 rule 2). A one-transaction job commits its
-        charge with its release, so nothing is lost: a replay with the same Idempotency-Key returns it."""
+        commits: its data was never read (docs/privacy/rules.md#rule-reserve-before-read). A one-transaction
+        job commits its charge with its release, so nothing is lost: a replay with the same Idempotency-Key
+        returns it."""
         if not job.future.cancel() and job.settles is None and not job.settled:
             job.future.add_done_callback(self._abort_abandoned)
 
@@ -316,32 +316,28 @@ class WriteBatcher:
         _wake_waiters(batch)
 
     def _apply(self, batch: list[Job]) -> list[tuple[Any, BaseException | None]]:
-        outcomes: list[tuple[Any, BaseException | None]] = []
-        with self._session() as session:  # closing it uncommitted (an exception) rolls the batch back
-            session.begin()
-            rows = _lock_all(session, batch)
-            for job in batch:
-                filters = rows.filters.filters(job.dataset_id, job.analyst)
-                try:
-                    if filters is None:
-                        raise NotFound(f"no dataset {job.dataset_id!r}")
-                    outcomes.append((job.apply(rows, filters), None))
-                except (ServiceError, Refused) as exc:  # raised before the job wrote anything
-                    outcomes.append((None, exc))
-            rows.commit()
-        return outcomes
+        with self._session() as session:
+            return admission.transact(session, _reads(batch), lambda rows: _outcomes(rows, batch), True)
 
 
-Locked = RequestBatch
+def _outcomes(rows: RequestBatch, batch: list[Job]) -> list[tuple[Any, BaseException | None]]:
+    """Each job applied in arrival order: its result, or the refusal or error it raised (before it wrote
+    anything)."""
+    outcomes: list[tuple[Any, BaseException | None]] = []
+    for job in batch:
+        try:
+            outcomes.append((job.apply(rows, admission.filters_of(rows, job.dataset_id, job.analyst)), None))
+        except (ServiceError, Refused) as exc:
+            outcomes.append((None, exc))
+    return outcomes
 
 
-def _lock_all(session: Session, batch: list[Job]) -> Locked:
-    """Lock every filter of the batch and read what its jobs need under the locks (a few statements)."""
+def _reads(batch: list[Job]) -> admission.BatchReads:
+    """Every filter of the batch and what its jobs need under the locks (a few statements)."""
     scopes: dict[str, set[str]] = defaultdict(set)
     for job in batch:
         scopes[job.dataset_id] |= {DATASET_SCOPE, job.analyst}
-    return RequestBatch.locked(
-        session,
+    return admission.BatchReads(
         {dataset_id: sorted(names) for dataset_id, names in scopes.items()},
         sorted({(job.analyst, job.key) for job in batch if job.key is not None}),
         sorted({job.settles for job in batch if job.settles is not None}),

@@ -126,8 +126,9 @@ class PrivacyFilter(Base):
     capacity: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
     spent: Mapped[dict[str, Any]] = mapped_column(JSON)
     reserved: Mapped[dict[str, Any]] = mapped_column(JSON)
-    # The δ-ledger of approximate-DP requests (docs/privacy.md §11): δ_A and exact units of 10⁻³⁰ as
-    # decimal strings (they exceed 64 bits); ``delta_capacity`` is NULL while no share is set.
+    # The δ-ledger of approximate-DP requests (docs/privacy/approximate.md#approximate-dp): δ_A and exact
+    # units of 10⁻³⁰ as decimal strings (they exceed 64 bits); ``delta_capacity`` is NULL while no share is
+    # set.
     delta_share: Mapped[float | None] = mapped_column(Float, nullable=True)
     delta_capacity: Mapped[str | None] = mapped_column(String(40), nullable=True)
     delta_spent: Mapped[str] = mapped_column(String(40), default="0", server_default="0")

@@ -310,3 +310,21 @@ def test_an_analyst_sees_the_binding_one_of_their_sub_budget_and_the_dataset(
         assert page.is_hidden("#own-budget")  # a viewer has no sub-budget of their own
         assert (page.text_content("#own-note") or "") == ""
         assert log.errors == [], log.errors  # no probing request failed
+
+
+def test_the_dashboard_says_whom_epsilon_protects(live_server: LiveServer, tmp_path: Path) -> None:
+    """A row-level dataset: 'each row'; a dataset with a privacy unit: the unit and the bound in force."""
+    from tests.integration.test_privacy_units_http import SCHEMA as UNIT_SCHEMA
+    from tests.integration.test_privacy_units_http import events_csv
+
+    world = make_world(live_server, budget=RDP_BUDGET)
+    unit_dataset = add_dataset(world, events_csv(), UNIT_SCHEMA, RDP_BUDGET)
+    with chromium_page(tmp_path / "profile") as (page, _log):
+        log_in(page, world.server.base_url, key_of(world.admin), world.dataset_id)
+        assert page.text_content("#privacy-unit") == "each row"
+        page.select_option("#dataset-select", unit_dataset)
+        page.wait_for_function(
+            "() => document.getElementById('privacy-unit').textContent.startsWith('each user_id')"
+        )
+        shown = page.text_content("#privacy-unit") or ""
+        assert shown == "each user_id with all its rows (at most 3 per release)"

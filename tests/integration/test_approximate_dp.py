@@ -1,5 +1,6 @@
-"""(ε, δ) mechanisms through the filter's δ-ledger (docs/privacy.md §11), over real HTTP on SQLite and
-PostgreSQL: the δ share, admission and refusal on δ, the ledger, concurrency, and `ledger verify`."""
+"""(ε, δ) mechanisms through the filter's δ-ledger (docs/privacy/approximate.md#approximate-dp), over real
+HTTP on SQLite and PostgreSQL: the δ share, admission and refusal on δ, the ledger, concurrency, and `ledger
+verify`."""
 
 from __future__ import annotations
 

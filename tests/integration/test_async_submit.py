@@ -80,9 +80,8 @@ def fast(
     mechanism: str = "laplace",
     wait_seconds: float | None = None,
 ) -> Awaitable[AnalysisRequest | None]:
-    return requests.submit_one_transaction(
-        runtime, principal, dataset_id, mechanism, params or COUNT, key, wait_seconds
-    )
+    submission = requests.Submission(principal, dataset_id, mechanism, params or COUNT, key, wait_seconds)
+    return requests.submit_one_transaction(runtime, submission)
 
 
 def run(awaitable: Callable[[], Awaitable[T]]) -> T:
@@ -223,7 +222,9 @@ class TestCommitted:
         self, runtime: Runtime, tmp_path: Path
     ) -> None:
         dataset_id, (analyst,) = world_in_db(runtime.sessions, tmp_path)
-        first = requests.submit(runtime, analyst, dataset_id, "laplace", COUNT, None)  # warms the caches
+        first = requests.submit(
+            runtime, requests.Submission(analyst, dataset_id, "laplace", COUNT, None)
+        )  # warms the caches
         assert first.state == "committed"
         assert cached_visible_dataset(analyst, dataset_id) is not None
         done = [run(lambda: fast(runtime, analyst, dataset_id)) for _ in range(3)]
@@ -321,7 +322,7 @@ class TestRefused:
             archive(session, dataset_id, "admin")
         assert run(lambda: fast(runtime, analyst, dataset_id)) is None
         with pytest.raises(DatasetArchived):
-            requests.submit(runtime, analyst, dataset_id, "laplace", COUNT, None)
+            requests.submit(runtime, requests.Submission(analyst, dataset_id, "laplace", COUNT, None))
         assert rows_of(runtime.sessions, dataset_id) == []
         assert totals(runtime.sessions, dataset_id) == (0, 0)
 
@@ -391,7 +392,7 @@ class TestReplay:
         assert len({r.id for r in concurrent if r is not None}) == 1
         assert all(r is not None for r in concurrent)
         # a key first used on the sync path is replayed by the fast path, too
-        sync = requests.submit(runtime, analyst, dataset_id, "laplace", COUNT, "s")
+        sync = requests.submit(runtime, requests.Submission(analyst, dataset_id, "laplace", COUNT, "s"))
         replayed = run(lambda: fast(runtime, analyst, dataset_id, key="s"))
         assert replayed is not None
         assert replayed.id == sync.id

@@ -1,5 +1,5 @@
-"""Concurrency with real server processes (docs/privacy.md §6 rule 7): many clients race for the last of a
-budget.
+"""Concurrency with real server processes (docs/privacy/rules.md#rule-serialized-admission): many clients race
+for the last of a budget.
 
 Each backend gets a real ``expost serve`` process tree started as a subprocess (PostgreSQL: two server
 processes sharing one database, so admission must serialize on ``SELECT … FOR UPDATE`` across processes;

@@ -1,6 +1,6 @@
-"""Crash safety with real processes (docs/privacy.md §9): the budget stays exact through duplicate wake-up
-deliveries, workers racing for one request, kill -9 of a worker mid-run, kill -9 of the API during a burst,
-and a PostgreSQL restart during a burst.
+"""Crash safety with real processes (docs/privacy/workers.md#workers): the budget stays exact through
+duplicate wake-up deliveries, workers racing for one request, kill -9 of a worker mid-run, kill -9 of the API
+during a burst, and a PostgreSQL restart during a burst.
 
 Every scenario runs real ``expost serve`` and ``expost worker --queue`` processes (Dramatiq on Redis) and
 ends with :func:`assert_books_balance`: ``expost ledger verify`` is clean, no request is left running or

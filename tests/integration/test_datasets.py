@@ -35,7 +35,7 @@ class TestDeclaredBounds:
 
 
 class TestMetadataRevealsNoRow:
-    """docs/privacy.md §6 rule 1: what is shown of a dataset is public information only."""
+    """docs/privacy/rules.md#rule-public-charges: what is shown of a dataset is public information only."""
 
     def test_an_analyst_recovers_a_hidden_row_from_the_content_hash(self, live_server: LiveServer) -> None:
         world = make_world(live_server, BIG)

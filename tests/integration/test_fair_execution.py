@@ -1,4 +1,5 @@
-"""Fair, cancellable execution, in one process, on SQLite and PostgreSQL (docs/privacy.md §9.1).
+"""Fair, cancellable execution, in one process, on SQLite and PostgreSQL
+(docs/privacy/workers.md#fair-execution).
 
 * The claim order is per-analyst round-robin, decided in the database (``worker.claim_next``).
 * ``POST /v1/requests/{id}/cancel``: a queued request (no worker claimed it, so no data was read) is

@@ -1,5 +1,5 @@
-"""Idempotency-Key (docs/privacy.md §6 rule 4): a retry returns the stored release and charges once, per
-analyst."""
+"""Idempotency-Key (docs/privacy/rules.md#rule-no-rerolls): a retry returns the stored release and charges
+once, per analyst."""
 
 from __future__ import annotations
 

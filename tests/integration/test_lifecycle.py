@@ -1,6 +1,6 @@
-"""The request lifecycle (docs/privacy.md §6 rule 2, §9) over real HTTP: failures are charged, the reaper,
-sub-budgets, estimates, missing budgets, and the ledger verifier (in process and through the ``expost``
-CLI)."""
+"""The request lifecycle (docs/privacy/rules.md#rule-reserve-before-read, docs/privacy/workers.md#workers)
+over real HTTP: failures are charged, the reaper, sub-budgets, estimates, missing budgets, and the ledger
+verifier (in process and through the ``expost`` CLI)."""
 
 from __future__ import annotations
 

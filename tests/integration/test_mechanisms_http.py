@@ -188,7 +188,8 @@ class TestLedgerPagination:
 
 
 class TestSumSensitivity:
-    """A sum's noise scale is its sensitivity under the dataset's neighbour relation (docs/privacy.md §5)."""
+    """A sum's noise scale is its sensitivity under the dataset's neighbour relation
+    (docs/privacy/queries.md#query-charges)."""
 
     @pytest.mark.parametrize(
         ("neighboring", "where", "scale"),
@@ -215,7 +216,8 @@ class TestSumSensitivity:
         released = world.request(world.analyst, {"query": query, "epsilon": 1.0}, dataset_id=dataset_id)
         assert released.status_code == 200, released.text
         release = released.json()["release"]
-        # the grid (γ ≤ 2⁻¹⁰·Δ) adds ≤ one unit (and float slack) to the sensitivity: docs/privacy.md §10
+        # the grid (γ ≤ 2⁻¹⁰·Δ) adds ≤ one unit (and float slack) to the sensitivity:
+        # docs/privacy/finite_precision.md#finite-precision
         assert scale <= release["noise"]["scale"] <= scale * (1 + 2**-9)
         assert math.fmod(release["value"], release["noise"]["granularity"]) == 0.0
         assert released.json()["realized"]["pure"] == 1.0

@@ -1,5 +1,5 @@
-"""The adaptive per-instance report of ``objpert.logistic`` over HTTP (Redberg 2023, Alg 8/9; docs/privacy.md
-§8.4.6), on SQLite and PostgreSQL.
+"""The adaptive per-instance report of ``objpert.logistic`` over HTTP (Redberg 2023, Alg 8/9;
+docs/privacy/objective_perturbation.md#objpert-adaptive-report), on SQLite and PostgreSQL.
 
 A request with ``report_lambda_min_sigma`` (σ₄) is admitted at a regularization the former requirement
 λ ≥ 2σ₃τ_GOE refuses; its charge is the data-dependent report's plus one Gaussian release (λ̂_min); the

@@ -226,7 +226,8 @@ class TestObservability:
                 actual = secret_of(server.settings.database_url, sid)
                 if mechanism == "noise_reduction.gaussian":
                     # the grid Brownian chain keeps the last released value (public) and its level, and
-                    # draws each step's noise fresh (docs/privacy.md §10.4.2)
+                    # draws each step's noise fresh
+                    # (docs/privacy/finite_precision_reduction.md#fp-noise-reduction)
                     sampler = actual["sampler"]
                     assert sampler["level"] == 1
                     assert isinstance(sampler["previous"], list)

@@ -1,4 +1,4 @@
-"""Long-running requests and worker leases, on SQLite and PostgreSQL (docs/privacy.md §9).
+"""Long-running requests and worker leases, on SQLite and PostgreSQL (docs/privacy/workers.md#workers).
 
 A long-running mechanism's ``progress`` callback is the worker's heartbeat: it renews the request's lease
 (so a live run is never reaped) and stores the fraction only when the mechanism says it is public. A run

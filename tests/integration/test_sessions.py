@@ -402,7 +402,8 @@ class TestSecrets:
         with sessions() as session:
             secret = SessionRepository(session).secret(row.request_id)
             assert secret is not None
-            threshold = json.loads(secret.state)["noisy_threshold_units"]  # grid units (docs/privacy.md §10)
+            # grid units (docs/privacy/finite_precision.md#finite-precision)
+            threshold = json.loads(secret.state)["noisy_threshold_units"]
         buffer = io.StringIO()
         configure_logging("INFO", as_json=False, stream=buffer)
         try:

@@ -2,10 +2,10 @@
 
 * A tuning request is long-running: with ``wait_seconds = 0`` the POST answers 202 with a Location; polling
   ``GET /v1/requests/{rid}`` shows the state and the request's times only (``progress`` stays null: the
-  amount of work would reveal the latent k, docs/privacy.md §8.5.4; every candidate always runs, so the
-  times do not, and ``pad_to_worst_case_time: false`` is refused with 422 before anything is reserved); the
-  final body carries the release (selected configuration, model, private score, charge, or ⊥) and the
-  realized charge, which is ≤ the worst case and is exactly what the budget shows as spent.
+  amount of work would reveal the latent k, docs/privacy/tuning.md#tuning-secrets; every candidate always
+  runs, so the times do not, and ``pad_to_worst_case_time: false`` is refused with 422 before anything is
+  reserved); the final body carries the release (selected configuration, model, private score, charge, or ⊥)
+  and the realized charge, which is ≤ the worst case and is exactly what the budget shows as spent.
 * Worker crash mid-tuning (real ``expost serve`` processes): the server is SIGKILLed while the request is
   running; a restarted server's reaper commits the worst case once the lease expires, and nothing is
   released.

@@ -117,15 +117,15 @@ class TestWriteBatcher:
     ) -> None:
         dataset_id, principals = analysts_on_a_pure_budget(sessions, tmp_path, 12)
         calls = {"n": 0}
-        original = writer._lock_all
+        original = writer._reads
 
-        def flaky(session: Session, batch: list[writer.Job]) -> writer.Locked:
+        def flaky(batch: list[writer.Job]) -> admission.BatchReads:
             calls["n"] += 1
             if calls["n"] == 1:
                 raise RuntimeError("the database hiccuped")
-            return original(session, batch)
+            return original(batch)
 
-        monkeypatch.setattr(writer, "_lock_all", flaky)
+        monkeypatch.setattr(writer, "_reads", flaky)
         outcomes = race(batcher, sessions, dataset_id, principals)
         assert calls["n"] >= 1
         assert sum(not isinstance(o, BudgetExhausted) for o in outcomes) == 10
@@ -139,13 +139,13 @@ class TestWriteBatcher:
         dataset_id, (analyst,) = world_in_db(sessions, tmp_path, epsilon=1.0)
         with sessions() as session:
             validated = admission.validate(session, analyst, dataset_id, "laplace", COUNT)
-        original = writer._lock_all
+        original = writer._reads
 
-        def slow_lock_all(session: Session, batch: list[writer.Job]) -> writer.Locked:
+        def slow_lock_all(batch: list[writer.Job]) -> admission.BatchReads:
             time.sleep(1.0)  # a slow database (lock wait, busy SQLite file)
-            return original(session, batch)
+            return original(batch)
 
-        monkeypatch.setattr(writer, "_lock_all", slow_lock_all)
+        monkeypatch.setattr(writer, "_reads", slow_lock_all)
         batcher = writer.WriteBatcher(sessions, timeout=0.2)
         try:
             with pytest.raises(ServiceUnavailable):

@@ -1,4 +1,5 @@
-"""Monte Carlo privacy audits of the AboveThreshold sessions (docs/privacy.md §8.1.3;
+"""Monte Carlo privacy audits of the AboveThreshold sessions
+(docs/privacy/noise_reduction.md#interactive-above-threshold;
 docs/mechanisms/above_threshold.md).
 
 ``audit`` runs a vectorised sampler of a mechanism many times on each side of a neighbouring pair of

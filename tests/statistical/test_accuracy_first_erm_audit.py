@@ -1,7 +1,9 @@
-"""Statistical audit of the accuracy guarantee of accuracy-first ERM (docs/privacy.md §8.2.4), with a power
+"""Statistical audit of the accuracy guarantee of accuracy-first ERM
+(docs/privacy/accuracy_first_erm.md#accuracy-first-erm-calibration), with a power
 check.
 
-Claim (Ligett et al. 2017, Theorem 3.2 / 3.4 with Theorem A.1; reference calibration: docs/privacy.md §8.2.4):
+Claim (Ligett et al. 2017, Theorem 3.2 / 3.4 with Theorem A.1; reference calibration:
+docs/privacy/accuracy_first_erm.md#accuracy-first-erm-calibration):
 the released model's excess
 empirical risk exceeds α with probability ≤ γ. We run the real walk (``accuracy_first``) RUNS times on a
 fixed logistic data set and count the runs with excess > α. Under the claim the count is stochastically
@@ -14,10 +16,10 @@ models with excess up to about 2α) must be rejected by the same test at the sam
 The privacy of the building blocks is audited in their own parts (noise reduction, InteractiveAboveThreshold);
 the sensitivities this module adds are property-tested in tests/unit/test_accuracy_first_erm.py.
 
-Finite precision (docs/privacy.md §10): the exact-bound calibration is certified for the grid IAT that runs
-(discrete Laplace, rounded comparisons); its failure bound is checked against a Monte Carlo of that grid
-test, and the exact-support attack (is a release reachable from the neighbour?) finds nothing on
-neighbouring data sets, while the old float construction is caught on every release.
+Finite precision (docs/privacy/finite_precision.md#finite-precision): the exact-bound calibration is certified
+for the grid IAT that runs (discrete Laplace, rounded comparisons); its failure bound is checked against a
+Monte Carlo of that grid test, and the exact-support attack (is a release reachable from the neighbour?) finds
+nothing on neighbouring data sets, while the old float construction is caught on every release.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from scipy import stats
 
 from mechanisms.noise import Noise
 from mechanisms.reduction import accuracy_first_erm as af
-from mechanisms.threshold.above_threshold import IatCalibration, ThresholdGrid, iat_reference_calibration
+from mechanisms.reduction import erm_calibration as afc
+from mechanisms.threshold.above_threshold import ThresholdGrid
+from mechanisms.threshold.interactive import IatCalibration, iat_reference_calibration
 
 pytestmark = pytest.mark.statistical
 
@@ -101,8 +105,8 @@ def test_exact_failure_bound_matches_monte_carlo() -> None:
     def consistent(p: float) -> bool:
         return bool(stats.binomtest(count, runs, p).pvalue > FALSE_ALARM)
 
-    assert consistent(af.iat_failure_probability(eps, delta, margin, levels))
-    assert not consistent(af.iat_failure_probability(1.3 * eps, delta, margin, levels))
+    assert consistent(afc.iat_failure_probability(eps, delta, margin, levels))
+    assert not consistent(afc.iat_failure_probability(1.3 * eps, delta, margin, levels))
 
 
 def test_discrete_failure_bound_matches_monte_carlo_of_the_grid_test() -> None:
@@ -122,8 +126,8 @@ def test_discrete_failure_bound_matches_monte_carlo_of_the_grid_test() -> None:
     def consistent(p: float) -> bool:
         return bool(stats.binomtest(count, runs, p).pvalue > FALSE_ALARM)
 
-    assert consistent(af.iat_discrete_failure_probability(eps, delta, -alpha / 2, alpha, levels))
-    assert not consistent(af.iat_discrete_failure_probability(1.3 * eps, delta, -alpha / 2, alpha, levels))
+    assert consistent(afc.iat_discrete_failure_probability(eps, delta, -alpha / 2, alpha, levels))
+    assert not consistent(afc.iat_discrete_failure_probability(1.3 * eps, delta, -alpha / 2, alpha, levels))
 
 
 SUPPORT_RUNS = 150

@@ -1,4 +1,5 @@
-"""Monte Carlo audit of DP-GD with private adaptive clipping (Theorem DPGD-ADAPT, docs/privacy.md §8.3.6.1).
+"""Monte Carlo audit of DP-GD with private adaptive clipping (Theorem DPGD-ADAPT,
+docs/privacy/gradient_descent.md#theorem-dpgd-adapt).
 
 Setting: squared loss, d = 1, n = 2 records, replace-one, λ = 0, τ = 1, T = 2 steps, initial clip C₀ = 0.5,
 noise multiplier z = 1.5 split half and half (count_share φ = 0.5: gradient multiplier z/√0.5, count std

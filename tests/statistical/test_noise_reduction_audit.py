@@ -11,7 +11,9 @@ Vectorisation: the coordinates of the samplers are independent chains, so N inde
 chain are one call with ``dim = N`` (no Python loop over runs).
 
 Sources: Ligett et al. 2017, Algorithm 1 and Theorem 2.7 (Laplace noise reduction, Koufogiannis et al.'s
-lazy kernel); docs/privacy.md §8.1.1–§8.1.2 and §10.4.2 (the Laplace and Brownian chains and the ex-post
+lazy kernel); docs/privacy/noise_reduction.md#laplace-noise-reduction,
+docs/privacy/noise_reduction.md#brownian-noise-reduction and
+docs/privacy/finite_precision_reduction.md#fp-noise-reduction (the Laplace and Brownian chains and the ex-post
 theorems audited here).
 """
 
@@ -49,7 +51,7 @@ from mechanisms.reduction.noise_reduction import (
     laplace_nr_rates,
     laplace_nr_scales,
 )
-from mechanisms.threshold.above_threshold import InteractiveAboveThreshold, iat_scales
+from mechanisms.threshold.interactive import InteractiveAboveThreshold, iat_scales
 
 pytestmark = pytest.mark.statistical
 

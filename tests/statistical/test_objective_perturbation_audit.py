@@ -1,5 +1,5 @@
 """Monte Carlo privacy audit of objective perturbation on a 1-D logistic neighbouring pair (Redberg 2023,
-Thm 4.3.2; docs/privacy.md §8.4).
+Thm 4.3.2; docs/privacy/objective_perturbation.md#objective-perturbation).
 
 Pair: D = 10×(1, +1) ∪ 3×(−1, −1), D′ = D ∪ {(1, −1)} — the added record is badly fit (|f'| ≈ 1), so the
 true divergence is close to the Gaussian part of the bound. λ = 1, σ = 1, L = 1, β = 1/4.

@@ -1,5 +1,5 @@
 """Monte Carlo audit of the adaptive per-instance report of ``objpert.logistic`` (Redberg 2023, Alg 8/9;
-docs/privacy.md §8.4.6).
+docs/privacy/objective_perturbation.md#objpert-adaptive-report).
 
 Fixed dataset D and a fixed record z (a member, so the neighbour is D \\ {z}), regularization **below** the
 former requirement λ ≥ 2σ₃τ_GOE. Each trial draws the whole transcript with the production code:

@@ -1,4 +1,4 @@
-"""Monte Carlo privacy audit of privacy units (docs/privacy.md §15): one person with many rows.
+"""Monte Carlo privacy audit of privacy units (docs/privacy/units.md#units): one person with many rows.
 
 Neighbouring pair (add/remove one unit): D = 30 ordinary units (1–11 rows each), D′ = D plus one **heavy**
 unit with 40 rows (10× ``max_rows`` = 4), every value at the column's largest magnitude (x = 5 on

@@ -1,5 +1,5 @@
 """Monte Carlo privacy audit of the quantile mechanism (report-noisy-max with one-sided geometric noise
-over public candidates; docs/mechanisms/analytics.md, docs/privacy.md "Analytics").
+over public candidates; docs/mechanisms/analytics.md, docs/privacy/analytics.md#quantile).
 
 The sampler is the module's own code path (``candidate_grid``, ``rank_counts``, ``noisy_max_select`` with
 the mechanism's rate ``noise_rate`` ≤ ε_q/2, drawing from ``Noise.seeded``), vectorised over runs. On a

@@ -6,8 +6,8 @@ fixed seed. The same test must reject a variance 30% off in either direction (po
 std/variance misreadings (std = γ‖v‖² + σ²; the authors' code std = √γ‖v‖ + σ).
 
 Audit: one RGM step on the neighbouring pair R(x) = p·e₁, R(y) = R(x)/(1+η) (the worst-case direction of
-docs/privacy.md §8.3, admissible under Def. 2). Releases are drawn from the sampler under test on x and the
-privacy
+docs/privacy/gradient_descent.md#gradient-descent, admissible under Def. 2). Releases are drawn from the
+sampler under test on x and the privacy
 loss L(o) = log f_x(o) − log f_y(o) is evaluated with the density of what that sampler draws (isotropic
 Gaussian). Then D_α = log E_x[e^{(α−1)L}]/(α−1). The mean of e^{(α−1)L} gets a lower confidence bound from
 the empirical Bernstein inequality (Maurer & Pontil 2009, Thm 4) applied to e^{(α−1)L} truncated at

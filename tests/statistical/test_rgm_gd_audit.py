@@ -11,17 +11,17 @@ noise; at most T = 2 steps; the rule stops after step 1 when the released noisy 
 For a transcript o = (θ₁, …, θ_{T_run}) drawn by ``rgm_gd_train`` on D, the privacy loss is
 L(o) = Σ_t [log p_t(θ_{t+1} | θ_t) − log q_t(θ_{t+1} | θ_t)] with the Gaussian step densities of what the
 sampler draws (mean θ_t − τ∇f(θ_t), variance τ²v(θ_t)); the stopping time is a function of o, so it is the
-same under both datasets. The ex-post RDP inequality (docs/privacy.md §1) says
+same under both datasets. The ex-post RDP inequality (docs/privacy/index.md#definition-ex-post-rdp) says
 E_D[exp((α−1)(L − T_run·ε_step(α)))] ≤ 1. A lower confidence bound on that mean (empirical Bernstein,
 Maurer & Pontil 2009 Thm 4, on the variable truncated at e^{α−1}, which only lowers the mean) above 1
 would prove a violation; false-alarm probability ≤ 1e-6 per audit (Bonferroni over the two orders 2 and 4).
 E_D[e^{−L}] = 1 is checked too: it ties the densities used for L to the sampler actually run.
 
-Projection: rgm.gd projects every iterate onto a public ball (post-processing; docs/privacy.md
-§8.3.2.1). The default radius here (ridge_theta_bound(25, 1, 1) = 1/26) would project θ₀ = 50 to 0.038 and
-make the step laws non-Gaussian, so the audit passes the public radius RADIUS = 1e4 explicitly (any public
-radius is private) and asserts that no transcript reaches it: the sampler is then exactly the unprojected
-one whose Gaussian densities are written out below.
+Projection: rgm.gd projects every iterate onto a public ball (post-processing;
+docs/privacy/gradient_descent.md#rgm-gd-projection). The default radius here (ridge_theta_bound(25, 1, 1) =
+1/26) would project θ₀ = 50 to 0.038 and make the step laws non-Gaussian, so the audit passes the public
+radius RADIUS = 1e4 explicitly (any public radius is private) and asserts that no transcript reaches it: the
+sampler is then exactly the unprojected one whose Gaussian densities are written out below.
 
 Power: the same audit (same pair, orders, runs, seed) must catch two broken variants:
 * noise without the relative term (variance σ² only) charged as the RGM;
@@ -37,13 +37,15 @@ import numpy as np
 import pytest
 
 from mechanisms.learners.relative_gaussian import theorem1_epsilon
+from mechanisms.learners.rgm_calibration import (
+    baseline_sigma,
+    gamma_for_step,
+    relative_sensitivity,
+)
 from mechanisms.learners.rgm_gd import (
     RgmGdConfig,
     StopRule,
-    baseline_sigma,
     full_gradient,
-    gamma_for_step,
-    relative_sensitivity,
     rgm_gd_train,
 )
 from mechanisms.noise import Noise

@@ -1,5 +1,5 @@
 """Sampler checks and a Monte Carlo privacy audit of ex-post tuning (mechanisms/tuning/select.py;
-docs/privacy.md §8.5.5).
+docs/privacy/tuning.md#tuning-verification).
 
 Samplers (exact, ``mechanisms/noise/tuning.py``): the geometric latent's pmf (χ² at three ε′, including
 ε′ = 1e-3 where k ~ 10³, and the mean), the law of the whole keep mask for both latents against its exact
@@ -42,14 +42,8 @@ from mechanisms.noise.tuning import (
     geometric_by_inversion,
     keep_given_latent,
 )
-from mechanisms.tuning.select import (
-    algorithm3,
-    draw_latent,
-    expected_runs,
-    probability_bottom,
-    pure_charges,
-    sample_kept,
-)
+from mechanisms.tuning.charges import expected_runs, probability_bottom, pure_charges
+from mechanisms.tuning.select import algorithm3, draw_latent, sample_kept
 
 pytestmark = pytest.mark.statistical
 

@@ -86,7 +86,7 @@ def add_remove_ctx() -> PublicContext:
     return _ctx("add_remove")
 
 
-# ----- ridge neighbour pairs (relative sensitivity, docs/privacy.md §8.3.4) -------------------------------
+# ----- ridge neighbour pairs (relative sensitivity, docs/privacy/gradient_descent.md#lemma-ridge-split) -----
 
 
 def pair_quantities(

@@ -34,7 +34,6 @@ from mechanisms.threshold.above_threshold import (
     DROPPING,
     GEOMETRIC,
     LAPLACE,
-    MAX_QUERIES,
     AboveThresholdSession,
     BatchAboveThreshold,
     DroppingAboveThresholdBatch,
@@ -48,6 +47,7 @@ from mechanisms.threshold.above_threshold import (
     kept,
     kept_array,
 )
+from mechanisms.threshold.params import MAX_QUERIES
 
 ALPHA = 1e-6  # false-alarm rate of every distribution test here
 FLOAT_TOL = 1e-12  # float error of the exact sums (relative ~1e-15 on probabilities ≥ 1e-12)

@@ -1,9 +1,9 @@
 """Property-based tests of the accounting core: curve algebra, rounding direction, conversions, capacity,
 and the filter's admission rule (a simulation and a reserve/commit/abort state machine).
 
-The filter model below is the service's rule (docs/privacy.md §2): a request with worst-case charge w is
-admitted iff some slot j has capacity cap[j] ≠ None and spent[j] + reserved[j] + w[j] finite and ≤ cap[j]; a
-commit replaces the reservation by the realized charge (≤ the reservation); an abort releases it.
+The filter model below is the service's rule (docs/privacy/filter.md#filter): a request with worst-case charge
+w is admitted iff some slot j has capacity cap[j] ≠ None and spent[j] + reserved[j] + w[j] finite and ≤
+cap[j]; a commit replaces the reservation by the realized charge (≤ the reservation); an abort releases it.
 """
 
 from __future__ import annotations

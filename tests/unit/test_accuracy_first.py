@@ -39,7 +39,7 @@ from mechanisms.reduction.accuracy_first import (
     relative_pass,
 )
 from mechanisms.reduction.noise_reduction import brownian_cumulative_costs, brownian_grid, laplace_nr_scales
-from mechanisms.threshold.above_threshold import iat_paper_calibration
+from mechanisms.threshold.interactive import iat_paper_calibration
 
 SCHEMA = DatasetSchema.model_validate(
     {

@@ -1,7 +1,7 @@
 """Accuracy-first ERM (Ligett et al. Alg. 3 and 5): sensitivities, the test, charges, the service adapters.
 
 Known values are computed from Ligett et al. 2017 (Theorems 3.2, 3.4, Claims A.5, A.12) and from their
-reference code's calibration (docs/privacy.md §8.2).
+reference code's calibration (docs/privacy/accuracy_first_erm.md#accuracy-first-erm).
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ from mechanisms.data.schema import DatasetSchema
 from mechanisms.learners.features import design_matrix
 from mechanisms.noise import Noise
 from mechanisms.reduction import accuracy_first_erm as af
+from mechanisms.reduction import erm_calibration as afc
+from mechanisms.reduction import erm_solvers as afs
 from mechanisms.reduction.noise_reduction import LazyLaplaceNR
-from mechanisms.threshold.above_threshold import InteractiveAboveThreshold
+from mechanisms.threshold.interactive import InteractiveAboveThreshold
 
 ROOT = Path(__file__).resolve().parents[2]
 N, LAM, GAMMA, T = 100_000, 0.005, 0.1, 1000
@@ -102,7 +104,8 @@ def test_radius_and_query_sensitivity_match_the_note() -> None:
     assert af.query_sensitivity("ridge", N, LAM) >= (1 / math.sqrt(LAM) + 1) ** 2 / N
     assert af.query_sensitivity("ridge", N, LAM) == pytest.approx(2.29284e-3, rel=1e-5)
     assert af.query_sensitivity("logistic", N, LAM) == pytest.approx(3.33022e-4, rel=1e-5)
-    # Claim A.12's form (2/n)·ln((1+e^M)/(1+e^{−M})) equals 2M/n (docs/privacy.md §8.2.3)
+    # Claim A.12's form (2/n)·ln((1+e^M)/(1+e^{−M})) equals 2M/n
+    # (docs/privacy/accuracy_first_erm.md#accuracy-first-erm-proof)
     m = af.radius("logistic", LAM)
     assert 2 / N * math.log((1 + math.exp(m)) / (1 + math.exp(-m))) == pytest.approx(2 * m / N, rel=1e-12)
     assert af.statistic_sensitivity("logistic", N, LAM, 38) == pytest.approx(0.0246577, rel=1e-5)
@@ -128,11 +131,13 @@ def test_test_epsilon_times_alpha_matches_t12(
 
 
 def test_thresholds_use_the_corrected_sign() -> None:
-    """Alg. 5 erratum: the threshold on f = L(θ*) − L(θ) ≤ 0 is −α/2, not +α/2 (docs/privacy.md §8.2)."""
+    """Alg. 5 erratum: the threshold on f = L(θ*) − L(θ) ≤ 0 is −α/2, not +α/2
+    (docs/privacy/accuracy_first_erm.md#accuracy-first-erm)."""
     cal = af.iat_calibration("paper_theorem", 1e-3, 0.05, GAMMA, T)
     assert cal.threshold == pytest.approx(-0.025)
     ref = af.iat_calibration("reference_code", 1e-3, 0.05, GAMMA, T)
-    assert ref.threshold == pytest.approx(-0.12007 * 0.05, rel=1e-3)  # s = 0.12007α (docs/privacy.md §8.1.3)
+    # s = 0.12007α (docs/privacy/noise_reduction.md#interactive-above-threshold)
+    assert ref.threshold == pytest.approx(-0.12007 * 0.05, rel=1e-3)
 
 
 def test_failure_probability_reproduces_t11() -> None:
@@ -142,13 +147,13 @@ def test_failure_probability_reproduces_t11() -> None:
     for calibration, expected in (("paper_theorem", 1.67e-6), ("reference_code", 0.01517)):
         cal = af.iat_calibration(calibration, delta_q, alpha, GAMMA, T)  # type: ignore[arg-type]
         margin = alpha + cal.threshold
-        assert af.iat_failure_probability(cal.epsilon_a, delta_q, margin, T) == pytest.approx(
+        assert afc.iat_failure_probability(cal.epsilon_a, delta_q, margin, T) == pytest.approx(
             expected, rel=3e-3
         )
     # one level: 1 − E[F(u + ρ)] in closed form, P[ν − ρ > u] for ν ~ Lap(1), ρ ~ Lap(1/2)
     u = 1.3
     closed = (4 * math.exp(-u) - math.exp(-2 * u)) / 6  # = ½·(4/3)e^{−u} − (1/6)e^{−2u}
-    assert af.iat_failure_probability(4.0, 1.0, u, 1) == pytest.approx(closed, rel=1e-9)
+    assert afc.iat_failure_probability(4.0, 1.0, u, 1) == pytest.approx(closed, rel=1e-9)
 
 
 @pytest.mark.parametrize(("task", "levels", "gamma"), [("ridge", 1000, 0.1), ("logistic", 50, 0.05)])
@@ -157,13 +162,13 @@ def test_exact_bound_calibration_is_tight_and_cheaper(task: af.Task, levels: int
     exact = af.iat_calibration("exact_bound", delta_q, alpha, gamma, levels)
     paper = af.iat_calibration("paper_theorem", delta_q, alpha, gamma, levels)
     assert exact.threshold == paper.threshold == -alpha / 2
-    failure = af.iat_failure_probability(exact.epsilon_a, delta_q, alpha / 2, levels)
+    failure = afc.iat_failure_probability(exact.epsilon_a, delta_q, alpha / 2, levels)
     assert gamma * 0.97 <= failure <= gamma  # continuous noise: nearly tight
-    discrete = af.iat_discrete_failure_probability(exact.epsilon_a, delta_q, -alpha / 2, alpha, levels)
+    discrete = afc.iat_discrete_failure_probability(exact.epsilon_a, delta_q, -alpha / 2, alpha, levels)
     assert gamma * 0.98 <= discrete <= gamma  # the grid IAT actually run: certified and tight
     assert exact.epsilon_a < paper.epsilon_a / 2  # the union bound costs more than a factor 2
     smaller = exact.epsilon_a * 0.995
-    assert af.iat_discrete_failure_probability(smaller, delta_q, -alpha / 2, alpha, levels) > gamma
+    assert afc.iat_discrete_failure_probability(smaller, delta_q, -alpha / 2, alpha, levels) > gamma
     # doubling: the exact per-round failure of T rounds is γ
     scale = af.doubling_test("exact_bound", delta_q, alpha, gamma, 24)
     assert 1 - (1 - 0.5 * math.exp(-(alpha / 2) / scale)) ** 24 == pytest.approx(gamma, rel=1e-8)
@@ -185,12 +190,13 @@ def test_doubling_charge_matches_t12() -> None:
     for k, expected in ((12, 6.07275), (13, 6.61636), (14, 7.20093)):
         assert af.doubling_charge(eps_test, grid, k) == pytest.approx(expected, rel=2e-6)
     ref = delta_q / af.doubling_test("reference_code", delta_q, alpha, GAMMA, 24)
-    assert ref == pytest.approx(0.43908, rel=1e-4)  # the reference code's per-test ε (docs/privacy.md §8.2.7)
+    # the reference code's per-test ε (docs/privacy/accuracy_first_erm.md#accuracy-first-erm-verification)
+    assert ref == pytest.approx(0.43908, rel=1e-4)
     assert af.doubling_grid(1e-5, 70.8156)[-1] >= 70.8156
     assert len(af.doubling_grid(1e-5, 70.8156)) == 24
 
 
-# ----- sensitivities from the bounds (docs/privacy.md §8.2.3) ----------------------------------------------
+# ----- sensitivities from the bounds (docs/privacy/accuracy_first_erm.md#accuracy-first-erm-proof) ----------
 def test_covariance_statistic_sensitivity_on_random_and_extremal_neighbours() -> None:
     rng = np.random.default_rng(1)
     n, p = 50, 6
@@ -248,7 +254,7 @@ def test_trust_region_solver_is_optimal_on_indefinite_problems() -> None:
         a = 0.5 * (b + b.T) * rng.uniform(0.1, 5)
         z = rng.standard_normal(p) * rng.uniform(0.01, 5)
         m = float(rng.uniform(0.2, 3))
-        theta = af.trust_region_minimizer(a, z, m)
+        theta = afs.trust_region_minimizer(a, z, m)
         assert np.linalg.norm(theta) <= m
 
         def objective(t: np.ndarray, a: np.ndarray = a, z: np.ndarray = z) -> np.ndarray:
@@ -263,11 +269,11 @@ def test_trust_region_solver_is_optimal_on_indefinite_problems() -> None:
 def test_trust_region_hard_case_and_interior() -> None:
     a = np.diag([-1.0, 2.0, 3.0])
     z = np.array([0.0, 1.0, 1.0])  # ⟂ the bottom eigenvector: the hard case
-    theta = af.trust_region_minimizer(a, z, 2.0)
+    theta = afs.trust_region_minimizer(a, z, 2.0)
     assert np.linalg.norm(theta) == pytest.approx(2.0, rel=1e-9)
     assert abs(theta[0]) > 1.0  # completed along the bottom eigenvector
     spd = np.diag([2.0, 4.0])
-    inner = af.trust_region_minimizer(spd, np.array([1.0, 1.0]), 10.0)
+    inner = afs.trust_region_minimizer(spd, np.array([1.0, 1.0]), 10.0)
     assert np.allclose(inner, [0.5, 0.25])
 
 
@@ -551,7 +557,8 @@ def test_benchmark_quick_runs(tmp_path: Path) -> None:
     assert "noise_reduction" in result.stdout
 
 
-# ----- finite precision: the statistic grid, exact rounding, grid releases (docs/privacy.md §10) -----------
+# ----- finite precision: the statistic grid, exact rounding, grid releases --------------------------------
+# (docs/privacy/finite_precision.md#finite-precision)
 def _units_on(values: np.ndarray, exponent: int) -> bool:
     scaled = np.ldexp(np.asarray(values, dtype=np.float64), -exponent)
     return bool(np.all(scaled == np.trunc(scaled)))
@@ -674,14 +681,14 @@ def test_discrete_failure_bound_is_close_to_the_continuous_one() -> None:
     """The grid IAT's failure bound (exact discrete sums, blocked) vs the continuous quadrature."""
     delta_q, alpha = af.query_sensitivity("ridge", N, LAM), 0.05
     for eps_a in (1.0, 3.0, 8.0):
-        cont = af.iat_failure_probability(eps_a, delta_q, alpha / 2, T)
-        disc = af.iat_discrete_failure_probability(eps_a, delta_q, -alpha / 2, alpha, T)
+        cont = afc.iat_failure_probability(eps_a, delta_q, alpha / 2, T)
+        disc = afc.iat_discrete_failure_probability(eps_a, delta_q, -alpha / 2, alpha, T)
         assert cont <= disc * (1 + 1e-9) or disc == 1.0  # larger scales, rounding: never smaller
         assert disc <= cont * 1.03 + 1e-12
 
 
 # ===== Sensitivities, clipping, the ball C and the charge, against exhaustive grids and adversarial ========
-# neighbours (docs/privacy.md §8.2), each with its own oracle:
+# neighbours (docs/privacy/accuracy_first_erm.md#accuracy-first-erm), each with its own oracle:
 # - the ridge statistic is the full p×p matrix plus Xᵀy, each entry with its own noise (no mirrored
 #   triangle); its ℓ1 sensitivity 4 is attained exactly by disjoint-support neighbours and never exceeded;
 # - the design matrix that reaches the ridge statistic has ‖x‖₁ ≤ 1 *including* the intercept column;
@@ -796,7 +803,7 @@ def test_ridge_run_clips_intercept_rows_to_l1_and_noises_every_matrix_entry(
     plan = problem.plan(float(grid[0]))
     gamma = plan.grid.granularity
     # the noise reduction runs on the ℓ1 sensitivity in grid units: Δ_S/γ + d rounding steps (+ d/64 slack)
-    assert captured["delta"] == plan.units == int(4.0 * (1 + af.SLACK) / gamma + (d * d + d) * (1 + 1 / 64))
+    assert captured["delta"] == plan.units == int(4.0 * (1 + afc.SLACK) / gamma + (d * d + d) * (1 + 1 / 64))
     assert captured["delta"] >= 4.0 / gamma + d * d + d
     statistic = af.RidgeData.from_arrays(x, y).statistic()
     assert np.all(np.ldexp(captured["noisy"], -plan.grid.exponent) % 1.0 == 0.0)  # on the grid

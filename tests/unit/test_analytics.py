@@ -481,7 +481,9 @@ NASTY_SQL = [
     "SELECT MEDIAN(x) FILTER (WHERE k > 0) FROM dataset",
     "SELECT SUM(x) FROM dataset, other",
     "SELECT SUM(x) FROM dataset UNION SELECT SUM(x) FROM dataset",
-    "SELECT COUNT(DISTINCT g) FROM dataset",
+    "SELECT COUNT(DISTINCT g, k) FROM dataset",  # COUNT(DISTINCT unit) takes one column
+    "SELECT COUNT(DISTINCT (g)) FROM dataset",
+    "SELECT SUM(x) FROM dataset WHERE x > ALL (",  # sqlglot's parser raised AttributeError (a 500)
     "SELECT SUM(x::int) FROM dataset",
     "SELECT SUM(x) FROM dataset WHERE x = $1",
 ]

@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, int]] = [
     ("mechanisms.noise", 1),
     ("mechanisms.data", 1),
     ("mechanisms.base", 2),
+    ("mechanisms.params", 2),
     ("mechanisms.queries", 3),
     ("mechanisms.threshold", 4),
     ("mechanisms.learners", 4),
@@ -180,3 +181,63 @@ def test_no_import_circles() -> None:
 def test_the_rule_catches_an_upward_import(bad: str) -> None:
     """The check can fail: the store importing the API (or the composition root) is upward."""
     assert layer(bad) > layer("service.store.models")
+
+
+def api_imports_of_the_store(edges: dict[str, list[tuple[str, list[str], int]]]) -> list[str]:
+    """Every import of ``service.store`` by a module of ``service.api`` (routers call domain functions)."""
+    return [
+        f"{source}:{line} imports {target}"
+        for source, found in edges.items()
+        if source == "service.api" or source.startswith("service.api.")
+        for target, _, line in found
+        if target == "service.store" or target.startswith("service.store.")
+    ]
+
+
+def test_the_api_never_imports_the_store() -> None:
+    wrong = api_imports_of_the_store(EDGES)
+    assert not wrong, "the API reaches the store directly:\n" + "\n".join(wrong)
+
+
+def test_the_api_rule_catches_a_store_import() -> None:
+    """The check can fail: a router importing a repository is reported."""
+    edges = {"service.api.routers.requests": [("service.store.repositories", ["RequestRepository"], 3)]}
+    assert api_imports_of_the_store(edges) == [
+        "service.api.routers.requests:3 imports service.store.repositories"
+    ]
+
+
+UNIT_OF_WORK = "service.store.unit"
+"""The one module of ``service/`` that begins and commits transactions (the CLI uses it too)."""
+
+
+def transaction_calls(source: str, path: str) -> list[int]:
+    """Lines that call ``….begin()`` or ``….commit()`` (a session's, a connection's, anything's but the
+    unit of work's own functions, ``unit.begin`` and ``unit.commit``)."""
+    return sorted(
+        node.lineno
+        for node in ast.walk(ast.parse(source, path))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("begin", "commit")
+        and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "unit")
+    )
+
+
+def test_only_the_unit_of_work_begins_and_commits() -> None:
+    calls = [
+        f"{name}:{line}"
+        for name, path in MODULES.items()
+        if name.startswith("service") and name != UNIT_OF_WORK
+        for line in transaction_calls(path.read_text(), str(path))
+    ]
+    assert not calls, f"transactions begun or committed outside {UNIT_OF_WORK}:\n" + "\n".join(calls)
+    assert transaction_calls(MODULES[UNIT_OF_WORK].read_text(), UNIT_OF_WORK), "the unit of work commits"
+
+
+@pytest.mark.parametrize(
+    "code", ["with sessions() as s, s.begin():\n    pass\n", "session.commit()\n", "conn.begin()\n"]
+)
+def test_the_transaction_rule_catches_a_begin_or_commit(code: str) -> None:
+    assert transaction_calls(code, "<router>") == [1]
+    assert transaction_calls("unit.begin(session)\nunit.commit(session, send)\n", "<runs>") == []

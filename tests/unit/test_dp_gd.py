@@ -358,7 +358,7 @@ def test_projected_training_stays_in_the_ball_and_checks_finiteness() -> None:
         DpGdConfig("squared", 0.1, 4, 1.0, 1.0, 1.0, radius=0.0)
 
 
-# ----- the exact grid construction (docs/privacy.md §10, Theorem DPGD-GRID) ----------------------------
+# ----- the exact grid construction (docs/privacy/finite_precision_learners.md#theorem-dpgd-grid) -----------
 @pytest.mark.parametrize("std", [1, 3, 50])
 def test_discrete_gaussian_std_pmf_chi_square(std: int) -> None:
     """Chi-square of ``discrete_gaussian_std`` against the exact pmf (fixed seed, false alarm 1e-3) and a

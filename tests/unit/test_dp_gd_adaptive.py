@@ -1,6 +1,6 @@
 """Private adaptive clipping for ``dp_gd`` (Andrew, Thakkar, McMahan, Ramaswamy 2021; Theorem DPGD-ADAPT,
-docs/privacy.md §8.3.6.1): the charge against ``dp_accounting`` and the closed form, the count's
-sensitivity, the clip update, and the service mechanism's release."""
+docs/privacy/gradient_descent.md#theorem-dpgd-adapt): the charge against ``dp_accounting`` and the closed
+form, the count's sensitivity, the clip update, and the service mechanism's release."""
 
 from __future__ import annotations
 

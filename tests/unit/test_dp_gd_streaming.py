@@ -1,14 +1,15 @@
 """``dp_gd`` on a table streamed in record batches (a Parquet snapshot, ``ParquetTable.batches``) is bit for
 bit the in-memory run: the same ``Noise.seeded`` gives the same iterates, clip path and noisy counts.
 
-Why it must be (docs/privacy.md §10.4.4, Theorem DPGD-GRID): every record's clipped term is a function of its
-own record and the public θ, and the step's sum is an exact integer, so cutting the table into batches, the
-records into blocks, or the work over threads changes nothing. These tests check the pieces that carry
-that argument: the design matrix built column by column (``design_columns``, its row norm summed in
-numpy's own order), the per-record grid (``grid_records_from_batches``), the per-step pass by blocks and
-threads, and whole runs of the service mechanism (fixed and adaptive clipping, logistic and ridge,
-replace-one and add/remove) on a dict of columns and on a ``ParquetTable`` read 37 rows at a time, with a
-row limit of 10 so that loading any column whole would fail.
+Why it must be (docs/privacy/finite_precision_learners.md#theorem-dpgd-grid, Theorem DPGD-GRID): every
+record's clipped term is a function of its own record and the public θ, and the step's sum is an exact
+integer, so cutting the table into batches, the records into blocks, or the work over threads changes nothing.
+These tests check the pieces that carry that argument: the design matrix built column by column
+(``design_columns``, its row norm summed in numpy's own order), the per-record grid
+(``grid_records_from_batches``), the per-step pass by blocks and threads, and whole runs of the service
+mechanism (fixed and adaptive clipping, logistic and ridge, replace-one and add/remove) on a dict of columns
+and on a ``ParquetTable`` read 37 rows at a time, with a row limit of 10 so that loading any column whole
+would fail.
 """
 
 from __future__ import annotations

@@ -187,6 +187,12 @@ def adversarial_plans() -> dict[str, Aggregation]:
         plans[f"grid-{i}"] = _plan(sums=(grid,), keys=(Key("g", 4),))
     plans["int-sums"] = _plan(keys=(Key("g", 4),), sums=(Sum("count"), Sum("int_sum", "n")))
     plans["int-sum-of-float"] = _plan(sums=(Sum("int_sum", "x"),), keys=(Key("g", 4),))
+    plans["distinct-units"] = _plan(sums=(Sum("count"), Sum("distinct_units", "n")))
+    plans["distinct-units-grouped"] = _plan(
+        where=(Predicate("x", "ge", (-3.0,)),),
+        keys=(Key("g", 4), Key("h", 8)),
+        sums=(Sum("distinct_units", "n"),),
+    )
     plans["code-key-offset"] = _plan(keys=(Key("n", N_HIGH - N_LOW + 1, offset=N_LOW),))
     plans["float-code-key"] = _plan(keys=(Key("x", 9, offset=-4),), sums=(Sum("count"), GRID_SUMS[2]))
     plans["two-codes"] = _plan(keys=(Key("g", 4), Key("h", 8)), sums=(Sum("count"), Sum("int_sum", "n")))

@@ -1,5 +1,7 @@
 """The filter's pure semantics (service.filter.state): the RDP slots and the δ-ledger of approximate-DP
-requests (docs/privacy.md §2, §11.3): admission, reservation, commit, abort, and strict parsing."""
+requests (docs/privacy/filter.md#filter,
+docs/privacy/approximate.md#theorem-approx-filter): admission, reservation, commit, abort, and strict
+parsing."""
 
 from __future__ import annotations
 

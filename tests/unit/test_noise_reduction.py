@@ -51,7 +51,7 @@ from mechanisms.reduction.noise_reduction import (
     laplace_nr_scales,
     units_to_values,
 )
-from mechanisms.threshold.above_threshold import (
+from mechanisms.threshold.interactive import (
     InteractiveAboveThreshold,
     iat_charge,
     iat_paper_calibration,
@@ -422,7 +422,9 @@ def test_interactive_above_threshold_queries_lazily_and_charges_lemma_2_8() -> N
 
 
 # ===== Noise reduction and accuracy-first on the grid, against independent oracles =========================
-# (docs/privacy.md §8.1, §10.4.2; each test at most a few seconds, fixed seeds):
+# (docs/privacy/noise_reduction.md#noise-reduction,
+# docs/privacy/finite_precision_reduction.md#fp-noise-reduction; each test at most a few seconds, fixed
+# seeds):
 # * The lazy discrete Laplace step at a FIXED current noise x (not only in law): stay probability
 #   e^{−(b−a)(1+|x|)}·(1 − q_a²)/(1 − q_b²) and the move law ∝ q_a^{|x−y|}·q_b^{|y|}, chi-square against the
 #   exact pmf, for negative, zero and positive x; power: the eager-direction law x + DLap(q_a) is rejected.

@@ -1,4 +1,5 @@
-"""Objective perturbation: the Rényi bound (Redberg, Koskela & Wang 2023; docs/privacy.md §8.4.2), the (ε, δ)
+"""Objective perturbation: the Rényi bound (Redberg, Koskela & Wang 2023;
+docs/privacy/objective_perturbation.md#objpert-rdp-charge), the (ε, δ)
 profile, the solver, the mechanism."""
 
 from __future__ import annotations
@@ -159,7 +160,8 @@ def test_rdp_shape_invariants() -> None:
         objpert_rdp(alphas, 1.0, 0.25, 0.25, 1.0)
 
 
-# δ(ε) of Thm 4.3.1 (Redberg 2023, corrected: docs/privacy.md §8.4.2) vs the Gaussian lower bound
+# δ(ε) of Thm 4.3.1 (Redberg 2023, corrected: docs/privacy/objective_perturbation.md#objpert-rdp-charge) vs
+# the Gaussian lower bound
 DELTA_TABLE = [
     ((5, 1, 20), 0.0, 2.005934e-1, 7.965567e-2),
     ((5, 1, 20), 0.25, 3.714501e-2, 1.142543e-2),
@@ -212,7 +214,8 @@ def test_profile_against_gaussian_lower_bound_rdp_and_quadrature() -> None:
                 assert delta == pytest.approx(
                     _profile_by_quadrature(float(eps), sigma, beta, lam, 1.0), rel=1e-6
                 )
-    # power: the printed sign (ε̃ = ε + a instead of ε − a) under-protects (docs/privacy.md §8.4.2: the
+    # power: the printed sign (ε̃ = ε + a instead of ε − a) under-protects
+    # (docs/privacy/objective_perturbation.md#objpert-rdp-charge: the
     # erratum is real)
     a = -math.log1p(-1 / 5)
     wrong = 2 * gaussian_hockey_stick(1.0, 10.0, 1.0 + a)
@@ -293,7 +296,8 @@ def test_curve_adds_the_amp_term_and_replace_one_doubles_l() -> None:
         2 * 0.01**2 / (0.05**2 * 2.0**2)
     )
     assert np.all(np.asarray(curve.values) >= expected)
-    # the grid output step (docs/privacy.md §10, Theorem OBJPERT-GRID): rounding and coupling add < 1e-3
+    # the grid output step (docs/privacy/finite_precision_learners.md#theorem-objpert-grid, Theorem
+    # OBJPERT-GRID): rounding and coupling add < 1e-3
     assert np.allclose(curve.values, expected, rtol=1e-3)
     assert np.allclose(amp_rdp([10.0], 0.01, 10.0, 0.15), [8.888888888888e-4])  # closed form
     replace = objpert_curve(
@@ -582,7 +586,8 @@ def test_data_dependent_report_is_charged() -> None:
     alphas = np.asarray(DEFAULT_ORDERS)
     extra = alphas * ((1.0 + 2e-6) ** 2 / (2 * 4.0) + (0.25 / math.sqrt(2)) ** 2 / (2 * 0.25))
     added = np.asarray(worst.values) - np.asarray(plain.values)
-    assert np.all(added >= extra * (1 - 1e-12))  # the grid rounding only adds (docs/privacy.md §10)
+    # the grid rounding only adds (docs/privacy/finite_precision.md#finite-precision)
+    assert np.all(added >= extra * (1 - 1e-12))
     assert np.allclose(added, extra, rtol=1e-3)
     release = mech.run(params, ctx, _table(), Noise.seeded(1))
     report = release.output["report"]
@@ -611,7 +616,8 @@ def test_benchmark_quick_smoke(tmp_path: Path) -> None:
     assert rows[0]["objpert_lambda"] > rows[-1]["objpert_lambda"]  # smaller ε needs a larger λ
 
 
-# ===== Objective perturbation and the per-instance reports against exact divergences (docs/privacy.md §8.4)
+# ===== Objective perturbation and the per-instance reports against exact divergences
+# (docs/privacy/objective_perturbation.md#objective-perturbation)
 # * The replace-one bound (Theorem C) against exact 2-D divergences with adversarial rows, including the claim
 #   that the log-det ratio needs β (not 2β); the AMP term; the report sensitivities.
 # * The solver's failure outcome (``ObjPertDidNotConverge`` → "failed_charged", visible to the analyst) must

@@ -1,5 +1,6 @@
 """The adaptive data-dependent report of ``objpert.logistic``: private λ_min (Redberg 2023, Alg 8) and the
-adaptive leverage estimator (Alg 9, Prop A.3.2), docs/privacy.md §8.4.6."""
+adaptive leverage estimator (Alg 9, Prop A.3.2),
+docs/privacy/objective_perturbation.md#objpert-adaptive-report."""
 
 from __future__ import annotations
 
@@ -85,9 +86,10 @@ def _random_symmetric(rng: np.random.Generator, d: int, norm: float) -> np.ndarr
 
 
 def test_adaptive_leverage_sandwich_on_its_event() -> None:
-    """Prop A.3.2 (re-proved in docs/privacy.md §8.4.6): if λ_min(H) ≥ λ_lo and ‖Ĥ − H‖ ≤ s, the bound is
-    ≥ xᵀH⁻¹x for every x — for λ_lo both below and above 2s (the former requirement) — and the regularized
-    estimate xᵀ(Ĥ + sI)⁻¹x is a lower bound (the other side of the sandwich)."""
+    """Prop A.3.2 (re-proved in docs/privacy/objective_perturbation.md#objpert-adaptive-report): if λ_min(H) ≥
+    λ_lo and ‖Ĥ − H‖ ≤ s, the bound is ≥ xᵀH⁻¹x for every x — for λ_lo both below and above 2s (the former
+    requirement) — and the regularized estimate xᵀ(Ĥ + sI)⁻¹x is a lower bound (the other side of the
+    sandwich)."""
     rng = np.random.default_rng(11)
     checked_below = 0
     for _ in range(400):

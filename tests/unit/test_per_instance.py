@@ -1,5 +1,5 @@
 """Per-instance reports: the exact ex-post loss (Redberg 2023, Cor 2.3.2) and the published bounds (Redberg &
-Wang 2021, Algorithm 2; docs/privacy.md §8.4.4)."""
+Wang 2021, Algorithm 2; docs/privacy/objective_perturbation.md#objpert-per-instance-report)."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def test_exact_loss_matches_direct_ratio_on_random_problems() -> None:
 
 
 def test_data_independent_report_vector_of_the_note() -> None:
-    """Data-independent report (docs/privacy.md §8.4.4):
+    """Data-independent report (docs/privacy/objective_perturbation.md#objpert-per-instance-report):
     z=([0.1,0.9],+1), θ=[0.2,−0.1], σ=2, λ=1, ρ=1e-6: 0.229098 + 0.027449 + 1.146135."""
     terms = ex_post_terms(
         np.array([0.2, -0.1]),
@@ -159,7 +159,8 @@ def _rejects(failures: int, trials: int, rho: float) -> bool:
     ("z", "member"), [((np.array([0.1, 0.9]), 1.0), False), ((np.array([0.6, 0.0]), 1.0), True)]
 )
 def test_coverage_of_public_and_data_dependent_reports(z: tuple[np.ndarray, float], member: bool) -> None:
-    """Over draws of the noise, P[ε₁ > reported bound] ≤ ρ (docs/privacy.md §8.4.4), exact minimizer,
+    """Over draws of the noise, P[ε₁ > reported bound] ≤ ρ
+    (docs/privacy/objective_perturbation.md#objpert-per-instance-report), exact minimizer,
     ρ = 0.05.
 
     Power: a report that drops the gradient term (treats b as 0) fails far more often.

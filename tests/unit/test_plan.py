@@ -1,6 +1,6 @@
 """The aggregation plan's reference engine (mechanisms/data/plan.py): exact semantics, checked against
 independent computations (Python integers and rationals, NumPy's searchsorted), on random and adversarial
-data, and the sensitivity of the real sums built on it (docs/privacy.md Lemma ENGINE)."""
+data, and the sensitivity of the real sums built on it (docs/privacy/engines.md#lemma-engine)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Privacy units (docs/privacy.md §15): neighbouring datasets differ by one unit with all its rows, every
-plan keeps at most ``max_rows`` of a unit's selected rows, and the charged sensitivities bound the change.
+"""Privacy units (docs/privacy/units.md#units): neighbouring datasets differ by one unit with all its rows,
+every plan keeps at most ``max_rows`` of a unit's selected rows, and the charged sensitivities bound the
+change.
 
 The fuzz builds pairs that differ by one unit with many rows (up to 10× the bound), values at the column
 bounds, spread over many groups, and checks for every query family that the largest change of every

@@ -1,4 +1,5 @@
-"""Generalized PTR (mechanisms/ptr) and the approximate-DP charge (docs/privacy.md §11, ptr.md).
+"""Generalized PTR (mechanisms/ptr) and the approximate-DP charge (docs/privacy/approximate.md#approximate-dp,
+ptr.md).
 
 Fixed seeds throughout; Monte Carlo bounds use a 4.5-sigma binomial allowance (false alarm < 1e-5 per check).
 """

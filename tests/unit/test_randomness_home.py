@@ -1,4 +1,4 @@
-"""Nothing but ``mechanisms.noise`` draws randomness (docs/privacy.md §10.2).
+"""Nothing but ``mechanisms.noise`` draws randomness (docs/privacy/finite_precision.md#fp-construction).
 
 An AST scan of every module under ``mechanisms/`` and ``service/``. Outside ``mechanisms/noise/`` no module
 may: reach ``numpy.random`` under any alias; import Python's ``random``, ``secrets`` or ``importlib``; call

@@ -9,8 +9,9 @@ Everything the module claims is checked against oracles written here, independen
 * ``renyi_decimal``: the same closed form in 60-digit decimal arithmetic, used to verify the final
   candidates of every adversarial search without floating-point doubt;
 * ``renyi_stable``: a cancellation-free float form used inside the searches;
-* ``exact_decimal`` / ``theorem1_decimal``: the formulas for ε_ex (docs/privacy.md §8.3) and ε_T1
-  (Hendrikx et al. 2024, Theorem 1) in 60-digit decimals.
+* ``exact_decimal`` / ``theorem1_decimal``: the formulas for ε_ex
+  (docs/privacy/gradient_descent.md#lemma-exact) and ε_T1 (Hendrikx et al. 2024, Theorem 1) in 60-digit
+  decimals.
 
 Numbers are test vectors computed independently from those formulas.
 """
@@ -371,7 +372,7 @@ def test_theorem1_decreasing_in_gamma_to_its_floor_and_affine_in_d() -> None:
 
 
 def test_log_term_is_maximal_at_the_small_ratio_end() -> None:
-    """The step of the exact curve (docs/privacy.md §8.3):
+    """The step of the exact curve (docs/privacy/gradient_descent.md#lemma-exact):
     g(u_lo) ≥ g(u_hi), u_lo = −η(2+η)/(1+η)², u_hi = η(2+η), for α ∈ (1, α_max)."""
     for eta in (1e-5, 1e-3, 0.05, 0.3, 1.0, 3.0):
         top = alpha_max(eta)
@@ -688,7 +689,7 @@ def test_ridge_gradient_and_decomposition() -> None:
 
     numeric = optimize.approx_fprime(th, f, 1e-7)
     np.testing.assert_allclose(ridge_gradient(th, x, y, reg), numeric, rtol=1e-5, atol=1e-5)
-    # the identity ∇f − ∇f′ = M∇f + c the bound rests on (docs/privacy.md §8.3.4)
+    # the identity ∇f − ∇f′ = M∇f + c the bound rests on (docs/privacy/gradient_descent.md#lemma-ridge-split)
     neighbour_x = features.copy()
     neighbour_x[:, 0] = new_row
     neighbour_y = labels.copy()

@@ -1,8 +1,9 @@
 """RGM gradient descent (mechanisms/learners/rgm_gd.py): sensitivity, calibration, charges, stopping, the
 mechanisms.
 
-The logistic relative-sensitivity bound (derived, docs/privacy.md §8.3.3) is checked on random and
-adversarially optimised neighbouring datasets; the ridge bound has its own tests in test_relative_gaussian.py.
+The logistic relative-sensitivity bound (derived, docs/privacy/gradient_descent.md#lemma-log) is checked on
+random and adversarially optimised neighbouring datasets; the ridge bound has its own tests in
+test_relative_gaussian.py.
 """
 
 from __future__ import annotations
@@ -44,29 +45,31 @@ from mechanisms.learners.relative_gaussian import (
     ridge_theta_bound,
     theorem1_epsilon,
 )
-from mechanisms.learners.rgm_gd import (
+from mechanisms.learners.rgm_calibration import (
     Model,
-    RgmGdConfig,
-    RgmGdMechanism,
-    RgmGdParams,
-    StopRule,
     auto_step_size,
     baseline_sigma,
-    bounded_records,
-    finiteness_problem,
-    full_gradient,
     gamma_for_step,
     gamma_for_total,
     gradient_bound,
     logistic_relative_sensitivity,
-    model_objective,
     never_clipping_threshold,
     relative_sensitivity,
-    rgm_gd_train,
     ridge_r_rel_floor,
     scale_curve,
     step_curve,
     theta_bound,
+)
+from mechanisms.learners.rgm_gd import (
+    RgmGdConfig,
+    RgmGdMechanism,
+    RgmGdParams,
+    StopRule,
+    bounded_records,
+    finiteness_problem,
+    full_gradient,
+    model_objective,
+    rgm_gd_train,
 )
 from mechanisms.noise import Noise
 from tests.unit.conftest import pair_quantities, random_batch, sup_ratio_over_theta
@@ -198,7 +201,8 @@ def test_logistic_relative_sensitivity_random_and_adversarial(n: int, d: int, re
 )
 def test_gamma_for_step_note_vectors(eps: float, alpha: float, eta: float, d: int, expected: float) -> None:
     gamma = gamma_for_step(eps, alpha, eta, d)
-    # the grid curve (docs/privacy.md §10, Theorem RGM-GRID) is a hair above Theorem 1: γ within 1e-5
+    # the grid curve (docs/privacy/finite_precision_learners.md#theorem-rgm-grid, Theorem RGM-GRID) is a hair
+    # above Theorem 1: γ within 1e-5
     assert expected <= gamma <= expected * (1 + 1e-4)
     assert theorem1_epsilon(alpha, eta, gamma, d) <= eps
     assert grid_rgm_epsilon(alpha, eta, gamma, d, "theorem1") <= eps
@@ -601,7 +605,8 @@ def test_exact_bound_charges_less_for_the_same_gamma() -> None:
     assert finite == [a for a, v in zip(exact.orders, exact.values, strict=True) if math.isfinite(v)]
 
 
-# ----- projection onto the public ball and the finiteness check (docs/privacy.md §8.3.2.1) --------
+# ----- projection onto the public ball and the finiteness check ------------------------------------------
+# (docs/privacy/gradient_descent.md#rgm-gd-projection)
 def test_project_to_ball() -> None:
     rng = np.random.default_rng(12)
     for _ in range(500):
@@ -798,7 +803,8 @@ def test_dp_gd_mechanism_projection_radius_and_max_norm() -> None:
     assert info.value.field == "regularization"
 
 
-# ----- Proposition NOGAIN (docs/privacy.md §8.3.8): how far any RGM-GD can go against clipped DP-GD ---------
+# ----- Proposition NOGAIN (docs/privacy/gradient_descent.md#proposition-nogain) ---------------------------
+# How far any RGM-GD can go against clipped DP-GD.
 def _witness_gap(n: int, reg: float, x_max: float, y_max: float, a: float, orthogonal: bool) -> float:
     """n·‖∇f(θ*; D) − ∇f(θ*; D′)‖ on the explicit datasets of ``ridge_r_rel_floor``'s docstring, with θ*
     solved directly and ∇f(θ*; D) = 0 checked (an oracle independent of the closed form)."""
@@ -907,7 +913,8 @@ def _per_record_gradients(theta: np.ndarray, x: np.ndarray, y: np.ndarray, loss:
     return result
 
 
-# ----- the gradient-gap bound of Lemma RIDGE-SPLIT step 4′ (docs/privacy.md §8.3.4) ------------------------
+# ----- the gradient-gap bound of Lemma RIDGE-SPLIT step 4′ ------------------------------------------------
+# (docs/privacy/gradient_descent.md#lemma-ridge-split)
 def _symmetric_diameter(reg: float, x_max: float, y_max: float) -> float:
     """2·max_ψ R(ψ)·sin ψ, R(ψ) = X(Y + XB cos ψ): the distance between a point of the gradient set and its
     reflection, in closed form (cos ψ* = (−1 + √(1 + 8β²))/(4β), β = XB/Y). A lower bound on the diameter."""
@@ -1010,8 +1017,8 @@ def test_gradient_gap_bound_covers_short_records_on_the_far_side() -> None:
     )
 
 
-# ===== RGM-GD / DP-GD privacy (docs/privacy.md §8.3) with their own oracles and adversarial searches ========
-# (independent of the helpers above):
+# ===== RGM-GD / DP-GD privacy (docs/privacy/gradient_descent.md#gradient-descent) =========================
+# With their own oracles and adversarial searches (independent of the helpers above):
 # * Lemma RIDGE-SPLIT holds **uniformly in θ** (no ball restriction on the iterate is needed): the exact sup
 #   over θ of ‖∇f_D(θ) − ∇f_D′(θ)‖²/(η²‖∇f_D(θ)‖² + R_rel²) is σ_max([M A⁻¹/(nη), c/(nR_rel)])², bounded by
 #   ‖MA⁻¹‖²/(nη)² + ‖c‖²/(nR_rel)² ≤ 1/(1+κ) + κ/(1+κ) = 1; checked by Nelder–Mead over all records, labels
@@ -1021,13 +1028,13 @@ def test_gradient_gap_bound_covers_short_records_on_the_far_side() -> None:
 #   sensitivity 2X/n already gives the plain Gaussian mechanism).
 # * DP-GD: curve T·α/(2z²) exactly (up to padding), calibration conservative on the converted grid.
 # * realized ≤ worst case for every possible T_run; the stopping rule only sees released iterates.
-# * No data-dependent failure (docs/privacy.md §8.3.2.1). The RGM sampler used to raise on a variance
-#   overflow, a decision that read the secret gradient norm ‖∇f(θ_t; D)‖: with the same public θ_t, D failed
-#   and its neighbour D′ did not, and public progress showed the step. Likewise dp_gd's clipped sum was NaN
-#   for D and finite for D′ at a huge public θ (∞ residual × 0 clip factor). Now iterates are projected onto a
-#   public ball (post-processing), a public finiteness check runs at admission and in the training loops, and
-#   the clipped sum's per-record terms are finite with norm ≤ C for every θ. The two "demo" tests run the
-#   pairs that used to fail and pin that neither fails now.
+# * No data-dependent failure (docs/privacy/gradient_descent.md#rgm-gd-projection). The RGM sampler used to
+#   raise on a variance overflow, a decision that read the secret gradient norm ‖∇f(θ_t; D)‖: with the same
+#   public θ_t, D failed and its neighbour D′ did not, and public progress showed the step. Likewise dp_gd's
+#   clipped sum was NaN for D and finite for D′ at a huge public θ (∞ residual × 0 clip factor). Now iterates
+#   are projected onto a public ball (post-processing), a public finiteness check runs at admission and in the
+#   training loops, and the clipped sum's per-record terms are finite with norm ≤ C for every θ. The two
+#   "demo" tests run the pairs that used to fail and pin that neither fails now.
 
 
 # ----- ridge: exact sup over θ (own oracle) ------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Ex-post hyperparameter tuning (mechanisms/tuning/select.py): test vectors and the mechanism seam.
 
-Vectors derived from Ghazi, Kamath, Knop, Kumar, Manurangsi, Zhang 2024 (docs/privacy.md §8.5.5): closed
+Vectors derived from Ghazi, Kamath, Knop, Kumar, Manurangsi, Zhang 2024
+(docs/privacy/tuning.md#tuning-verification): closed
 forms of τ_i and P(⊥) (Algorithm 3), the exact ex-post loss of pure Algorithm 3 on randomized response,
 Algorithm 2's ⊥, the Theorem 13 formula, and Theorem 13 holding (the ex-post RDP sum of Def. 6 computed by
 quadrature is ≤ 1 in both directions).
@@ -31,19 +32,16 @@ from mechanisms.tuning.candidates import (
     output_perturbation_l2,
     solve_erm,
 )
-from mechanisms.tuning.select import (
-    TuningParams,
-    TuningSelect,
-    algorithm2,
-    algorithm3,
+from mechanisms.tuning.charges import (
     expected_runs,
     probability_bottom,
     pure_charges,
     pure_worst_case,
     rdp_charges,
-    sample_kept,
     theorem13_value,
 )
+from mechanisms.tuning.params import TuningParams
+from mechanisms.tuning.select import TuningSelect, algorithm2, algorithm3, sample_kept
 
 SHAPE = PublicShape(n_train=1600, n_hold=400, d=5)
 
@@ -166,7 +164,7 @@ def test_exact_loss_vectors_and_charge(
     per_cell = np.concatenate([charge, charge, [0.0]])  # ⊥ is charged 0 (Theorem 11)
     assert np.all(np.abs(log_ratio) <= per_cell)  # no output exceeds 2ε + ε′
     # (1, T) has log-ratio exactly ε; the other (1, i) at most ε ("exactly ε for every (1, i)" holds only for
-    # i = T: e.g. (1, 1) with T = 2, ε = 1, ε′ = 0.1 has 0.4173; docs/privacy.md §8.5.5).
+    # i = T: e.g. (1, 1) with T = 2, ε = 1, ε′ = 0.1 has 0.4173; docs/privacy/tuning.md#tuning-verification).
     assert abs(log_ratio[copies - 1]) == pytest.approx(eps, abs=1e-12)
     assert np.all(np.abs(log_ratio[:copies]) <= eps + 1e-12)
     assert abs(log_ratio[-1]) < 1e-12  # ⊥ has ratio exactly 1
@@ -864,7 +862,7 @@ def test_objpert_without_a_usable_tolerance_is_refused() -> None:
     assert refused.value.field == "regularization"
 
 
-# ===== tuning.select against exact masses (Ghazi et al., Theorems 11 and 13; docs/privacy.md §8.5) =========
+# ===== tuning.select against exact masses (Ghazi et al., Theorems 11 and 13; docs/privacy/tuning.md#tuning)
 # All exact or deterministic, each test well under 10 s:
 # * Theorem 11 (pure Algorithm 3, geometric latent) for **heterogeneous** candidates under **every** total
 #   order of a small output space: exact masses, |log ratio| ≤ ``pure_charges`` and ⊥ has ratio exactly 1 (the
@@ -874,7 +872,7 @@ def test_objpert_without_a_usable_tolerance_is_refused() -> None:
 # * (1, i) has log ratio exactly ε only at i = T (not for every (1, i)).
 # * The logistic ERM solver of output perturbation converges far inside its iteration cap on adversarial
 #   (separable, λ = 1e-6) designs, so its data-dependent failure path is not reachable in practice.
-# Two channels that were open, now closed (docs/privacy.md §8.5.4); the tests pin the fixes:
+# Two channels that were open, now closed (docs/privacy/tuning.md#tuning-secrets); the tests pin the fixes:
 # * Without padding, the amount of work equals the number of kept candidates, and revealing that count
 #   (through ``elapsed_seconds``) voids Theorem 11: the exact loss is T·ε, not 2ε + ε′. The service always
 #   pads (``pad_to_worst_case_time`` defaults to true and false is refused with a ParamsError); the library

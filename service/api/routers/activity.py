@@ -15,19 +15,15 @@ from mechanisms.catalog import MECHANISMS
 from service import datasets
 from service.api.deps import AnyRole, SessionDep
 from service.api.schemas import ActivityOut, RefusalPage
-from service.auth import Principal, Role
+from service.auth import Role
 from service.filter.budget import budget_view
 from service.filter.refusals import refusal_out
-from service.store.repositories import ActivityRepository, FilterRepository, RefusalRepository
+from service.runs import views
 
 router = APIRouter(prefix="/v1/datasets", tags=["dashboard"])
 
 MAX_REFUSAL_ID = 2**31 - 1
 """Refusal ids are 32-bit integers (PostgreSQL ``integer``): a larger cursor is bad input, not a 500."""
-
-
-def _own(who: Principal) -> str | None:
-    return who.name if who.role is Role.analyst else None
 
 
 def _at(curve: dict[str, Any], alpha: float | str | None) -> float | str | None:
@@ -57,9 +53,8 @@ def get_activity(
     limit: Annotated[int, Query(ge=1, le=1000, description="at most this many of each")] = 200,
 ) -> dict[str, Any]:
     dataset = datasets.visible_dataset(session, who, dataset_id)
-    flt = FilterRepository(session).get(dataset_id)
+    flt = views.filter_of(session, dataset_id)
     binding = budget_view(flt, dataset.orders)["binding_alpha"] if flt is not None else None
-    activity = ActivityRepository(session)
     requests = [
         {
             "id": row.id,
@@ -73,7 +68,7 @@ def get_activity(
                 row.lease_expires_at if has_public_progress(MECHANISMS.get(row.mechanism)) else None
             ),
         }
-        for row in activity.running_requests(dataset_id, _own(who), limit)
+        for row in views.running_requests(session, who, dataset_id, limit)
     ]
     sessions = [
         {
@@ -87,7 +82,7 @@ def get_activity(
             "since": row.created_at,
             "expires_at": row.expires_at,
         }
-        for row in activity.open_sessions(dataset_id, _own(who), limit)
+        for row in views.open_sessions(session, who, dataset_id, limit)
     ]
     return {"dataset_id": dataset_id, "binding_alpha": binding, "requests": requests, "sessions": sessions}
 
@@ -105,8 +100,7 @@ def get_refusals(
     after: Annotated[int, Query(ge=0, le=MAX_REFUSAL_ID, description="return refusals with id > after")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
-    datasets.visible_dataset(session, who, dataset_id)
-    rows = RefusalRepository(session).page(dataset_id, after, limit, _own(who))
+    rows = views.refusals_page(session, who, dataset_id, after, limit)
     next_after = rows[-1].id if len(rows) == limit else None
     items = [refusal_out(row) for row in rows]
     if who.role is Role.viewer:  # viewers see what was refused and why, never the parameters

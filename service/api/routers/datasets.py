@@ -25,11 +25,11 @@ from service.auth import Principal, Role, validate_name
 from service.data.ingest import csv_to_parquet, parquet_to_snapshot, postgres_to_snapshot
 from service.data.storage import s3_filesystem
 from service.errors import Forbidden, InvalidInput, NotFound, PayloadTooLarge
-from service.filter import budget
 from service.filter.budget import budget_view
 from service.filter.ledger import canonical_json
-from service.store.models import DATASET_SCOPE, Dataset, LedgerEntry
-from service.store.repositories import DatasetRepository, FilterRepository, LedgerRepository
+from service.runs import admin as actions
+from service.runs import views
+from service.runs.views import DATASET_SCOPE, Dataset, LedgerEntry
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 
@@ -97,8 +97,7 @@ def create_dataset(
         )
     finally:
         source.unlink(missing_ok=True)
-    with runtime.sessions() as session, session.begin():
-        dataset = datasets.record_dataset(session, name, schema, ingested, admin.name)
+    dataset = actions.record_dataset(runtime.sessions, name, schema, ingested, admin.name)
     return _out(dataset, admin)
 
 
@@ -153,8 +152,7 @@ def register_dataset(body: RegisterIn, runtime: RuntimeDep, admin: Admin) -> Dat
             ),
             runtime.tables.store,
         )
-    with runtime.sessions() as session, session.begin():
-        dataset = datasets.record_dataset(session, body.name, schema, ingested, admin.name)
+    dataset = actions.record_dataset(runtime.sessions, body.name, schema, ingested, admin.name)
     return _out(dataset, admin)
 
 
@@ -162,8 +160,7 @@ def register_dataset(body: RegisterIn, runtime: RuntimeDep, admin: Admin) -> Dat
     "", operation_id="listDatasets", summary="Datasets visible to the caller (analysts: only granted ones)"
 )
 def list_datasets(session: SessionDep, who: AnyRole) -> list[DatasetOut]:
-    analyst = who.name if who.role is Role.analyst else None
-    return [_out(d, who) for d in DatasetRepository(session).visible(analyst)]
+    return [_out(d, who) for d in views.visible_datasets(session, who)]
 
 
 @router.get("/{dataset_id}", operation_id="getDataset", summary="One dataset's public metadata")
@@ -178,16 +175,13 @@ def get_dataset(dataset_id: str, session: SessionDep, who: AnyRole) -> DatasetOu
     summary="Grant an analyst key access",
 )
 def grant(dataset_id: str, body: GrantIn, runtime: RuntimeDep, admin: Admin) -> GrantOut:
-    with runtime.sessions() as session, session.begin():
-        dataset = datasets.visible_dataset(session, admin, dataset_id)
-        created = datasets.grant(session, dataset, body.analyst, admin.name)
+    created = actions.grant(runtime.sessions, admin, dataset_id, body.analyst)
     return GrantOut(dataset_id=dataset_id, analyst=body.analyst, created=created)
 
 
 @router.get("/{dataset_id}/grants", operation_id="listGrants", summary="Analysts granted on this dataset")
 def list_grants(dataset_id: str, session: SessionDep, admin: Admin) -> list[str]:
-    datasets.visible_dataset(session, admin, dataset_id)
-    return list(DatasetRepository(session).grants(dataset_id))
+    return views.grants(session, admin, dataset_id)
 
 
 @router.delete(
@@ -196,9 +190,7 @@ def list_grants(dataset_id: str, session: SessionDep, admin: Admin) -> list[str]
     summary="Revoke an analyst's grant (their sub-filter, history and the ledger stay)",
 )
 def revoke_grant(dataset_id: str, analyst: str, runtime: RuntimeDep, admin: Admin) -> GrantRevokedOut:
-    with runtime.sessions() as session, session.begin():
-        dataset = datasets.visible_dataset(session, admin, dataset_id)
-        revoked = datasets.revoke_grant(session, dataset, analyst, admin.name)
+    revoked = actions.revoke_grant(runtime.sessions, admin, dataset_id, analyst)
     return GrantRevokedOut(dataset_id=dataset_id, analyst=analyst, revoked=revoked)
 
 
@@ -208,31 +200,18 @@ def revoke_grant(dataset_id: str, analyst: str, runtime: RuntimeDep, admin: Admi
     summary="Archive a dataset: no new requests or sessions (running ones finish; nothing is deleted)",
 )
 def archive_dataset(dataset_id: str, runtime: RuntimeDep, admin: Admin) -> DatasetArchivedOut:
-    with runtime.sessions() as session, session.begin():
-        datasets.visible_dataset(session, admin, dataset_id)
-        row = datasets.archive(session, dataset_id, admin.name)
-        assert row.archived_at is not None
-        return DatasetArchivedOut(
-            dataset_id=row.id, archived_at=row.archived_at, archived_by=row.archived_by or admin.name
-        )
+    row = actions.archive(runtime.sessions, admin, dataset_id)
+    assert row.archived_at is not None
+    return DatasetArchivedOut(
+        dataset_id=row.id, archived_at=row.archived_at, archived_by=row.archived_by or admin.name
+    )
 
 
 def _set_budget(
     runtime: RuntimeDep, admin: Principal, dataset_id: str, scope: str, body: BudgetIn
 ) -> dict[str, Any]:
-    with runtime.sessions() as session, session.begin():
-        dataset = datasets.visible_dataset(session, admin, dataset_id)
-        flt = budget.set_budget(
-            session,
-            dataset,
-            scope,
-            body.epsilon,
-            body.delta,
-            admin.name,
-            body.delta_share,
-            confirm_below_spent=body.confirm_below_spent,
-        )
-        return budget_view(flt, dataset.orders)
+    target = actions.BudgetTarget(body.epsilon, body.delta, body.delta_share, body.confirm_below_spent)
+    return actions.set_budget(runtime.sessions, admin, dataset_id, scope, target)
 
 
 @router.put(
@@ -261,7 +240,7 @@ def _budget_response(
     session: SessionDep, who: Principal, dataset_id: str, scope: str, request: Request, response: Response
 ) -> Any:
     dataset = datasets.visible_dataset(session, who, dataset_id)
-    flt = FilterRepository(session).get(dataset_id, scope)
+    flt = views.filter_of(session, dataset_id, scope)
     if flt is None:
         raise NotFound(f"analyst {scope!r} has no grant on dataset {dataset_id}")
     body = budget_view(flt, dataset.orders)
@@ -322,9 +301,7 @@ def get_ledger(
     after: Annotated[int, Query(ge=0, le=2**62, description="return entries with seq > after")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
-    datasets.visible_dataset(session, who, dataset_id)
-    analyst = who.name if who.role is Role.analyst else None
-    entries = LedgerRepository(session).page(dataset_id, after, limit, analyst)
+    entries = views.ledger_page(session, who, dataset_id, after, limit)
     items = [_ledger_item(e, who) for e in entries]
     next_after = entries[-1].seq if len(entries) == limit else None
     return {"items": items, "next_after": next_after}

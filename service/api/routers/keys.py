@@ -1,14 +1,13 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from sqlalchemy.exc import IntegrityError
 
 from service.api.deps import Admin, RuntimeDep
 from service.api.schemas import KeyIn, KeyOut, KeyRevokedOut
-from service.auth import KeyCache, create_key, validate_name
-from service.errors import Conflict
+from service.auth import KeyCache, validate_name
+from service.runs import admin as actions
+from service.runs import views
 from service.runs.sessions import revoke_key
-from service.store.repositories import KeyRepository
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
 
@@ -17,18 +16,14 @@ router = APIRouter(prefix="/v1/keys", tags=["keys"])
     "", status_code=201, operation_id="createKey", summary="Create an API key (the key is shown once)"
 )
 def create(body: KeyIn, runtime: RuntimeDep, _admin: Admin) -> KeyOut:
-    try:
-        with runtime.sessions() as session, session.begin():
-            key = create_key(session, body.name, body.role)
-    except IntegrityError:  # a concurrent request created the same name first
-        raise Conflict(f"a key named {body.name!r} already exists") from None
+    key = actions.create_key(runtime.sessions, body.name, body.role)
     return KeyOut(name=body.name, role=body.role, prefix=key[:10], key=key)
 
 
 @router.get("", operation_id="listKeys", summary="List API keys (never the keys themselves)")
 def list_keys(runtime: RuntimeDep, _admin: Admin) -> list[KeyOut]:
     with runtime.sessions() as session:
-        return [KeyOut(name=k.name, role=k.role, prefix=k.prefix) for k in KeyRepository(session).all()]
+        return [KeyOut(name=k.name, role=k.role, prefix=k.prefix) for k in views.keys(session)]
 
 
 @router.delete(

@@ -4,6 +4,7 @@ from fastapi import APIRouter
 
 from service.api.deps import Admin, AdminOrAnalyst, RuntimeDep, SessionDep
 from service.api.schemas import LimitsIn, LimitsOut
+from service.runs import admin as actions
 from service.runs import limits
 
 router = APIRouter(prefix="/v1/analysts", tags=["limits"])
@@ -24,7 +25,6 @@ def get_limits(analyst: str, runtime: RuntimeDep, session: SessionDep, who: Admi
     summary="Set an analyst's limits on requests queued or running at once and on open sessions (admin)",
 )
 def put_limits(analyst: str, body: LimitsIn, runtime: RuntimeDep, admin: Admin) -> LimitsOut:
-    with runtime.sessions() as session, session.begin():
-        limits.set_limits(session, admin, analyst, body.max_running_requests, body.max_open_sessions)
+    actions.set_limits(runtime.sessions, admin, analyst, body.max_running_requests, body.max_open_sessions)
     with runtime.sessions() as session:
         return LimitsOut(**limits.view(session, admin, analyst, runtime.limits()))

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from mechanisms.catalog import INTERACTIVE, MECHANISMS
+from mechanisms.catalog import INTERACTIVE, MECHANISMS, WITH_UNITS
 from mechanisms.ptr.protocol import is_approximate
 from service.api.deps import AnyRole
 from service.api.openapi import json_safe_schema
@@ -24,6 +24,7 @@ def catalog(_who: AnyRole) -> list[MechanismOut]:
             "summary": mechanism.summary,
             "cost_parameter": mechanism.cost_parameter,
             "approximate": is_approximate(mechanism),
+            "privacy_units": name in WITH_UNITS,
             "params_schema": json_safe_schema(mechanism.params_model.model_json_schema()),
         }
         for name, mechanism in MECHANISMS.items()
@@ -35,6 +36,7 @@ def catalog(_who: AnyRole) -> list[MechanismOut]:
             "summary": mechanism.summary,
             "params_schema": json_safe_schema(mechanism.params_model.model_json_schema()),
             "query_schema": json_safe_schema(mechanism.query_model.model_json_schema()),
+            "privacy_units": name in WITH_UNITS,
         }
         for name, mechanism in INTERACTIVE.items()
     ]

@@ -27,7 +27,7 @@ class PrivacyReportIn(StrictModel):
         "Serves the reporting functions of `objpert.logistic` and `adaops.ridge` (public and data-dependent "
         "families). Callable by whoever may read the release: the admin and the requesting analyst. Viewers "
         "get 403 and other analysts 404, as for reading the release, because the report reveals the model "
-        "(docs/privacy.md §13.3)."
+        "(docs/privacy/adaops.md#adaops-reports)."
     ),
 )
 def privacy_report(

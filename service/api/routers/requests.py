@@ -6,19 +6,17 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from pydantic import AfterValidator
-from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import AdminOrAnalyst, Analyst, AnyRole, RuntimeDep, SessionDep, runtime_of
 from service.api.schemas import CurveOut, EstimateOut, RequestIn, RequestOut, RequestPage, problem_doc
 from service.auth import NAME_PATTERN, Principal
 from service.datasets import check_admissible
-from service.errors import BudgetExhausted, MechanismFailed
-from service.filter.refusals import record_refusal
+from service.errors import MechanismFailed
 from service.runs import requests as lifecycle
-from service.runs.requests import HistoryQuery
+from service.runs import views
+from service.runs.requests import HistoryQuery, Submission
 from service.runs.runtime import Runtime
-from service.store.models import AnalysisRequest, RequestState
-from service.store.repositories import RequestRepository
+from service.runs.views import AnalysisRequest, RequestState
 
 router = APIRouter(tags=["requests"])
 
@@ -93,9 +91,11 @@ def _retry_after(request: AnalysisRequest) -> str:
         409: problem_doc("the dataset is archived: it admits nothing, so there is nothing to estimate")
     },
 )
-def estimate(dataset_id: str, body: RequestIn, session: SessionDep, who: AdminOrAnalyst) -> dict[str, Any]:
+def estimate(
+    dataset_id: str, body: RequestIn, session: SessionDep, who: AdminOrAnalyst, runtime: RuntimeDep
+) -> dict[str, Any]:
     check_admissible(session, who, dataset_id)  # archived (409) or no longer granted (404), as submit
-    return lifecycle.dry_run(session, who, dataset_id, body.mechanism, body.params)
+    return lifecycle.dry_run(session, who, dataset_id, body.mechanism, body.params, runtime.tables)
 
 
 #: Also bound directly (service/api/direct.py), for the submissions that need none of this route's errors.
@@ -136,23 +136,8 @@ async def submit_request(
 ) -> RequestOut:
     """Submit ``body`` (``POST …/requests``, and ``POST …/sql`` once translated)."""
     wait = 0.0 if prefer is not None and "respond-async" in prefer.lower() else None
-    args = (runtime, analyst, dataset_id, body.mechanism, body.params, idempotency_key, wait)
-    try:  # the cheapest requests on the event loop; the rest in the thread pool
-        request = await lifecycle.submit_one_transaction(*args)
-        if request is None:
-            request = await run_in_threadpool(lifecycle.submit, *args)
-    except BudgetExhausted as refused:  # recorded after the admission transaction, best-effort
-        await run_in_threadpool(
-            record_refusal,
-            runtime.sessions,
-            analyst,
-            dataset_id,
-            "request",
-            body.mechanism,
-            body.params,
-            refused,
-        )
-        raise
+    submission = Submission(analyst, dataset_id, body.mechanism, body.params, idempotency_key, wait)
+    request = await lifecycle.submit_async(runtime, submission)
     if request.state == RequestState.FAILED_CHARGED:
         raise MechanismFailed(
             request.error or "failed",
@@ -203,8 +188,7 @@ def list_requests(
 ) -> RequestPage:
     query = HistoryQuery(analyst, dataset_id, state, after, limit)
     page = lifecycle.history(session, who, query)
-    repository = RequestRepository(session)
-    items = [_out(r, repository.queue_position(r) if r.queued else None) for r in page.items]
+    items = [_out(r, views.queue_position(session, r)) for r in page.items]
     return RequestPage(items=items, next_after=page.next_after)
 
 
@@ -215,7 +199,7 @@ def list_requests(
 )
 def get_request(request_id: str, session: SessionDep, who: AnyRole, response: Response) -> RequestOut:
     request = lifecycle.get_visible(session, who, request_id)
-    position = RequestRepository(session).queue_position(request) if request.queued else None
+    position = views.queue_position(session, request)
     if request.state == RequestState.RUNNING:
         response.headers["Retry-After"] = _retry_after(request)
     return _out(request, position)

@@ -19,9 +19,9 @@ from service.api.schemas import AnswerOut, SessionIn, SessionOut, SessionPage
 from service.errors import BudgetExhausted, Forbidden
 from service.filter.refusals import record_refusal
 from service.runs import sessions as domain
+from service.runs import views
 from service.runs.requests import HistoryQuery
-from service.store.models import AnalysisSession
-from service.store.repositories import RequestRepository
+from service.runs.views import AnalysisSession
 
 router = APIRouter(tags=["sessions"])
 
@@ -50,7 +50,7 @@ def session_out(
 
 
 def _out_with(session: Session, row: AnalysisSession) -> SessionOut:
-    request = RequestRepository(session).get(row.request_id)
+    request = views.request_of(session, row.request_id)
     assert request is not None
     realized = request.realized["curve"] if request.realized else None
     return session_out(row, request.worst_case["curve"], realized)

@@ -4,7 +4,9 @@ Accepted (parsed with sqlglot; docs/mechanisms/analytics.md)::
 
     SELECT agg, … FROM <dataset id | dataset> [WHERE cond AND …] [GROUP BY col, …]
 
-* aggregates: ``COUNT(*)``, ``SUM(col)``, ``AVG(col)``, ``VARIANCE(col)``/``VAR_SAMP``/``VAR_POP``,
+* aggregates: ``COUNT(*)``, ``COUNT(DISTINCT unit)`` (the number of privacy units, on a dataset that
+  declares one; docs/privacy/units_learners.md#count-distinct-unit), ``SUM(col)``, ``AVG(col)``,
+  ``VARIANCE(col)``/``VAR_SAMP``/``VAR_POP``,
   ``STDDEV(col)``/``STDDEV_SAMP``/``STDDEV_POP`` → ``measures.laplace`` (or ``measures.gaussian`` with
   ``"noise": "gaussian"``); ``MEDIAN(col)``, ``QUANTILE(col, q)``, ``PERCENTILE_CONT(q) WITHIN GROUP
   (ORDER BY col)`` → ``quantile`` (one column, no GROUP BY). A bare column in the SELECT list must be a
@@ -206,8 +208,12 @@ def _quantile(node: exp.Expression) -> tuple[str, float] | None:
 
 def _measure(node: exp.Expression) -> dict[str, Any] | None:
     if isinstance(node, exp.Count):
+        if isinstance(node.this, exp.Distinct):  # the number of privacy units (checked by the mechanism)
+            if len(node.this.expressions) != 1:
+                raise _refuse("select", "COUNT(DISTINCT …) takes one column: the privacy unit's")
+            return {"kind": "count_distinct", "column": _column(node.this.expressions[0], "select")}
         if not isinstance(node.this, exp.Star) or node.args.get("distinct"):
-            raise _refuse("select", "only COUNT(*) is supported")
+            raise _refuse("select", "only COUNT(*) and COUNT(DISTINCT <privacy unit column>) are supported")
         return {"kind": "count"}
     kind = _MEASURES.get(type(node))
     if kind is None:
@@ -225,6 +231,8 @@ def translate(sql: str, dataset_id: str, body: SqlIn) -> SqlTranslation:
         raise _refuse("syntax", f"not valid SQL: {(str(exc).splitlines() or [''])[0][:200]}") from None
     except RecursionError:
         raise _refuse("syntax", "the statement is nested too deeply") from None
+    except AttributeError:  # sqlglot's parser on a statement cut inside a subquery predicate ("x > ALL (")
+        raise _refuse("syntax", "not valid SQL: the statement ends inside an expression") from None
     try:
         return _translate(statements, dataset_id, body)
     except RecursionError:
@@ -330,9 +338,11 @@ def _measures_params(
     operation_id="translateSql",
     summary="The mechanism and params a SQL statement maps to (no charge, nothing is read)",
 )
-def translate_sql(dataset_id: str, body: SqlIn, session: SessionDep, who: AdminOrAnalyst) -> SqlTranslation:
+def translate_sql(
+    dataset_id: str, body: SqlIn, session: SessionDep, who: AdminOrAnalyst, runtime: RuntimeDep
+) -> SqlTranslation:
     translation = translate(body.sql, dataset_id, body)
-    lifecycle.dry_run(session, who, dataset_id, translation.mechanism, translation.params)  # validates
+    lifecycle.dry_run(session, who, dataset_id, translation.mechanism, translation.params, runtime.tables)
     return translation
 
 

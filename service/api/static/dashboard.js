@@ -202,6 +202,14 @@
     $("api-key").focus();
   }
 
+  function protects(dataset) {
+    // who ε protects: each privacy unit with all its rows (and the bound in force), or each row
+    const unit = dataset && dataset.schema ? dataset.schema.privacy_unit : null;
+    if (!dataset) return "—";
+    if (!unit) return "each row";
+    return `each ${unit.column} with all its rows (at most ${unit.max_rows} per release)`;
+  }
+
   function showDatasets(datasets) {
     state.datasets = datasets;
     const select = $("dataset-select");
@@ -263,6 +271,7 @@
     storeDataset(id);
     const dataset = state.datasets.find((d) => d.id === id);
     $("dataset-name").textContent = dataset ? `· ${dataset.name}` : "";
+    $("privacy-unit").textContent = protects(dataset);
     for (const id of ["eps-spent", "eps-remaining", "binding-alpha", "pure-capacity", "pure-spent", "pure-reserved", "pure-remaining"]) {
       setValue(id, null);
     }
@@ -413,7 +422,7 @@
     $("delta-label").textContent = b.budget_set ? `(at δ = ${fmt(b.delta)})` : "";
     setValue("eps-spent", b.epsilon_spent);
     renderConstraint();
-    // The δ-ledger of approximate-DP mechanisms (docs/privacy.md §11): shown only when a share is set.
+    // The δ-ledger of approximate-DP mechanisms (docs/privacy/approximate.md#approximate-dp): shown only when a share is set.
     const hasShare = b.delta_share !== null && b.delta_share !== undefined;
     $("delta-ledger").hidden = !hasShare;
     if (hasShare) {

@@ -350,13 +350,19 @@ class _Endpoints:
         name: str | None = None,
         *,
         filename: str | None = None,
+        privacy_unit: Mapping[str, Any] | None = None,
     ) -> _Op[Dataset]:
-        """Upload a CSV (a path, or its bytes) with its public schema (admin)."""
+        """Upload a CSV (a path, or its bytes) with its public schema (admin). ``privacy_unit``
+        (``{"column": …, "max_rows": k}``) declares who ε protects: each unit with all its rows, at most k
+        of them used per release (the schema's ``privacy_unit``; a bad declaration is a 422 naming it)."""
         if isinstance(file, bytes):
             content, default_name = file, "data.csv"
         else:
             content, default_name = Path(file).read_bytes(), Path(file).name
-        data = {"schema": schema if isinstance(schema, str) else json.dumps(dict(schema))}
+        declared: Any = json.loads(schema) if isinstance(schema, str) else dict(schema)
+        if privacy_unit is not None:
+            declared = {**declared, "privacy_unit": dict(privacy_unit)}
+        data = {"schema": json.dumps(declared)}
         if name is not None:
             data["name"] = name
         files = {"file": (filename or default_name, content, "text/csv")}

@@ -31,6 +31,7 @@ __all__ = [
     "Me",
     "MechanismInfo",
     "PrivacyReport",
+    "RecordBound",
     "RequestPage",
     "Session",
     "SessionPage",
@@ -166,6 +167,7 @@ class Estimate(ApiModel):
     worst_case: Curve
     refusal: dict[str, Any] | None = None
     reason: str | None = None
+    privacy_unit: dict[str, Any] | None = None
 
     @property
     def refusal_error(self) -> BudgetExhaustedError | None:
@@ -210,20 +212,50 @@ class MechanismInfo(ApiModel):
     approximate: bool = False
     params_schema: dict[str, Any]
     query_schema: dict[str, Any] | None = None
+    privacy_units: bool = False
+
+
+class RecordBound(ApiModel):
+    """``adaops.ridge``: the bounds for the record as a member of the training data or as an outsider."""
+
+    ex_post: Loss
+    pdp_epsilon: Loss
+    mu_upper: Loss | None = None
+    residual_upper: Loss | None = None
 
 
 class PrivacyReport(ApiModel):
-    """A release's per-instance privacy report evaluated on the caller's own record (charged nothing):
-    a bound on that record's ex-post loss holding with probability ≥ ``confidence``, and its Rényi curve."""
+    """A release's per-instance privacy report evaluated on the caller's own record (charged nothing),
+    holding with probability ≥ ``confidence``. Its shape depends on the mechanism: ``objpert.logistic``
+    gives ``ex_post_epsilon_upper``, ``terms`` and the record's Rényi curve ``personalized_rdp``;
+    ``adaops.ridge`` gives ``member`` and ``outsider`` bounds, ``pdp_delta`` and ``lambda_release_loss``.
+    The fields another mechanism does not send are None (``raw`` has the body as received)."""
 
     request_id: str
     mechanism: str
     report_kind: str
     charged: float
-    ex_post_epsilon_upper: Loss
-    confidence: float
-    terms: dict[str, Loss]
-    personalized_rdp: Curve
+    confidence: float | None = None
+    # objpert.logistic
+    ex_post_epsilon_upper: Loss | None = None
+    terms: dict[str, Loss] | None = None
+    personalized_rdp: Curve | None = None
+    # adaops.ridge
+    member: RecordBound | None = None
+    outsider: RecordBound | None = None
+    pdp_delta: float | None = None
+    lambda_release_loss: Loss | None = None
+
+    @property
+    def epsilon_upper(self) -> Loss | None:
+        """The report's headline bound on this record's ex-post ε, whichever the mechanism: objective
+        perturbation's ``ex_post_epsilon_upper``, or AdaOPS's larger of the member and outsider bounds."""
+        if self.ex_post_epsilon_upper is not None:
+            return self.ex_post_epsilon_upper
+        sides = [side.ex_post for side in (self.member, self.outsider) if side is not None]
+        if not sides:
+            return None
+        return "inf" if "inf" in sides else max(float(v) for v in sides)
 
 
 class LedgerPage(ApiModel):
