@@ -72,6 +72,7 @@ def build_runtime(settings: Settings) -> Runtime:
                 settings.heartbeat_seconds,
                 on_claim=on_claim,
                 queue=settings.queue_name,
+                max_claimed_per_analyst=settings.max_claimed_per_analyst,
             ),
             lambda claimed: stop_runs(sessions, claimed, SHUTDOWN_REASON),
             settings.worker_threads,

@@ -78,6 +78,12 @@ class Settings(BaseSettings):
         description="default limit on an analyst's requests queued or running on workers at once (admins "
         "set per-analyst limits); over it a submission gets 429",
     )
+    max_claimed_per_analyst: int = Field(
+        3,
+        ge=0,
+        description="most requests of one analyst that workers run at once, across the deployment (the "
+        "rest wait in the queue, so one analyst cannot hold every worker); 0: no limit",
+    )
     max_open_sessions_per_analyst: int = Field(
         16,
         ge=1,

@@ -152,6 +152,7 @@ class QueueWorker:
                 settle,
                 on_claim,
                 settings.queue_name,
+                settings.max_claimed_per_analyst,
             ),
             lambda claimed: stop_runs(sessions, claimed, SHUTDOWN_REASON),
             threads,

@@ -169,22 +169,27 @@ def claim_next(
     lease_seconds: float,
     mechanisms: list[str] | None = None,
     queue: str | None = None,
+    max_claimed_per_analyst: int = 0,
 ) -> str | None:
     """Claim the next queued request in the fair order, or None when nothing is queued.
 
     Order: the analyst with the fewest requests running on workers now; ties go to the analyst whose
     latest run started longest ago (round-robin); then that analyst's oldest request (FIFO per
-    analyst). The claim itself is one conditional UPDATE; losing a race to another worker retries.
-    Only requests of ``queue`` (the deployment's ``EXPOST_QUEUE_NAME``) are considered.
+    analyst). An analyst with ``max_claimed_per_analyst`` requests running already (when > 0) waits, so
+    a flood from one analyst leaves workers free for the others (two workers claiming at the same moment
+    may each take one more). The claim itself is one conditional UPDATE; losing a race to another worker
+    retries. Only requests of ``queue`` (the deployment's ``EXPOST_QUEUE_NAME``) are considered.
     """
     known = runnable_mechanisms() if mechanisms is None else mechanisms
     for _ in range(10):
         with unit.transaction(sessions) as session:
             repository = RequestRepository(session)
             oldest = repository.queued_analysts(known, queue)
+            load = repository.analyst_load(list(oldest)) if oldest else {}
+            if max_claimed_per_analyst > 0:
+                oldest = {a: t for a, t in oldest.items() if load[a][0] < max_claimed_per_analyst}
             if not oldest:
                 return None
-            load = repository.analyst_load(list(oldest))
             chosen = min(oldest, key=lambda a: (load[a][0], _utc(load[a][1] or _NEVER), _utc(oldest[a]), a))
             request_id = repository.oldest_queued(chosen, known, queue)
             if request_id is None:
@@ -293,12 +298,15 @@ def run_next(
     settle_fn: SettleFn | None = None,
     on_claim: Callable[[str, str], None] | None = None,
     queue: str | None = None,
+    max_claimed_per_analyst: int = 0,
 ) -> tuple[str, str] | None:
     """Worker body: claim the next request in the fair order and run it: (request id, outcome as for
     :func:`run_request`), or None when nothing is queued. ``on_claim(request_id, owner)`` is called right
     after the claim (so a shutdown can find and stop the runs of this process)."""
     owner = worker_id()
-    request_id = claim_next(sessions, owner, lease_seconds, queue=queue)
+    request_id = claim_next(
+        sessions, owner, lease_seconds, queue=queue, max_claimed_per_analyst=max_claimed_per_analyst
+    )
     if request_id is None:
         return None
     if on_claim is not None:

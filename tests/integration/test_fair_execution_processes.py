@@ -267,3 +267,30 @@ def test_sigterm_with_runs_in_flight_exits_within_the_grace_period_and_settles(
         states = assert_books_balance(c, world.dataset_ids, cli=False)
         assert states == Counter({"committed": 2, "failed_charged": 1}), states
         assert_never_charged_unstarted(rows(c.database_url, [ds]))
+
+
+@pytest.mark.parametrize("executor", ["inprocess", "queue"])
+def test_an_analyst_never_holds_more_workers_than_its_share(
+    database: str, tmp_path: Path, executor: str
+) -> None:
+    """Issue 35 item 14: with a cap of one running request per analyst, a flood from analyst A keeps one
+    of the two worker threads, and analyst B's request starts at once on the other."""
+    with make_cluster(tmp_path, database, executor, max_claimed_per_analyst="1") as c:
+        base, _ = start(c, executor)
+        world = c.setup_world(base)
+        ds = world.dataset_id
+        with world.client(base) as a, second_analyst(c, base, world) as b:
+            flood = [submit(a, ds, LONG_STEPS) for _ in range(2 * WORKERS)]
+            wait_rows(c.database_url, [ds], lambda f: len(claimed(f, flood)) == 1)
+            deadline = time.monotonic() + 2 * STEP * 10  # a free thread would have claimed by now
+            while time.monotonic() < deadline:
+                assert len(claimed(rows(c.database_url, [ds]), flood)) == 1  # the other thread stays free
+                time.sleep(0.1)
+            short = submit(b, ds, 1)
+            found = wait_rows(c.database_url, [ds], lambda f: f[short].state == "committed", timeout=30)
+            waited = (found[short].started_at - found[short].created_at).total_seconds()  # type: ignore[operator]
+            assert waited < LONG_STEPS * STEP / 2, waited  # not behind the remainder of A's run
+            for rid in flood:
+                a.post(f"/v1/requests/{rid}/cancel")
+        wait_until_settled(c.database_url, world.dataset_ids, 30)
+        assert_books_balance(c, world.dataset_ids, cli=False)
