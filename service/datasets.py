@@ -389,8 +389,9 @@ class TableCache:
 
     def check_fits(self, dataset: Dataset, mechanism: str) -> None:
         """Refuse (422, before anything is reserved) a mechanism that holds its columns in memory on a table
-        of more than ``learner_max_rows`` rows (docs/privacy/engines.md#engine-placement: the size class is
-        public)."""
+        of more than ``learner_max_rows`` rows. The answer is a function of the row count, which is private
+        under add/remove and on unit datasets: a size-class channel outside the proofs
+        (docs/privacy/engines.md#engine-placement), closed by a limit at or above the largest snapshot."""
         unit = public_context(dataset).schema.privacy_unit
         if unit is not None and mechanism not in WITH_UNITS:
             raise InvalidInput(

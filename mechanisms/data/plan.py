@@ -38,6 +38,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from mechanisms.data.schema import ORDER_COLUMN as ORDER_COLUMN
 from mechanisms.data.schema import CategoricalColumn, DatasetSchema, FloatColumn, IntColumn
 
 MAX_ROW_UNITS_BITS = 52
@@ -99,11 +100,6 @@ class Sum:
     center: float = 0.0
     square: bool = False
     exponent: int = 0
-
-
-ORDER_COLUMN = "__order"
-"""The snapshot column of a dataset with a privacy unit that orders each unit's rows for bounding: a keyed
-hash of the row's content under a secret drawn once at ingestion and then discarded (``service.data``)."""
 
 
 @dataclass(frozen=True)

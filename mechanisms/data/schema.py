@@ -24,6 +24,10 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+#: The column a snapshot of a dataset with a privacy unit carries beside the declared ones: a keyed hash
+#: of each row, the order in which a unit's rows are kept (mechanisms/data/plan.py); never a user column.
+ORDER_COLUMN = "__order"
+
 MAX_COLUMNS = 1000
 """A schema (and so an upload's CSV header) has at most this many columns. Wider input is refused before any
 column is validated: a 422 naming ``schema.columns`` (a header wider than its schema is refused by the
@@ -137,6 +141,11 @@ class DatasetSchema(_Frozen):
     @model_validator(mode="after")
     def _unit_is_an_identifier(self) -> Self:
         unit = self.privacy_unit
+        if unit is not None and ORDER_COLUMN in self.names:
+            raise ValueError(
+                f"privacy_unit: a dataset with a privacy unit may not have a column named {ORDER_COLUMN!r} "
+                "(the name of the bounding order the service adds)"
+            )
         if unit is not None:
             column = self.column(unit.column)
             if column is None:

@@ -1456,8 +1456,9 @@ class DpGdParams(FeatureSpec):
         default=None,
         ge=1,
         le=10**12,
-        description="add_remove datasets only: a PUBLIC row-count estimate that normalises the gradient "
-        "sum (the true count is private); affects utility only",
+        description="required on add_remove datasets and on every privacy-unit dataset (refused on "
+        "row-level replace_one datasets): a PUBLIC row-count estimate that normalises the gradient sum (the "
+        "true count is private); affects utility only",
     )
     return_iterates: StrictBool = Field(
         default=False, description="release every noisy iterate, not only the final one"

@@ -116,7 +116,7 @@ def pate_plan(p: PateLabelsParams, neighbouring: Literal["replace_one", "add_rem
     if threshold > cap:
         raise ParamsError(
             "epsilon",
-            f"the test needs a distance ≥ {threshold} teacher changes but {p.teachers} teachers allow "
+            f"the test needs a distance ≥ {threshold} neighbour steps but {p.teachers} teachers allow "
             f"at most {cap}: raise epsilon, test_fraction or teachers",
         )
     return PatePlan(budget, m, scale, threshold, cap, p.sigma, len(p.labels), p.teachers)

@@ -150,10 +150,25 @@ def curve_record(curve: RdpCurve, delta: int = 0, charge: UnitsVector | None = N
     return record | {"delta_units": delta} if delta else record
 
 
+def unit_description(column: str, max_rows: int) -> dict[str, Any]:
+    """What a privacy unit is and the bound in force, as estimates and refusals show it."""
+    return {
+        "column": column,
+        "max_rows": max_rows,
+        "meaning": f"ε protects each {column!r} with all its rows: neighbouring datasets differ by one "
+        f"{column} (all its rows added, removed or replaced); every release uses at most {max_rows} rows "
+        "of a unit, chosen by a secret keyed hash",
+    }
+
+
 def refusal(v: Validated, refused: Refused) -> BudgetExhausted:
-    """The 409 body: requested vs spent, reserved and capacity per order, and what is affordable."""
+    """The 409 body: requested vs spent, reserved and capacity per order, what is affordable, and on a
+    dataset with a privacy unit, what ε protects there."""
     details = budget.refusal_details(refused.blocked, v.dataset.orders, v.charge, v.delta)
     details["requested"] = v.worst_case.as_dict()
+    unit = v.context.schema.privacy_unit
+    if unit is not None:
+        details["privacy_unit"] = unit_description(unit.column, unit.max_rows)
     searchable = isinstance(v.mechanism, Mechanism) and not v.delta  # the search prices curves only
     details["affordable"] = affordable(v, refused) if searchable else None
     found = details["affordable"]

@@ -40,7 +40,14 @@ from service.errors import (
 )
 from service.filter.batch import FilterRow
 from service.filter.refusals import record_refusal
-from service.runs.admission import RequestBatch, Validated, admission_check, validate, validated_for
+from service.runs.admission import (
+    RequestBatch,
+    Validated,
+    admission_check,
+    unit_description,
+    validate,
+    validated_for,
+)
 from service.runs.runtime import Runtime
 from service.runs.settlement import (
     RequestRef,
@@ -276,17 +283,6 @@ def dry_run(
     if unit is not None:
         result["privacy_unit"] = unit_description(unit.column, unit.max_rows)
     return result
-
-
-def unit_description(column: str, max_rows: int) -> dict[str, Any]:
-    """What a privacy unit is and the bound in force, as an estimate shows it."""
-    return {
-        "column": column,
-        "max_rows": max_rows,
-        "meaning": f"ε protects each {column!r} with all its rows: neighbouring datasets differ by one "
-        f"{column} (all its rows added, removed or replaced); every release uses at most {max_rows} rows "
-        "of a unit, chosen by a secret keyed hash",
-    }
 
 
 def cancel(sessions: sessionmaker[Session], principal: Principal, request_id: str) -> AnalysisRequest:

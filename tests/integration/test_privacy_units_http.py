@@ -318,3 +318,18 @@ def test_the_cli_declares_the_unit(live_server: LiveServer, tmp_path: Path, max_
         return
     shown = admin.get(f"/v1/datasets/{done.stdout.strip()}").json()
     assert shown["schema"]["privacy_unit"] == {"column": "user_id", "max_rows": 2}
+
+
+def test_a_refusal_on_a_unit_dataset_says_what_epsilon_protects(
+    world: tuple[httpx.Client, httpx.Client, str],
+) -> None:
+    """A 409 over the budget names the unit and its bound beside requested vs remaining (issue 36, item 4)."""
+    admin, analyst, dataset_id = world
+    assert (
+        admin.put(f"/v1/datasets/{dataset_id}/budget", json={"epsilon": 1.0, "delta": 0.0}).status_code == 200
+    )
+    refused = submit(analyst, dataset_id, "laplace", {"query": {"kind": "count"}, "epsilon": 5.0})
+    assert refused.status_code == 409, refused.text
+    unit = refused.json()["privacy_unit"]
+    assert (unit["column"], unit["max_rows"]) == ("user_id", K)
+    assert "with all its rows" in unit["meaning"]

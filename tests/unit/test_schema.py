@@ -103,3 +103,19 @@ def test_accepts_equal_bounds_and_add_remove(schema_json: dict[str, Any]) -> Non
     assert isinstance(age, FloatColumn)
     assert (age.min, age.max) == (3.5, 3.5)
     assert schema.neighboring == "add_remove"
+
+
+def test_a_unit_dataset_may_not_name_a_column_like_the_bounding_order() -> None:
+    """The snapshot of a unit dataset carries ``__order`` beside the declared columns: a user column of that
+    name is refused at declaration (it crashed ingestion with an Arrow error)."""
+    with pytest.raises(ValidationError, match="privacy_unit"):
+        DatasetSchema.model_validate(
+            {
+                "columns": [
+                    {"name": "user", "type": "int", "min": 0, "max": 9},
+                    {"name": "__order", "type": "int", "min": 0, "max": 9},
+                ],
+                "neighboring": "add_remove",
+                "privacy_unit": {"column": "user", "max_rows": 2},
+            }
+        )
