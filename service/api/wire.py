@@ -72,23 +72,29 @@ def header_timeout(protocol_class: type) -> float:
     return float(seconds) if seconds is not None else get_settings().header_timeout_seconds
 
 
-class ProblemH11Protocol(H11Protocol):
-    """h11 with problem+json parser refusals and a deadline on each request's head."""
+class HeadDeadlineMixin:
+    """Arms a :class:`HeadDeadline` when a connection opens and after each response (put it first among
+    the bases of a uvicorn protocol class)."""
 
     head_timeout: float | None = None
+    head_deadline: HeadDeadline
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
         self.head_deadline = HeadDeadline(self, header_timeout(type(self)))
         self.head_deadline.arm()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # type: ignore[misc]
         self.head_deadline.arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.head_deadline.disarm()
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
+
+
+class ProblemH11Protocol(HeadDeadlineMixin, H11Protocol):
+    """h11 with problem+json parser refusals and a deadline on each request's head."""
 
     def send_400_response(self, msg: str) -> None:
         import h11
@@ -112,23 +118,8 @@ HTTP_PROTOCOL: type = ProblemH11Protocol
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class ProblemHttpToolsProtocol(HttpToolsProtocol):
+    class ProblemHttpToolsProtocol(HeadDeadlineMixin, HttpToolsProtocol):
         """httptools with problem+json parser refusals and a deadline on each request's head."""
-
-        head_timeout: float | None = None
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self.head_deadline = HeadDeadline(self, header_timeout(type(self)))
-            self.head_deadline.arm()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self.head_deadline.arm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self.head_deadline.disarm()
-            super().connection_lost(exc)
 
         def send_400_response(self, msg: str) -> None:
             body = problem_bytes(msg)
