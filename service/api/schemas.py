@@ -167,6 +167,7 @@ class KeyOut(BaseModel):
     role: Role
     prefix: str
     key: str | None = Field(None, description="shown once, at creation")
+    revoked_at: datetime | None = Field(None, description="when the key was revoked; null while it works")
 
 
 class RequestIn(StrictModel):

@@ -75,8 +75,10 @@ def test_a_revoked_key_is_refused_at_once_by_this_process(live_server: LiveServe
     again = world.admin.delete(f"/v1/keys/{world.analyst_name}")  # idempotent: the first time is kept
     assert again.status_code == 200, again.text
     assert again.json()["revoked_at"] == body["revoked_at"]
-    names = [k["name"] for k in world.admin.get("/v1/keys").json()]
-    assert world.analyst_name in names  # listed still: the name stays taken
+    listed = {k["name"]: k for k in world.admin.get("/v1/keys").json()}
+    assert world.analyst_name in listed  # listed still: the name stays taken, and marked revoked
+    assert listed[world.analyst_name]["revoked_at"] == body["revoked_at"]
+    assert listed[world.admin_name]["revoked_at"] is None
     reused = world.admin.post("/v1/keys", json={"name": world.analyst_name, "role": "analyst"})
     assert_problem(reused, 409, "/problems/conflict")
     # their history and the ledger stay

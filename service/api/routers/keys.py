@@ -23,7 +23,8 @@ def create(body: KeyIn, runtime: RuntimeDep, _admin: Admin) -> KeyOut:
 @router.get("", operation_id="listKeys", summary="List API keys (never the keys themselves)")
 def list_keys(runtime: RuntimeDep, _admin: Admin) -> list[KeyOut]:
     with runtime.sessions() as session:
-        return [KeyOut(name=k.name, role=k.role, prefix=k.prefix) for k in views.keys(session)]
+        listed = views.keys(session)
+        return [KeyOut(name=k.name, role=k.role, prefix=k.prefix, revoked_at=k.revoked_at) for k in listed]
 
 
 @router.delete(
