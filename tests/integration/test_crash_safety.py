@@ -18,7 +18,6 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,6 @@ from sqlalchemy.exc import DBAPIError
 
 from service.store.engine import make_engine, make_sessionmaker
 from service.store.models import AnalysisRequest
-from tests.conftest import fresh_postgres_database
 from tests.integration.scale_out_support import (
     COUNT,
     Cluster,
@@ -43,18 +41,6 @@ from tests.integration.scale_out_support import (
 pytestmark = pytest.mark.slow
 
 TASK_DONE = re.compile(r"task done .*outcome=(\w+).*request_id=(rq_\w+)")
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'expost.db'}"
-        return
-    fresh = fresh_postgres_database()
-    try:
-        yield fresh.url
-    finally:
-        fresh.drop()
 
 
 def outcomes(*workers: Proc) -> list[tuple[str, str]]:

@@ -34,7 +34,6 @@ from sqlalchemy import select
 
 from service.store.engine import make_engine, make_sessionmaker
 from service.store.models import AnalysisRequest
-from tests.conftest import fresh_postgres_database
 from tests.integration.scale_out_support import (
     Cluster,
     Proc,
@@ -51,18 +50,6 @@ STEP = 0.1  # seconds per step of test.steps_count
 LONG_STEPS = 30  # a long run: 3 s
 WORKERS = 2  # worker threads, in the API (in-process) or in the one queue worker
 QUEUE_WAIT_BOUND = LONG_STEPS * STEP + 1.5  # B waits at most one of A's runs, plus the wake-up and slack
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'expost.db'}"
-        return
-    fresh = fresh_postgres_database()
-    try:
-        yield fresh.url
-    finally:
-        fresh.drop()
 
 
 CHEAP_COUNT = {"mechanism": "laplace", "params": {"query": {"kind": "count"}, "epsilon": 0.01}}

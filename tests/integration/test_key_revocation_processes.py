@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,6 @@ from sqlalchemy import select
 
 from service.store.engine import make_engine, make_sessionmaker
 from service.store.models import AnalysisRequest, AnalysisSession, ApiKey
-from tests.conftest import fresh_postgres_database
 from tests.integration.helpers import assert_problem
 from tests.integration.scale_out_support import Cluster, assert_books_balance, wait_until_settled
 
@@ -46,18 +44,6 @@ SESSION = {
 }
 ADMITTED = (200, 201, 202)
 AFTER_REVOKE_SECONDS = 1.0  # how long the threads keep submitting once the revocation returned
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'expost.db'}"
-        return
-    fresh = fresh_postgres_database()
-    try:
-        yield fresh.url
-    finally:
-        fresh.drop()
 
 
 @dataclass(frozen=True)
