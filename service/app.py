@@ -127,8 +127,7 @@ def install_signal_handlers(runtime: Runtime) -> None:
 
 def stop_when_idle(runtime: Runtime, stop_server: Callable[[], None], poll: float = 0.05) -> None:
     """Call ``stop_server`` once no run is in flight here, or when the grace period is over."""
-    started = runtime.drain_started if runtime.drain_started is not None else time.monotonic()
-    deadline = started + runtime.settings.shutdown_grace_seconds
+    deadline = runtime.grace_deadline()
     while runtime.executor.in_flight() and time.monotonic() < deadline:
         time.sleep(poll)
     stop_server()

@@ -184,13 +184,16 @@ def _identity(scope: Scope, headers: dict[bytes, bytes]) -> str:
     auth = headers.get(b"authorization", b"")
     if auth[:7].lower() == b"bearer " and len(auth) > 7:
         return "key:" + hashlib.sha256(auth[7:].strip()).hexdigest()[:32]
-    client = scope.get("client") or ("unknown", 0)
-    return f"addr:{client[0]}"
+    return f"addr:{_client_address(scope)}"
 
 
 def _failed_auth_identity(scope: Scope) -> str:
+    return f"failed-auth:{_client_address(scope)}"
+
+
+def _client_address(scope: Scope) -> str:
     client = scope.get("client") or ("unknown", 0)
-    return f"failed-auth:{client[0]}"
+    return str(client[0])
 
 
 def _capped(receive: Receive, limit: int) -> Receive:

@@ -51,13 +51,18 @@ class Runtime:
             self.executor.drain()
             log.info("draining: no new work is accepted", grace_seconds=self.settings.shutdown_grace_seconds)
 
+    def grace_deadline(self) -> float:
+        """When runs in flight must be stopped (``time.monotonic()``): the grace period after the drain
+        began, or from now if it has not."""
+        started = self.drain_started if self.drain_started is not None else time.monotonic()
+        return started + self.settings.shutdown_grace_seconds
+
     def close(self) -> None:
         """Stop: runs in flight may finish within the grace period (counted from the signal), then they
         are stopped and charged their worst case; queued requests stay queued for other workers."""
         self.drain()
         self.stop.set()
-        started = self.drain_started if self.drain_started is not None else time.monotonic()
-        self.executor.shutdown(started + self.settings.shutdown_grace_seconds)
+        self.executor.shutdown(self.grace_deadline())
         if self.reaper is not None:
             self.reaper.join(10)
         self.writer.stop()
