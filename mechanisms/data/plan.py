@@ -424,3 +424,165 @@ def aggregate(table: Mapping[str, np.ndarray], plan: Aggregation) -> Answer:
     if isinstance(table, Scanner):
         return table.aggregate(plan)
     return evaluate_numpy(plan, table)
+
+
+# ----- per-unit contributions (individual accounting) -----------------------------------------------------
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+@dataclass(frozen=True, eq=False)
+class UnitAnswer:
+    """A plan's sums per (privacy unit, cell) after unit bounding, for individual accounting: one row per
+    (unit id, cell) that at least one kept selected row reaches, sorted by (unit, cell) with no repeats.
+
+    ``units`` are the clipped unit ids (``_clipped(...).astype(np.int64)``), ``cells`` the row-major cell
+    indices (0 when the plan has no keys), both int64. ``sums[i]`` is the plan's ``i``-th sum over that
+    unit's kept rows in that cell: int64 when every value fits in int64, else an object array of exact
+    Python ints (counts and int sums of bounded units fit in practice; a grid sum — row units up to 2^52
+    times up to ``max_rows`` rows — can exceed it). A ``distinct_units`` sum is 1 on every row. Summing the
+    rows of a cell gives :func:`evaluate_numpy`'s answer for that cell exactly (:meth:`cell_totals`).
+    Two answers are equal when their ids, cells, sum dtypes and values are."""
+
+    units: np.ndarray
+    cells: np.ndarray
+    sums: tuple[np.ndarray, ...]
+
+    def __post_init__(self) -> None:
+        for name in ("units", "cells"):
+            array = getattr(self, name)
+            if not isinstance(array, np.ndarray) or array.dtype != np.int64 or array.ndim != 1:
+                raise ValueError(f"UnitAnswer.{name} must be a one-dimensional int64 array")
+        if self.cells.size != self.units.size:
+            raise ValueError("UnitAnswer.units and cells differ in length")
+        object.__setattr__(self, "sums", tuple(_canonical_sum(values) for values in self.sums))
+        if any(values.size != self.units.size for values in self.sums):
+            raise ValueError("a UnitAnswer sum is not aligned with its units")
+        units, cells = self.units, self.cells
+        ascending = (units[1:] > units[:-1]) | ((units[1:] == units[:-1]) & (cells[1:] > cells[:-1]))
+        if not ascending.all():
+            raise ValueError("UnitAnswer rows must be sorted by (unit, cell) without repeats")
+
+    def __len__(self) -> int:
+        return int(self.units.size)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, UnitAnswer):
+            return NotImplemented
+        return (
+            np.array_equal(self.units, other.units)
+            and np.array_equal(self.cells, other.cells)
+            and len(self.sums) == len(other.sums)
+            and all(
+                a.dtype == b.dtype and np.array_equal(a, b)
+                for a, b in zip(self.sums, other.sums, strict=True)
+            )
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def cell_totals(self, n_cells: int) -> Answer:
+        """Per sum, the exact total of each of ``n_cells`` cells (zeros where no unit reaches a cell): for a
+        plan with a unit, :func:`evaluate_numpy`'s answer (the rows partition the kept rows)."""
+        if self.cells.size and not (0 <= int(self.cells.min()) and int(self.cells.max()) < n_cells):
+            raise ValueError("a UnitAnswer cell is outside the plan's cells")
+        totals = []
+        for values in self.sums:
+            if values.dtype == np.int64:
+                totals.append(_exact_sums(values, self.cells, n_cells))
+                continue
+            dense = np.zeros(n_cells, dtype=object)
+            np.add.at(dense, self.cells, values)
+            totals.append(tuple(int(v) for v in dense))
+        return tuple(totals)
+
+
+def _canonical_sum(values: np.ndarray) -> np.ndarray:
+    """``values`` as int64 when every value fits, else as an object array of Python ints."""
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise ValueError("a UnitAnswer sum must be one-dimensional")
+    if array.dtype.kind == "i" or (array.dtype.kind == "u" and array.dtype.itemsize < 8):
+        return array.astype(np.int64, copy=False)
+    if array.dtype.kind == "u":
+        array = array.astype(object)
+    if array.dtype != object or not all(isinstance(v, int) and not isinstance(v, bool) for v in array):
+        raise ValueError(f"a UnitAnswer sum must hold integers, not {array.dtype}")
+    if array.size == 0 or (INT64_MIN <= min(array) and max(array) <= INT64_MAX):
+        return array.astype(np.int64)
+    return array
+
+
+@runtime_checkable
+class UnitScanner(Protocol):
+    """A table whose engine computes per-(unit, cell) contributions where the data is."""
+
+    def aggregate_units(self, plan: Aggregation) -> UnitAnswer: ...
+
+
+def unit_plan(plan: Aggregation) -> UnitBound:
+    """The plan's :class:`UnitBound`, checking that per-unit sums are defined for it: a plan with a privacy
+    unit, whose ``distinct_units`` sums count the unit column itself (1 per unit and cell, so cell totals
+    add up; distinct values of another column are not additive over units). Raises ValueError otherwise."""
+    if plan.unit is None:
+        raise ValueError("per-unit contributions need a plan with a privacy unit (plan.unit is None)")
+    for s in plan.sums:
+        if s.kind == "distinct_units" and s.column != plan.unit.column:
+            raise ValueError("a per-unit distinct_units sum must count the privacy unit column")
+    return plan.unit
+
+
+def group_sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Exact Σ of int64 ``values`` over the runs beginning at ``starts`` (increasing, ``starts[0] == 0``),
+    as int64 when every total fits, else as Python ints (object). Each value is split into 32-bit halves
+    (as :func:`_exact_sums`), whose run sums fit in int64 for fewer than 2^31 values, and the carry of the
+    low half is moved into the high one, so ``total = high·2^32 + low`` with 0 ≤ low < 2^32: it fits in
+    int64 exactly when −2^31 ≤ high < 2^31."""
+    if values.size >= 1 << 31:
+        raise ValueError("too many rows for the in-memory engine")
+    if starts.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    low = np.add.reduceat(values & 0xFFFFFFFF, starts)
+    high = np.add.reduceat(values >> 32, starts) + (low >> 32)
+    low &= 0xFFFFFFFF
+    if ((high >= -(1 << 31)) & (high < 1 << 31)).all():
+        result: np.ndarray = (high << 32) | low
+        return result
+    exact: np.ndarray = high.astype(object) * (1 << 32) + low.astype(object)
+    return exact
+
+
+def evaluate_units_numpy(plan: Aggregation, table: Mapping[str, np.ndarray]) -> UnitAnswer:
+    """The reference engine's per-(unit, cell) sums (:class:`UnitAnswer`): the rows :func:`evaluate_numpy`
+    keeps, grouped by (clipped unit id, cell) with one sort, each sum reduced per group exactly
+    (:func:`group_sums`). Vectorised; raises ValueError for a plan without a unit (:func:`unit_plan`)."""
+    unit = unit_plan(plan)
+    n_rows = len(next(iter(table.values()))) if table else 0
+    if table and np.asarray(table[unit.column]).dtype.kind not in "iu":
+        raise ValueError("a privacy unit column must be an int or categorical column")
+    kept = _bounded(plan, unit, table, _mask(plan, table, n_rows))
+    units = _clipped(plan, table, unit.column).astype(np.int64)[kept]
+    cells = _cells(plan, table, n_rows)[kept]
+    order = np.lexsort([cells, units])
+    units, cells = units[order], cells[order]
+    new = np.ones(units.size, dtype=bool)
+    new[1:] = (units[1:] != units[:-1]) | (cells[1:] != cells[:-1])
+    starts = np.flatnonzero(new)
+    sizes = np.diff(np.append(starts, units.size))
+    sums = []
+    for s in plan.sums:
+        if s.kind == "count":
+            sums.append(sizes.astype(np.int64))
+        elif s.kind == "distinct_units":
+            sums.append(np.ones(starts.size, dtype=np.int64))
+        else:
+            sums.append(group_sums(_row_values(s, plan, table, n_rows)[kept][order], starts))
+    return UnitAnswer(units[starts], cells[starts], tuple(sums))
+
+
+def aggregate_units(table: Mapping[str, np.ndarray], plan: Aggregation) -> UnitAnswer:
+    """Per-(unit, cell) sums of ``plan`` where the table is: its engine when it has one
+    (:class:`UnitScanner`), else NumPy in memory. Raises ValueError for a plan without a unit."""
+    unit_plan(plan)
+    if isinstance(table, UnitScanner):
+        return table.aggregate_units(plan)
+    return evaluate_units_numpy(plan, table)

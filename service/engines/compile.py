@@ -47,6 +47,11 @@ argument, step by step; each step names the NumPy operation it mirrors):
   the lookup (and symmetrically fl(j0 − t) ≤ δ_U). A guard only decides where the exact comparison is
   evaluated, never its result.
 * **Cells** are BIGINT ``Σ index_i·Π_{j>i} size_j`` as in ``_cells``.
+* **Per-unit contributions** (``compile_plan(…, by_unit=True)``, NumPy's ``evaluate_units_numpy``): the same
+  layers, with the bounding's ``unit_id`` (the clipped BIGINT id it partitions by) carried to the aggregate,
+  which groups by (unit_id, cell) — by unit_id alone without keys (cell 0) — with the same exact sums below.
+  The result is fetched as Arrow (sums as decimal128 when the engine's type is HUGEINT/DECIMAL) and
+  converted exactly (:func:`exact_int_array`), ordered by (unit, cell) (ORDER BY; re-sorted if not).
 * **Sums** are exact integers: ``COUNT(*)`` (BIGINT), DuckDB ``SUM(BIGINT)`` → HUGEINT (128-bit, raises on
   overflow), Spark ``SUM(CAST(v AS DECIMAL(38, 0)))`` under ANSI mode (raises on overflow, never wraps).
   sqlglot would render ``SUM`` unchanged for Spark, where ``SUM(BIGINT)`` is a 64-bit sum that can
@@ -61,6 +66,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -73,7 +79,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlglot import exp
 
-from mechanisms.data.plan import ORDER_COLUMN, Aggregation, Answer, Bucket, Key, Predicate, Sum, UnitBound
+from mechanisms.data.plan import (
+    ORDER_COLUMN,
+    Aggregation,
+    Answer,
+    Bucket,
+    Key,
+    Predicate,
+    Sum,
+    UnitAnswer,
+    UnitBound,
+    unit_plan,
+)
 
 Dialect = Literal["duckdb", "spark"]
 ColumnKind = Literal["float", "int"]
@@ -233,6 +250,8 @@ class CompiledPlan:
     candidates: tuple[CandidateTable, ...]
     columns: tuple[str, ...]
     """The snapshot columns read (the projection)."""
+    by_unit: bool = False
+    """Grouped by (``unit_id``, cell) instead of cell: the per-unit contributions (:meth:`unit_answer`)."""
 
     @cached_property
     def _duckdb_tree(self) -> exp.Expression:
@@ -280,7 +299,16 @@ class CompiledPlan:
 
     def answer(self, rows: Iterable[Sequence[object]]) -> Answer:
         """The dense :data:`Answer` from the engine's result rows ((cell,)? then one value per sum)."""
+        if self.by_unit:
+            raise ValueError("a per-unit plan's result is a UnitAnswer (unit_answer)")
         return dense_answer(self.plan, rows)
+
+    def unit_answer(self, result: pa.Table) -> UnitAnswer:
+        """The :class:`~mechanisms.data.plan.UnitAnswer` from a per-unit query's Arrow result (columns
+        ``unit_id``, ``cell`` when the plan has keys, ``s0``, ``s1``, …), in (unit, cell) order."""
+        if not self.by_unit:
+            raise ValueError("the plan was not compiled per unit")
+        return unit_answer(self.plan, result)
 
 
 def _with_source(query: exp.Select, source: exp.Expression) -> exp.Expression:
@@ -327,15 +355,20 @@ def _exact_sums_spark(query: exp.Expression) -> exp.Expression:
     return rewritten
 
 
-def compile_plan(plan: Aggregation, kinds: Mapping[str, ColumnKind]) -> CompiledPlan:
-    """Compile ``plan`` for a snapshot whose columns have ``kinds`` (cached per plan and kinds)."""
+def compile_plan(plan: Aggregation, kinds: Mapping[str, ColumnKind], by_unit: bool = False) -> CompiledPlan:
+    """Compile ``plan`` for a snapshot whose columns have ``kinds`` (cached per plan, kinds and ``by_unit``).
+
+    ``by_unit``: group by (unit id, cell) instead of cell, for per-unit contributions (the plan must have a
+    privacy unit: :func:`~mechanisms.data.plan.unit_plan`)."""
     needed = plan.columns()
     missing = [name for name in needed if name not in kinds]
     if missing:
         raise ValueError(f"the snapshot has no column {missing[0]!r}")
     if plan.unit is not None and not UNIT_BOUNDING:  # never run a unit dataset's plan unbounded
         raise NotImplementedError("this engine does not bound privacy units yet")
-    return _compile(plan, tuple((name, kinds[name]) for name in needed))
+    if by_unit:
+        unit_plan(plan)
+    return _compile(plan, tuple((name, kinds[name]) for name in needed), by_unit)
 
 
 UNIT_BOUNDING = True
@@ -343,8 +376,8 @@ UNIT_BOUNDING = True
 
 
 @lru_cache(maxsize=256)
-def _compile(plan: Aggregation, kinds: tuple[tuple[str, ColumnKind], ...]) -> CompiledPlan:
-    return _Compiler(plan, dict(kinds)).build()
+def _compile(plan: Aggregation, kinds: tuple[tuple[str, ColumnKind], ...], by_unit: bool) -> CompiledPlan:
+    return _Compiler(plan, dict(kinds), by_unit).build()
 
 
 class _Compiler:
@@ -356,12 +389,15 @@ class _Compiler:
        value (int_sum);
     3. ``cells``: joins the candidate tables; the cell index (j0 and the guarded corrections); the scaled
        doubles ``s``;
-    4. the aggregate: ``COUNT(*)`` / ``SUM(unit)`` per cell (grouped by cell when there are keys).
+    4. the aggregate: ``COUNT(*)`` / ``SUM(unit)`` per cell (grouped by cell when there are keys), or,
+       ``by_unit``, per (``unit_id``, cell) (``unit_id`` computed in layer 2 by the bounding, carried
+       through layer 3).
     """
 
-    def __init__(self, plan: Aggregation, kinds: Mapping[str, ColumnKind]) -> None:
+    def __init__(self, plan: Aggregation, kinds: Mapping[str, ColumnKind], by_unit: bool = False) -> None:
         self.plan = plan
         self.kinds = kinds
+        self.by_unit = by_unit
         self.names = {name: f"c{i}" for i, name in enumerate(plan.columns())}
 
     # layer 1
@@ -455,8 +491,16 @@ class _Compiler:
             cells_select.append(cell.as_("cell"))
 
         aggregates: list[exp.Expression] = []
+        groups: list[exp.Expression] = []
+        if self.by_unit:  # unit_id: the bounding's partition key (layer 2), the clipped BIGINT id
+            assert plan.unit is not None
+            if self.kinds[plan.unit.column] != "int":
+                raise ValueError("a privacy unit column must be an int or categorical column")
+            cells_select.append(_col("unit_id", "selected").as_("unit_id"))
+            groups.append(_col("unit_id"))
         if cell is not None:
-            aggregates.append(_col("cell"))
+            groups.append(_col("cell"))
+        aggregates.extend(group.copy() for group in groups)
         for i, s in enumerate(plan.sums):
             aggregates.append(self._sum(i, s, selected, cells_select).as_(f"s{i}"))
 
@@ -474,9 +518,11 @@ class _Compiler:
         for table, on in joins:
             cells = cells.join(exp.to_table(table), on=on, join_type="inner")
         query = exp.select(*aggregates).from_(exp.alias_(exp.paren(cells), "cells"))
-        if cell is not None:
-            query = query.group_by(_col("cell"))
-        return CompiledPlan(plan, query, tuple(candidates), tuple(self.names))
+        if groups:
+            query = query.group_by(*groups)
+        if self.by_unit:  # the engine sorts (cheaper than a sort after the fetch, which stays a fallback)
+            query = query.order_by(*(group.copy() for group in groups))
+        return CompiledPlan(plan, query, tuple(candidates), tuple(self.names), self.by_unit)
 
     def _bounded(self, rows: exp.Select, unit: UnitBound) -> exp.Select:
         """Each unit's first ``max_rows`` selected rows (``mechanisms.data.plan.UnitBound``): ROW_NUMBER over
@@ -718,3 +764,55 @@ def _exact_int(value: object) -> int:
     if isinstance(value, Decimal) and value == value.to_integral_value():
         return int(value)
     raise TypeError(f"an engine returned a non-integer sum: {value!r}")
+
+
+def unit_answer(plan: Aggregation, result: pa.Table) -> UnitAnswer:
+    """A per-unit query's Arrow result as a :class:`~mechanisms.data.plan.UnitAnswer`: ``unit_id``, ``cell``
+    (absent without keys: every cell is 0) and ``s0``, ``s1``, … converted exactly and without a loop over
+    rows (:func:`exact_int_array`), in the query's (unit, cell) order (sorted here with ``np.lexsort`` if an
+    engine did not keep it)."""
+    units = exact_int_array(result.column("unit_id"))
+    cells = exact_int_array(result.column("cell")) if plan.keys else np.zeros(units.size, dtype=np.int64)
+    if units.dtype != np.int64 or cells.dtype != np.int64:
+        raise ValueError("an engine returned a unit id or cell outside BIGINT")
+    if cells.size and not (0 <= int(cells.min()) and int(cells.max()) < plan.n_cells):
+        raise ValueError("a row fell outside the plan's cells")
+    sums = [exact_int_array(result.column(f"s{i}")) for i in range(len(plan.sums))]
+    if _sorted(units, cells):
+        return UnitAnswer(units, cells, tuple(sums))
+    order = np.lexsort([cells, units])
+    return UnitAnswer(units[order], cells[order], tuple(values[order] for values in sums))
+
+
+def _sorted(units: np.ndarray, cells: np.ndarray) -> bool:
+    """Whether (unit, cell) rows are in ascending order already (the query's ORDER BY)."""
+    same = units[1:] == units[:-1]
+    return bool(((units[1:] > units[:-1]) | (same & (cells[1:] >= cells[:-1]))).all())
+
+
+def exact_int_array(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """An engine's integer column (int8…int64, or decimal128 with scale 0: DuckDB's HUGEINT, Spark's
+    DECIMAL(38, 0)) as int64 when every value fits, else as an object array of Python ints. A decimal128
+    value is 16 bytes of little-endian two's complement, read as (high: int64, low: uint64) pairs straight
+    from the Arrow buffer; it fits in int64 exactly when ``high`` is the sign extension of ``low``. Nulls
+    are refused (a per-unit group always has a row, so no sum is NULL)."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if array.null_count:
+        raise ValueError("an engine returned a NULL per-unit value")
+    if pa.types.is_integer(array.type):
+        values: np.ndarray = array.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        if pa.types.is_unsigned_integer(array.type) and array.type.bit_width == 64:
+            raise ValueError("an engine returned an unsigned 64-bit column")
+        return values
+    if not (pa.types.is_decimal128(array.type) and array.type.scale == 0):
+        raise TypeError(f"an engine returned a non-integer column: {array.type}")
+    if sys.byteorder != "little":  # the (low, high) word order below is Arrow's on little-endian hosts
+        return np.array([int(value) for value in array.to_pylist()], dtype=object)
+    words = np.frombuffer(array.buffers()[1], dtype=np.int64)[
+        2 * array.offset : 2 * (array.offset + len(array))
+    ]
+    low, high = words[0::2], words[1::2]
+    if (high == (low >> 63)).all():
+        return low.copy()
+    exact: np.ndarray = high.astype(object) * (1 << 64) + low.view(np.uint64).astype(object)
+    return exact

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from mechanisms.data.plan import Aggregation, Answer
-from service.engines.compile import SOURCE, compile_plan, snapshot_kinds, snapshot_schema
+from mechanisms.data.plan import Aggregation, Answer, UnitAnswer
+from service.engines.compile import SOURCE, CompiledPlan, compile_plan, snapshot_kinds, snapshot_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -70,9 +70,22 @@ class SparkEngine:
 
     def aggregate(self, path: Path, plan: Aggregation) -> Answer:
         """The plan's exact answer on the snapshot at ``path`` (thread-safe; one Spark session per call)."""
+        compiled = compile_plan(plan, snapshot_kinds(path))
+        rows = self._prepared(path, compiled).sql(compiled.spark_sql).collect()
+        return compiled.answer([tuple(row) for row in rows])
+
+    def aggregate_units(self, path: Path, plan: Aggregation) -> UnitAnswer:
+        """The plan's exact per-(unit, cell) sums on the snapshot at ``path``, collected as one Arrow table
+        (``DataFrame.toArrow``; DECIMAL(38, 0) sums as decimal128). Raises ValueError without a unit."""
+        compiled = compile_plan(plan, snapshot_kinds(path), by_unit=True)
+        result = self._prepared(path, compiled).sql(compiled.spark_sql).toArrow()
+        return compiled.unit_answer(result)
+
+    def _prepared(self, path: Path, compiled: CompiledPlan) -> SparkSession:
+        """A new session (isolated temp views, ANSI mode checked) with the snapshot as :data:`SOURCE` and
+        the plan's candidate tables registered."""
         from pyspark.sql.functions import broadcast
 
-        compiled = compile_plan(plan, snapshot_kinds(path))
         session = self.session.newSession()
         if session.conf.get("spark.sql.ansi.enabled") != "true":
             raise RuntimeError("Spark's ANSI mode is off: sums would not be exact")
@@ -81,8 +94,7 @@ class SparkEngine:
         reader.parquet(str(path)).createOrReplaceTempView(SOURCE)
         for candidates in compiled.candidates:
             broadcast(session.createDataFrame(candidates.table)).createOrReplaceTempView(candidates.name)
-        rows = session.sql(compiled.spark_sql).collect()
-        return compiled.answer([tuple(row) for row in rows])
+        return session
 
     def close(self) -> None:
         """Stop the SparkSession (and its SparkContext) if this engine started one."""

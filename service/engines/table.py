@@ -1,8 +1,9 @@
 """A dataset snapshot as a table: aggregations run in an engine, single columns load on demand.
 
 :class:`ParquetTable` is a ``Mapping[str, np.ndarray]`` over one immutable Parquet snapshot (one file;
-float64, int64 and int32-code columns, no nulls) and a :class:`~mechanisms.data.plan.Scanner`: mechanisms
-call ``aggregate(plan)``, which the engine runs where the data is, and never need the rows. Learners that
+float64, int64 and int32-code columns, no nulls), a :class:`~mechanisms.data.plan.Scanner` and a
+:class:`~mechanisms.data.plan.UnitScanner`: mechanisms call ``aggregate(plan)`` (or ``aggregate_units(plan)``
+for per-unit contributions), which the engine runs where the data is, and never need the rows. Learners that
 need columns in memory index the mapping; that loads the column with pyarrow, refused with
 :class:`RowLimitExceeded` above ``max_memory_rows``, or stream it with :meth:`ParquetTable.batches` in
 bounded memory.
@@ -23,7 +24,7 @@ from typing import Protocol
 import numpy as np
 import pyarrow.parquet as pq
 
-from mechanisms.data.plan import ORDER_COLUMN, Aggregation, Answer
+from mechanisms.data.plan import ORDER_COLUMN, Aggregation, Answer, UnitAnswer
 from mechanisms.data.schema import DatasetSchema
 
 
@@ -31,6 +32,10 @@ class Engine(Protocol):
     """What runs a plan on a snapshot file (``DuckDBEngine``, ``SparkEngine``)."""
 
     def aggregate(self, path: Path, plan: Aggregation) -> Answer: ...
+
+    def aggregate_units(self, path: Path, plan: Aggregation) -> UnitAnswer:
+        """Per-(unit, cell) sums of a plan with a privacy unit (``mechanisms.data.plan.UnitAnswer``)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -64,6 +69,11 @@ class ParquetTable(Mapping[str, np.ndarray]):
     def aggregate(self, plan: Aggregation) -> Answer:
         """The plan's exact answer, computed by the engine on the snapshot."""
         return self.engine.aggregate(self.path, plan)
+
+    # UnitScanner
+    def aggregate_units(self, plan: Aggregation) -> UnitAnswer:
+        """The plan's exact per-(unit, cell) sums, computed by the engine on the snapshot."""
+        return self.engine.aggregate_units(self.path, plan)
 
     # Mapping
     def __getitem__(self, name: str) -> np.ndarray:
