@@ -31,6 +31,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from mechanisms.accounting import RdpCurve
+from mechanisms.accounting.individual import UnitCharges
 from mechanisms.data.schema import DatasetSchema
 from mechanisms.noise import Noise
 
@@ -111,10 +112,13 @@ class PublicContext:
 
 @dataclass(frozen=True)
 class Release:
-    """A DP output (JSON-serialisable) and the ex-post loss of exactly that output."""
+    """A DP output (JSON-serialisable) and the ex-post loss of exactly that output. On an individual
+    dataset, ``units`` is what each admitted unit pays (secret: it goes to the units' filters only,
+    docs/privacy/individual.md#theorem-individual)."""
 
     output: dict[str, Any]
     realized: RdpCurve
+    units: UnitCharges | None = None
 
 
 @runtime_checkable

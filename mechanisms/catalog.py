@@ -98,3 +98,19 @@ their queries' shifts are the unit-level ones, and every plan bounds each unit's
 unit's summed gradient (docs/privacy/units_learners.md#theorem-dpgd-unit); ``pate.labels`` deals whole units
 to teachers, so a unit changes one teacher whatever its row count (docs/privacy/pate.md#lemma-pate-partition).
 The others are refused on a dataset that declares a privacy unit, never run per row."""
+
+WITH_INDIVIDUAL: frozenset[str] = frozenset(
+    {
+        "laplace",
+        "gaussian",
+        "accuracy_first.laplace",
+        "accuracy_first.gaussian",
+        "measures.laplace",
+        "measures.gaussian",
+        "dp_gd",
+    }
+)
+"""Mechanisms with an individual analysis (docs/privacy/individual.md#individual-queries,
+docs/privacy/individual.md#individual-families-proofs): on a dataset
+with ``accounting: individual`` they charge each unit its own loss and leave out the units that cannot
+afford it. Every other mechanism (and every interactive session) is refused there with a 422."""

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.base import PublicContext, Table
-from mechanisms.catalog import IN_ENGINE, WITH_UNITS
+from mechanisms.catalog import IN_ENGINE, WITH_INDIVIDUAL, WITH_UNITS
 from mechanisms.data.plan import ORDER_COLUMN
 from mechanisms.data.schema import CategoricalColumn, DatasetSchema
 from mechanisms.data.table import TableError, content_hash, load_csv
@@ -319,6 +319,29 @@ def check_admissible(session: Session, principal: Principal, dataset_id: str) ->
     if analyst and not DatasetRepository(session).is_granted(dataset_id, principal.name):
         _cache.granted.pop((dataset_id, principal.name), None)
         raise not_visible(principal, dataset_id)
+
+
+def check_individual(context: PublicContext, mechanism: str, kind: str = "request") -> None:
+    """Refuse (422, before anything is reserved) a mechanism without an individual analysis on a dataset
+    that keeps one filter per unit, and every interactive session there: it would be charged per dataset,
+    not per unit."""
+    if context.schema.accounting != "individual":
+        return
+    if kind == "session":
+        raise InvalidInput(
+            "mechanism",
+            "interactive sessions have no individual analysis yet: this dataset keeps one privacy filter "
+            "per unit; use one-shot requests of: " + ", ".join(sorted(WITH_INDIVIDUAL)),
+        )
+    if mechanism in WITH_INDIVIDUAL:
+        return
+    unit = context.schema.privacy_unit
+    raise InvalidInput(
+        "mechanism",
+        f"{mechanism} has no individual analysis yet: this dataset keeps one privacy filter per "
+        f"{unit.column if unit else 'unit'!r} and charges each its own loss, which {mechanism} cannot "
+        "compute. Mechanisms with individual accounting: " + ", ".join(sorted(WITH_INDIVIDUAL)),
+    )
 
 
 def public_context(dataset: Dataset) -> PublicContext:

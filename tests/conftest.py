@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -39,8 +40,11 @@ from service.store.migrate import upgrade
 POSTGRES_URL = os.environ.get("EXPOST_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
-hypothesis_settings.register_profile("dev", max_examples=30, stateful_step_count=20)
-hypothesis_settings.register_profile("ci", max_examples=200, stateful_step_count=40)
+# No per-example deadline and no too-slow health check: on a loaded 2-core machine an example's wall time says
+# nothing about the property under test (a deadline failure is the machine's, not the code's).
+_UNTIMED = hypothesis_settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.register_profile("dev", _UNTIMED, max_examples=30, stateful_step_count=20)
+hypothesis_settings.register_profile("ci", _UNTIMED, max_examples=200, stateful_step_count=40)
 # Loaded here, before any test module builds its ``settings(...)``: those inherit the profile's numbers.
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if IN_CI else "dev"))
 

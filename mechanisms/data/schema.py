@@ -121,6 +121,11 @@ class DatasetSchema(_Frozen):
     columns: tuple[Column, ...] = Field(min_length=1, max_length=MAX_COLUMNS)
     neighboring: Literal["replace_one", "add_remove"]
     privacy_unit: PrivacyUnit | None = None
+    accounting: Literal["dataset", "individual"] = "dataset"
+    """``dataset``: one filter for the whole dataset. ``individual``: every privacy unit keeps its own
+    filter at the dataset's budget and is left out of a release it cannot afford (Feldman–Zrnic;
+    docs/privacy/individual.md#theorem-individual). Needs a declared ``privacy_unit`` and ``add_remove``
+    neighbours (the theorem is for adding or removing one unit)."""
 
     @field_validator("columns", mode="before")
     @classmethod
@@ -154,6 +159,21 @@ class DatasetSchema(_Frozen):
                 raise ValueError(
                     f"privacy_unit.column: {unit.column!r} is a float column; a unit is identified by an int "
                     "or categorical column"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _individual_needs_units(self) -> Self:
+        if self.accounting == "individual":
+            if self.privacy_unit is None:
+                raise ValueError(
+                    "accounting: individual accounting keeps one filter per privacy unit; declare "
+                    "privacy_unit (a column identifying each person; max_rows 1 if a row is a person)"
+                )
+            if self.neighboring != "add_remove":
+                raise ValueError(
+                    "accounting: individual accounting protects each unit against being added or removed; "
+                    "set neighboring to add_remove"
                 )
         return self
 

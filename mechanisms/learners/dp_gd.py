@@ -55,6 +55,15 @@ and bounding order (16 bytes per row) and, while bounding, a second copy of the 
 10⁶ rows, d = 10, 10⁵ units, k = 8, a shared 2-core machine at load 15): bounding 3.7 s once, a step 0.47 s
 against 0.36 s per row.
 
+Individual accounting (Feldman & Zrnic 2021; docs/privacy/individual.md#individual-dp-gd-proof). On a
+dataset with ``accounting: individual`` the table is an ``IndividualTable`` carrying the units' filters, and
+at every step each unit takes part only if its filter — its charges of earlier releases and of the earlier
+steps of this run (``UnitFilter.after``) — affords its own charge α‖W_u‖²/(2t²) at θ_t (W_u its clipped
+summed gradient in term units, t the noise scale in term units; ``unit_step_charges``, ``IndividualStep``);
+otherwise W_u is left out of that step's sum. The noise is unchanged, the release's ``units`` are each unit's
+total over the run, and its ``realized`` stays the public worst case T·α/(2z²); admission asks only that one
+step fits a unit with nothing spent (``individual_worst_case``), so a run may outlast every unit's budget.
+
 ``DpGdConfig.neighboring`` fixes the Δ the noise is calibrated to; ``dp_gd_curve`` charges the relation
 asked for against the noise actually used, T·α·Δ_asked²/(2(zΔ_noise)²), so a mismatch can only over-charge
 (replace_one noise is valid for both relations) and never under-charge.
@@ -90,10 +99,13 @@ from typing import Any, ClassVar, Literal, Self, TypeVar
 import numpy as np
 from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
+from mechanisms.accounting import UNITS_PER_EPSILON
 from mechanisms.accounting.curve import RdpCurve, pad_up
+from mechanisms.accounting.individual import UnitCharges, UnitFilter, UnitLedger, slope_units
 from mechanisms.accounting.orders import validate_orders
 from mechanisms.base import ParamsChecked, ParamsError, ProgressFn, PublicContext, Release, Table, no_progress
-from mechanisms.data.plan import ORDER_COLUMN, kept_rows, unit_starts
+from mechanisms.data.plan import ORDER_COLUMN, clip_bounds, kept_rows, unit_starts
+from mechanisms.data.schema import DatasetSchema
 from mechanisms.learners.features import (
     BatchedTable,
     FeatureSpec,
@@ -106,8 +118,9 @@ from mechanisms.learners.features import (
     table_batches,
 )
 from mechanisms.learners.relative_gaussian import project_to_ball, ridge_theta_bound
-from mechanisms.noise import Noise
+from mechanisms.noise import Noise, float_up
 from mechanisms.noise.learners import MAX_STD, discrete_gaussian_std
+from mechanisms.queries.individual import IndividualTable, individual_filter
 
 Loss = Literal["logistic", "squared"]
 Neighboring = Literal["replace_one", "add_remove"]
@@ -1031,6 +1044,7 @@ class UnitRecords:
     records: GridRecords
     starts: np.ndarray
     budget: float
+    ids: np.ndarray | None = None  # the j-th unit's id (int64, increasing); set by ``bound_units``
 
 
 def bound_units(
@@ -1053,7 +1067,8 @@ def bound_units(
         cap=records.cap[kept],
         labels=records.labels[kept],
     )
-    return UnitRecords(bounded, unit_starts(ids[kept]), clip / records.unit)
+    starts = unit_starts(ids[kept])
+    return UnitRecords(bounded, starts, clip / records.unit, ids[kept][starts].astype(np.int64))
 
 
 def clip_unit_sums(sums: np.ndarray, budget: float) -> np.ndarray:
@@ -1089,13 +1104,13 @@ def _unit_spans(starts: np.ndarray, n: int) -> list[tuple[int, int, int, int]]:
     return [(int(a), int(b), int(ends[a]), int(ends[b])) for a, b in pairwise(cuts.tolist())]
 
 
-def _unit_block_pass(
+def _unit_block_vectors(
     bounded: UnitRecords, probe: _Probe, spaces: Workspaces, span: tuple[int, int, int, int]
 ) -> np.ndarray:
-    """Σ over the block's units of clip(Σ_{i in unit} k_i·û_i, F), an exact int64 vector: the per-record
-    terms (``_block_coefficients``, |k_i·û_ij| < F, exact integers in float64) summed per unit with
-    ``np.add.reduceat`` in int64 (exact: |unit sum| ≤ max_rows·F < 2^59), clipped (``clip_unit_sums``)
-    and summed (|block sum| ≤ records·F < 2^63)."""
+    """W_u = clip(Σ_{i in unit} k_i·û_i, F) for each unit of the block, an exact int64 (d, units) array: the
+    per-record terms (``_block_coefficients``, |k_i·û_ij| < F, exact integers in float64) summed per unit
+    with ``np.add.reduceat`` in int64 (exact: |unit sum| ≤ max_rows·F < 2^59), clipped (``clip_unit_sums``).
+    Column j depends on the block's j-th unit's records and θ alone."""
     first, end, lo, hi = span
     records = bounded.records
     d = records.rows.shape[1]
@@ -1103,7 +1118,15 @@ def _unit_block_pass(
     block, _, coefficient = _block_coefficients(records, probe, None, space, (lo, hi))
     terms = (block * coefficient).astype(np.int64)
     sums = np.add.reduceat(terms, bounded.starts[first:end] - lo, axis=1)
-    total: np.ndarray = clip_unit_sums(sums, bounded.budget).sum(axis=1, dtype=np.int64)
+    return clip_unit_sums(sums, bounded.budget)
+
+
+def _unit_block_pass(
+    bounded: UnitRecords, probe: _Probe, spaces: Workspaces, span: tuple[int, int, int, int]
+) -> np.ndarray:
+    """Σ over the block's units of W_u (``_unit_block_vectors``), an exact int64 vector (|block sum| ≤
+    records·F < 2^63)."""
+    total: np.ndarray = _unit_block_vectors(bounded, probe, spaces, span).sum(axis=1, dtype=np.int64)
     return total
 
 
@@ -1129,13 +1152,19 @@ def unit_clipped_sum_units(
     results = _ordered_map(
         lambda span: _unit_block_pass(bounded, probe, work, span), spans, pool if len(spans) > 1 else None
     )
-    if bounded.starts.size <= _INT64_ROWS:
+    return _added(results, d, bounded.starts.size)
+
+
+def _added(block_sums: Iterable[np.ndarray], d: int, units: int) -> np.ndarray:
+    """The exact sum of the blocks' int64 vectors: int64 up to 2^24 units (|sum| < 2^24·F ≤ 2^62), else
+    Python integers (object array)."""
+    if units <= _INT64_ROWS:
         total = np.zeros(d, dtype=np.int64)
-        for block_sum in results:
+        for block_sum in block_sums:
             total += block_sum
         return total
     exact = [0] * d
-    for block_sum in results:
+    for block_sum in block_sums:
         exact = [a + int(b) for a, b in zip(exact, block_sum, strict=True)]
     return np.array(exact, dtype=object)
 
@@ -1161,6 +1190,173 @@ def unit_clipped_gradient_sum(
         * records.unit
     )
     return result
+
+
+# ----- individual accounting: each unit pays for its own clipped vector, step by step -----------------------
+@dataclass(frozen=True)
+class IndividualStep:
+    """One step's secret inputs under individual accounting (docs/privacy/individual.md#individual-dp-gd):
+    the units' filters as they stand before the step (earlier releases and earlier steps of this run) and
+    the ledger units per squared term unit, ``per_square`` ≥ 1e12/(2t²) (t = ``noise_units``)."""
+
+    unit_filter: UnitFilter
+    per_square: float
+
+
+def square_charge(config: DpGdConfig) -> float:
+    """``per_square`` of ``IndividualStep``: float_up(1e12/(2t²)) with t the discrete Gaussian's integer
+    std in term units, so that a unit whose clipped vector is W pays α‖W‖²/(2t²) (ledger units)."""
+    t = noise_units(config)
+    return float_up(Fraction(UNITS_PER_EPSILON, 2 * t * t))
+
+
+def unit_step_charges(vectors: np.ndarray, ids: np.ndarray, per_square: float) -> UnitCharges:
+    """Each unit's α-slope ⌈‖W_u‖²·per_square⌉ in ledger units (``slope_units``), from its clipped vector
+    W_u, a column of the exact int64 (d, u) ``vectors`` (|entries| < F < 2^39: exact in doubles). ‖W_u‖²
+    is summed over the coordinates in doubles (d roundings, each ≥ −2⁻⁵³ relative, on non-negative terms)
+    and raised by (d + 2)·2⁻⁵², so the value passed on is ≥ the exact integer ‖W_u‖²: rounding can only
+    over-charge. Each charge reads its own unit's vector alone."""
+    d = vectors.shape[0]
+    values = vectors.astype(np.float64)
+    squared = np.zeros(values.shape[1])
+    for coordinate in values:  # over the d coordinates: the same order for every unit
+        squared += coordinate * coordinate
+    padded = squared * (1.0 + (d + 2) * 2.0**-52)
+    return UnitCharges(ids, np.zeros(ids.size, dtype=np.int64), slope_units(padded, per_square))
+
+
+def _individual_block_pass(
+    bounded: UnitRecords,
+    probe: _Probe,
+    spaces: Workspaces,
+    span: tuple[int, int, int, int],
+    step: IndividualStep,
+) -> tuple[np.ndarray, UnitCharges]:
+    """(Σ W_u over the block's units whose filter affords their own charge, the charges of those units
+    that pay something). The Feldman–Zrnic rule (``UnitFilter.admits``) is applied before anything of the
+    step is released; an excluded unit's W_u is left out of the sum and it pays nothing."""
+    first, end, _, _ = span
+    assert bounded.ids is not None
+    vectors = _unit_block_vectors(bounded, probe, spaces, span)
+    charges = unit_step_charges(vectors, bounded.ids[first:end], step.per_square)
+    admitted = step.unit_filter.admits(charges)
+    total: np.ndarray = vectors[:, admitted].sum(axis=1, dtype=np.int64)
+    return total, charges.subset(admitted & (charges.slope > 0))
+
+
+def _joined(parts: Sequence[UnitCharges]) -> UnitCharges:
+    """Charges of disjoint blocks of units given in increasing unit order, as one ``UnitCharges``."""
+    if not parts:
+        return UnitCharges.empty()
+    return UnitCharges(
+        np.concatenate([c.units for c in parts]),
+        np.concatenate([c.pure for c in parts]),
+        np.concatenate([c.slope for c in parts]),
+    )
+
+
+def individual_clipped_sum_units(
+    theta: np.ndarray,
+    bounded: UnitRecords,
+    loss: Loss,
+    step: IndividualStep,
+    pool: ThreadPoolExecutor | None = None,
+    spaces: Workspaces | None = None,
+) -> tuple[np.ndarray, UnitCharges]:
+    """(Σ_{u admitted} W_u exact in term units, the admitted units' charges): ``unit_clipped_sum_units``
+    over the units whose filter affords α‖W_u‖²/(2t²) at this θ (``_individual_block_pass``). A non-finite
+    θ gives the zero sum and charges nobody (every W_u is then 0)."""
+    records = bounded.records
+    n, d = records.rows.shape
+    if not np.all(np.isfinite(theta)):
+        return np.zeros(d, dtype=np.int64), UnitCharges.empty()
+    probe = _probe(np.asarray(theta, dtype=float), records, loss)
+    spans = _unit_spans(bounded.starts, n)
+    work = {} if spaces is None else spaces
+    results = list(
+        _ordered_map(
+            lambda span: _individual_block_pass(bounded, probe, work, span, step),
+            spans,
+            pool if len(spans) > 1 else None,
+        )
+    )
+    total = _added((block_sum for block_sum, _ in results), d, bounded.starts.size)
+    return total, _joined([charges for _, charges in results])
+
+
+def _individual_run(
+    config: DpGdConfig,
+    d: int,
+    build: Callable[[float, float | None], GridRecords | UnitRecords],
+    n_norm: float,
+    noise: Noise,
+    progress: ProgressFn,
+    unit_filter: UnitFilter,
+) -> tuple[np.ndarray, UnitCharges]:
+    """``_fixed_run`` under individual accounting: (the iterates θ₁…θ_T, what each unit paid over the T
+    steps). The same draws, made first; at step t each unit takes part iff its filter, updated by its
+    charges of the steps before (``UnitFilter.after``), affords its own charge at θ_t."""
+    if config.neighboring != "add_remove" or config.adaptive is not None:
+        raise ValueError("individual accounting is for add/remove datasets with a fixed clip")
+    draws = discrete_gaussian_std(noise, noise_units(config), config.steps * d).reshape(config.steps, d)
+    built = build(config.clip, config.noise_multiplier)
+    if not isinstance(built, UnitRecords):
+        raise ValueError("individual accounting needs a privacy unit")
+    per_square = square_charge(config)
+    current, paid = unit_filter, UnitLedger.empty()
+    theta = np.zeros(d)
+    iterates = np.empty((config.steps, d))
+    spaces: Workspaces = {}
+    with _thread_pool() as pool:
+        for t in range(config.steps):
+            step = IndividualStep(current, per_square)
+            units, charges = individual_clipped_sum_units(theta, built, config.loss, step, pool, spaces)
+            current, paid = current.after(charges), paid.charged(charges)
+            theta = _next_iterate(config, theta, _noisy_sum(units, draws[t], built.records.unit), n_norm)
+            iterates[t] = theta
+            progress((t + 1) / config.steps)
+    return iterates, paid.spent
+
+
+def individual_dp_gd_train(
+    config: DpGdConfig,
+    x: np.ndarray,
+    y: np.ndarray,
+    units: np.ndarray,
+    order_key: np.ndarray,
+    max_rows: int,
+    n_norm: float,
+    noise: Noise,
+    unit_filter: UnitFilter,
+    progress: ProgressFn = no_progress,
+) -> tuple[np.ndarray, UnitCharges]:
+    """User-level DP-GD under individual accounting on a design matrix in memory (unit ids ``units``
+    (int64), bounding order ``order_key``): (the iterates, shape (T, d); each unit's total charge over the
+    run, sorted by unit). ``dp_gd_train``'s noise draws, so the same ``Noise`` gives the run of
+    ``unit_clipped_sum_units`` without the excluded units' vectors
+    (docs/privacy/individual.md#individual-dp-gd)."""
+    features, labels = _check_data(x, y)
+    _check_normaliser(n_norm)
+    d = features.shape[1]
+    _check_finite(config, d, n_norm)
+
+    def build(clip: float, noise_multiplier: float | None) -> UnitRecords:
+        records = grid_records(features, labels, clip, noise_multiplier=noise_multiplier)
+        return bound_units(records, np.asarray(units, dtype=np.int64), order_key, max_rows, clip)
+
+    return _individual_run(config, d, build, n_norm, noise, progress, unit_filter)
+
+
+def reported_unit_ids(schema: DatasetSchema, values: np.ndarray) -> np.ndarray:
+    """A batch's unit ids as ``aggregate_units`` reports them (int64; an int column clipped to its public
+    bounds, which changes nothing on a snapshot: ingest refuses ids outside them), so that a unit's
+    charges from ``dp_gd`` and from the queries land on the same filter."""
+    unit = schema.privacy_unit
+    assert unit is not None
+    data = np.asarray(values)
+    for _, low, high in clip_bounds(schema, [unit.column]):
+        data = np.clip(data.astype(np.int64), int(low), int(high))
+    return data.astype(np.int64)
 
 
 def objective(theta: np.ndarray, x: np.ndarray, y: np.ndarray, loss: Loss, reg: float) -> float:
@@ -1214,6 +1410,14 @@ def _step_sum(
     return _grid_pass(theta, built, loss, pool, spaces=spaces)[0], built.unit
 
 
+def _next_iterate(config: DpGdConfig, theta: np.ndarray, noisy_sum: np.ndarray, n_norm: float) -> np.ndarray:
+    """θ_{t+1} = Π_K(θ_t − τ(noisy sum/n_norm + λθ_t)): post-processing of the released noisy sum."""
+    theta = theta - config.step_size * (noisy_sum / n_norm + config.reg * theta)
+    if config.radius is not None:
+        theta = project_to_ball(theta, config.radius)
+    return theta
+
+
 def _fixed_run(
     config: DpGdConfig,
     d: int,
@@ -1233,10 +1437,7 @@ def _fixed_run(
     with _thread_pool() as pool:
         for t in range(config.steps):
             units, unit = _step_sum(theta, built, config.loss, pool, spaces)
-            noisy_sum = _noisy_sum(units, draws[t], unit)
-            theta = theta - config.step_size * (noisy_sum / n_norm + config.reg * theta)
-            if config.radius is not None:
-                theta = project_to_ball(theta, config.radius)
+            theta = _next_iterate(config, theta, _noisy_sum(units, draws[t], unit), n_norm)
             iterates[t] = theta
             progress((t + 1) / config.steps)
     return iterates
@@ -1497,7 +1698,9 @@ class DpGdMechanism(ParamsChecked):
     """Clipped Gaussian DP gradient descent (full batch), the baseline ``rgm.gd`` is measured against
     (docs/mechanisms/rgm_gd.md; Theorem DPGD, docs/privacy/gradient_descent.md#theorem-dpgd). On a
     privacy-unit dataset each unit's summed gradient is clipped instead
-    (docs/privacy/units_learners.md#theorem-dpgd-unit)."""
+    (docs/privacy/units_learners.md#theorem-dpgd-unit); under individual accounting each unit pays its own
+    clipped gradient's charge per step and is left out of the steps it cannot afford
+    (docs/privacy/individual.md#individual-dp-gd-proof)."""
 
     name: ClassVar[str] = "dp_gd"
     summary: ClassVar[str] = (
@@ -1603,6 +1806,14 @@ class DpGdMechanism(ParamsChecked):
     def worst_case(self, p: DpGdParams, ctx: PublicContext) -> RdpCurve:
         return dp_gd_curve(self._config(p, ctx), ctx.schema.neighboring, ctx.orders)
 
+    def individual_worst_case(self, p: DpGdParams, ctx: PublicContext) -> RdpCurve:
+        """The most one unit can pay at one step: the curve of one step, α/(2z²) (a unit's charge
+        α‖W_u‖²/(2t²) ≤ αF²/(2t²) ≤ α/(2z²), t = ⌈zF⌉). Under individual accounting a run may have more
+        steps than one unit can afford (units stop taking part when their filter is spent), so admission
+        only asks that a unit with nothing spent could take one step
+        (docs/privacy/individual.md#individual-dp-gd-proof)."""
+        return dp_gd_curve(replace(self._config(p, ctx), steps=1), ctx.schema.neighboring, ctx.orders)
+
     def run(
         self,
         p: DpGdParams,
@@ -1622,14 +1833,17 @@ class DpGdMechanism(ParamsChecked):
         d = dimension(p, ctx)
 
         unit = ctx.schema.privacy_unit
+        unit_filter = individual_filter(ctx, table)  # the units' filters on an individual dataset (secret)
+        source = table.table if isinstance(table, IndividualTable) else table
         ids: list[np.ndarray] = []
         keys: list[np.ndarray] = []
 
         def batches() -> Iterator[Mapping[str, np.ndarray]]:
             extra = () if unit is None else (unit.column, ORDER_COLUMN)
-            for batch in table_batches(p, table, extra=extra):
+            for batch in table_batches(p, source, extra=extra):
                 if unit is not None:  # each record's unit and bounding order, in record order
-                    ids.append(np.asarray(batch[unit.column]))
+                    raw = np.asarray(batch[unit.column])
+                    ids.append(raw if unit_filter is None else reported_unit_ids(ctx.schema, raw))
                     keys.append(np.asarray(batch[ORDER_COLUMN]))
                 yield batch
 
@@ -1642,7 +1856,7 @@ class DpGdMechanism(ParamsChecked):
                 d,
                 clip,
                 noise_multiplier,
-                _rows_hint(table, p.label),
+                _rows_hint(source, p.label),
             )
 
         def build(clip: float, noise_multiplier: float | None) -> GridRecords | UnitRecords:
@@ -1655,8 +1869,12 @@ class DpGdMechanism(ParamsChecked):
 
         clips: np.ndarray | None = None
         counts: np.ndarray | None = None
+        charges: UnitCharges | None = None
         _check_finite(config, d, n_norm)
-        if config.adaptive is None:
+        if unit_filter is not None:
+            _check_normaliser(n_norm)
+            path, charges = _individual_run(config, d, build, n_norm, noise, progress, unit_filter)
+        elif config.adaptive is None:
             _check_normaliser(n_norm)
             path = _fixed_run(config, d, build, n_norm, noise, progress)
         else:
@@ -1688,6 +1906,12 @@ class DpGdMechanism(ParamsChecked):
                 "(chosen by the dataset's secret keyed-hash order) and clips that sum to clip; epsilon "
                 "protects a whole unit",
             }
+            if unit_filter is not None:
+                output["privacy_unit"]["accounting"] = (
+                    "individual: in every step a unit's clipped gradient takes part only if the unit's own "
+                    "remaining budget affords that step's charge alpha*|clipped gradient|^2/(2*noise_std^2); "
+                    "which units took part is not released"
+                )
         if clips is not None and counts is not None:
             output["clipping"] = {
                 "mode": "adaptive",
@@ -1702,5 +1926,6 @@ class DpGdMechanism(ParamsChecked):
             output["iterates"] = path.tolist()
         # realized = worst case by theorem, not by comparison: every run releases all T noisy sums, so the
         # charge is the composed T·α/(2z²) curve whatever the output (Theorem DPGD,
-        # docs/privacy/gradient_descent.md#theorem-dpgd)
-        return Release(output=output, realized=worst)
+        # docs/privacy/gradient_descent.md#theorem-dpgd); on an individual dataset it is the public record
+        # and ``units`` what each unit paid (docs/privacy/individual.md#individual-dp-gd)
+        return Release(output=output, realized=worst, units=charges)

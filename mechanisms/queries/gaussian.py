@@ -25,21 +25,33 @@ import math
 from fractions import Fraction
 from typing import ClassVar
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
-from mechanisms.accounting import RdpCurve
+from mechanisms.accounting import UNITS_PER_EPSILON, RdpCurve
+from mechanisms.accounting.individual import UnitCharges, slope_units
 from mechanisms.base import ParamsChecked, PublicContext, Release, Table
-from mechanisms.noise import Noise, dyadic_scale_up
+from mechanisms.noise import Noise, dyadic_scale_up, float_up
+from mechanisms.queries.individual import (
+    ChargeFn,
+    IndividualTable,
+    UnitStep,
+    check_individual_query,
+    individual_filter,
+    unit_step,
+)
 from mechanisms.queries.intervals import ConfidenceLevel, discrete_gaussian_quantile, release_interval
 from mechanisms.queries.language import (
     MAX_SCALE_BITS,
     GridPlan,
+    MeanQuery,
     Query,
     check_query,
     evaluate_units,
     plan_grid,
     release_output,
 )
+from mechanisms.queries.ratio_mean import combine, needs_ratio, sigma_ratio, validated_parts
 
 VARIANCE_BITS = 12
 """Significant bits of the discrete Gaussian's s² in grid units (rounded up): keeps the exact sampler's
@@ -74,20 +86,40 @@ class Gaussian(ParamsChecked):
     cost_increases_with_parameter: ClassVar[bool] = False
 
     def check(self, p: GaussianParams, ctx: PublicContext) -> None:
+        if ctx.schema.accounting == "individual":
+            check_individual_query(p.query)
+        if needs_ratio(p.query, ctx):
+            for part in self._ratio_parts(p, ctx):
+                self.check(part, ctx)
+            return
         check_query(p.query, ctx)
         variance_units = gaussian_plan(p, ctx)[2]  # refuses a grid that cannot hold the release
         discrete_gaussian_quantile(variance_units, p.confidence)  # the interval's half-width (cached for run)
 
     def worst_case(self, p: GaussianParams, ctx: PublicContext) -> RdpCurve:
+        if needs_ratio(p.query, ctx):
+            total, count = (self.worst_case(part, ctx) for part in self._ratio_parts(p, ctx))
+            return total + count
         plan, sigma_units, _ = gaussian_plan(p, ctx)
         return RdpCurve.gaussian(plan.l2_units, sigma_units, ctx.orders)
 
     def run(self, p: GaussianParams, ctx: PublicContext, table: Table, noise: Noise) -> Release:
+        if needs_ratio(p.query, ctx):
+            assert isinstance(p.query, MeanQuery)
+            total, count = (self.run(part, ctx, table, noise) for part in self._ratio_parts(p, ctx))
+            output = combine(p.query, ctx, total.output, count.output, p.confidence)
+            return Release(output=output, realized=total.realized + count.realized)
         self.check(p, ctx)
         plan, sigma_units, variance_units = gaussian_plan(p, ctx)  # the public plan of worst_case
         worst = RdpCurve.gaussian(plan.l2_units, sigma_units, ctx.orders)
         quantile = discrete_gaussian_quantile(variance_units, p.confidence)  # public (s², level)
-        units, labels = evaluate_units(p.query, ctx, table, plan)
+        charges = None
+        if individual_filter(ctx, table) is None:
+            units, labels = evaluate_units(p.query, ctx, table, plan)
+        else:
+            assert isinstance(table, IndividualTable)
+            step = self.unit_step(p, ctx, table)
+            units, labels, charges = step.answer_units, step.labels, step.charges
         draws = noise.discrete_gaussian(variance_units, units.size)
         noisy_units = units.astype(object) + draws
         noisy = plan.grid.from_units(noisy_units)
@@ -100,4 +132,32 @@ class Gaussian(ParamsChecked):
             **plan.grid.describe(),
         }
         interval = release_interval(noisy_units, plan, quantile, p.confidence, labels)
-        return Release(output=release_output(noisy, labels, spec, interval), realized=realized)
+        output = release_output(noisy, labels, spec, interval)
+        return Release(output=output, realized=realized, units=charges)
+
+    def _ratio_parts(self, p: GaussianParams, ctx: PublicContext) -> tuple[GaussianParams, GaussianParams]:
+        """A mean without a public size: its count at σ and its sum at σ·Δ_sum/Δ_count (both cost the
+        same; ``mechanisms.queries.ratio_mean``)."""
+        assert isinstance(p.query, MeanQuery)
+        sum_sigma = p.sigma * sigma_ratio(p.query, ctx)
+        return validated_parts(
+            GaussianParams.model_validate, p.query, p.confidence, {"sigma": sum_sigma}, {"sigma": p.sigma}
+        )
+
+    def unit_step(self, p: GaussianParams, ctx: PublicContext, table: IndividualTable) -> UnitStep:
+        """The release's answer over the units that can afford it and their charges (deterministic: no
+        noise; ``expost ledger verify`` replays it to rebuild the units' filters)."""
+        plan, sigma_units, _ = gaussian_plan(p, ctx)
+        return unit_step(p.query, ctx, table, plan, gaussian_unit_charge(sigma_units))
+
+
+def gaussian_unit_charge(sigma_units: float) -> ChargeFn:
+    """Each unit's Rényi loss from its own ℓ2² shift ‖m‖² (grid units): α‖m‖²/(2(σ/γ)²) at every order
+    (Canonne, Kamath, Steinke 2020 at the unit's own shift; docs/privacy/individual.md#individual-queries),
+    kept as its α-slope ‖m‖²/(2(σ/γ)²)."""
+    per_square = float_up(Fraction(UNITS_PER_EPSILON) / (2 * Fraction(sigma_units) ** 2))
+
+    def charge(units: np.ndarray, l1: np.ndarray, squares: np.ndarray) -> UnitCharges:
+        return UnitCharges(units, np.zeros(units.size, dtype=np.int64), slope_units(squares, per_square))
+
+    return charge

@@ -151,7 +151,7 @@ def _check_target(query: SumQuery | MeanQuery | HistogramQuery, ctx: PublicConte
         raise ParamsError("query.column", reason)
 
 
-def _has_public_size(query: MeanQuery, ctx: PublicContext) -> bool:
+def has_public_size(query: MeanQuery, ctx: PublicContext) -> bool:
     replace_one = ctx.schema.neighboring == "replace_one"
     return replace_one and ctx.n_rows is not None and ctx.n_rows > 0 and not query.where
 
@@ -165,7 +165,7 @@ def check_query(query: AnyQuery, ctx: PublicContext) -> None:
         _check_condition(condition, ctx, f"query.where.{index}")
     if not isinstance(query, CountQuery):
         _check_target(query, ctx)
-    if isinstance(query, MeanQuery) and not _has_public_size(query, ctx):
+    if isinstance(query, MeanQuery) and not has_public_size(query, ctx):
         raise ParamsError("query.kind", MEAN_REFUSAL)
     if not all(math.isfinite(s) for s in shifts(query, ctx)):
         raise ParamsError("query.column", "the declared bounds are too wide: the sensitivity overflows")
@@ -178,7 +178,7 @@ def check_where(where: tuple[Condition, ...], ctx: PublicContext) -> None:
 
 
 # ----- sensitivity -------------------------------------------------------------------------------------
-def _numeric(query: SumQuery | MeanQuery, ctx: PublicContext) -> FloatColumn | IntColumn:
+def numeric_column(query: SumQuery | MeanQuery, ctx: PublicContext) -> FloatColumn | IntColumn:
     column = _column(ctx, query.column, "query.column")
     if isinstance(column, CategoricalColumn):
         raise ParamsError("query.column", f"{column.name!r} is categorical")
@@ -193,7 +193,7 @@ def _sum_shift(query: SumQuery, ctx: PublicContext) -> float:
     replace_one with where: a contribution moves within [min, max] ∪ {0} (the row may enter or leave the
     selection), so max(max, 0) − min(min, 0), which is max − min when min ≤ 0 ≤ max.
     """
-    column = _numeric(query, ctx)
+    column = numeric_column(query, ctx)
     low, high = Fraction(column.min), Fraction(column.max)
     if ctx.schema.neighboring == "add_remove":
         return float_up(max(abs(low), abs(high)))
@@ -204,9 +204,9 @@ def _sum_shift(query: SumQuery, ctx: PublicContext) -> float:
 
 def _mean_shift(query: MeanQuery, ctx: PublicContext) -> float:
     """Mean over all n rows (n public under replace_one): one value moves in [min, max], so (max − min)/n."""
-    if not _has_public_size(query, ctx) or ctx.n_rows is None:
+    if not has_public_size(query, ctx) or ctx.n_rows is None:
         raise ParamsError("query.kind", MEAN_REFUSAL)
-    column = _numeric(query, ctx)
+    column = numeric_column(query, ctx)
     return float_up((Fraction(column.max) - Fraction(column.min)) / ctx.n_rows)
 
 
@@ -253,7 +253,7 @@ def _unit_shifts(query: AnyQuery, ctx: PublicContext, k: int) -> tuple[float, ..
         return (float(k),) if ctx.schema.neighboring == "add_remove" else (float(k), float(k))
     if isinstance(query, MeanQuery):
         raise ParamsError("query.kind", MEAN_REFUSAL)
-    column = _numeric(query, ctx)
+    column = numeric_column(query, ctx)
     low, high = Fraction(column.min), Fraction(column.max)
     if ctx.schema.neighboring == "add_remove":
         return (float_up(k * max(abs(low), abs(high))),)
@@ -336,7 +336,7 @@ def query_plan(query: AnyQuery, ctx: PublicContext, grid: Grid) -> tuple[Aggrega
         key, labels = _histogram_key(query, ctx)
         bounds = clip_bounds(ctx.schema, [c.column for c in query.where] + [key.column])
         return Aggregation(where=where, keys=(key,), bounds=bounds, unit=bounded), labels
-    column = _numeric(query, ctx)
+    column = numeric_column(query, ctx)
     bounds = clip_bounds(ctx.schema, [c.column for c in query.where] + [column.name])
     if isinstance(column, IntColumn):
         sums: tuple[Sum, ...] = (Sum("int_sum", column.name),)
@@ -437,12 +437,12 @@ def is_integer_valued(query: AnyQuery, ctx: PublicContext) -> bool:
 def magnitude_bound(query: AnyQuery, ctx: PublicContext) -> float | None:
     """A public bound on every coordinate |f(D)| (None when it depends on the private row count)."""
     if isinstance(query, MeanQuery):
-        column = _numeric(query, ctx)
+        column = numeric_column(query, ctx)
         return max(abs(float(column.min)), abs(float(column.max)))
     if ctx.n_rows is None:
         return None
     if isinstance(query, SumQuery):
-        column = _numeric(query, ctx)
+        column = numeric_column(query, ctx)
         return float_up(ctx.n_rows * max(abs(Fraction(column.min)), abs(Fraction(column.max))))
     return float(ctx.n_rows)
 

@@ -30,10 +30,17 @@ compose to ε. Gaussian (``measures.gaussian``): block b gets discrete Gaussian 
 (s² rounded up), RDP α·L2_b²/(2σ_b²) = α/(2z²) per block, summed. A block that cannot move (the count of a
 replace-one table without where or group-by: the public n) is released exactly and charged nothing.
 Ex-post = worst case for every outcome.
+
+Individual accounting (``accounting: individual``; docs/privacy/individual.md#individual-measures-proof):
+every block is a per-cell sum of per-row values, so one unit moves each block's cells by its own
+per-(unit, cell) sums only; each unit is charged Σ_b ‖m_{u,b}‖₁/t_b (Laplace) or α·Σ_b ‖m_{u,b}‖²/(2σ_b²)
+(Gaussian) from its own cells, the units that cannot afford it are left out before the blocks are computed,
+and the measures (means, variances included) are post-processing of the released blocks as before.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -45,11 +52,28 @@ from typing import Any, ClassVar, Literal, Self
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, model_validator
 
-from mechanisms.accounting import RdpCurve
+from mechanisms.accounting import UNITS_PER_EPSILON, RdpCurve, units_up
+from mechanisms.accounting.individual import UnitCharges, pure_units, slope_units
 from mechanisms.base import ParamsChecked, ParamsError, PublicContext, Release, Table
-from mechanisms.data.plan import Aggregation, Key, Sum, aggregate, clip_bounds, grid_bits
+from mechanisms.data.plan import (
+    Aggregation,
+    Answer,
+    Key,
+    Sum,
+    UnitAnswer,
+    aggregate,
+    aggregate_units,
+    clip_bounds,
+    grid_bits,
+)
 from mechanisms.data.schema import CategoricalColumn, FloatColumn, IntColumn
 from mechanisms.noise import Grid, Noise, dyadic_scale_up, float_up, laplace_grid
+from mechanisms.queries.individual import (
+    IndividualTable,
+    individual_filter,
+    integer_unit_shifts,
+    real_unit_shifts,
+)
 from mechanisms.queries.language import (
     FLOAT_SLACK,
     MAX_SCALE_BITS,
@@ -147,7 +171,7 @@ class Block:
         return self.kind if self.column is None else f"{self.kind}({self.column})"
 
 
-def _numeric(ctx: PublicContext, name: str, field: str) -> FloatColumn | IntColumn:
+def numeric_column(ctx: PublicContext, name: str, field: str) -> FloatColumn | IntColumn:
     column = ctx.schema.column(name)
     if column is None:
         raise ParamsError(field, f"unknown column {name!r}")
@@ -178,7 +202,7 @@ def blocks(p: _MeasuresBase, ctx: PublicContext) -> tuple[Block, ...]:
         if measure.kind == "count_distinct":
             add(_units_block(ctx, measure.column, f"measures.{index}.column"))
             continue
-        column = _numeric(ctx, measure.column, f"measures.{index}.column")
+        column = numeric_column(ctx, measure.column, f"measures.{index}.column")
         unit = ctx.schema.privacy_unit
         if unit is not None and column.name == unit.column:
             reason = f"{unit.column!r} identifies the privacy unit; it is not a measure"
@@ -412,7 +436,7 @@ def block_terms(plan: BlockPlan, ctx: PublicContext) -> tuple[Sum, ...]:
         return (Sum("count"),)
     if block.kind == "units":
         return (Sum("distinct_units", block.column),)
-    column = _numeric(ctx, str(block.column), "measures")
+    column = numeric_column(ctx, str(block.column), "measures")
     unit = Fraction(plan.grid.granularity) / ctx.schema.unit_rows  # k rows may change: k times finer
     if block.kind == "sum":
         if isinstance(column, IntColumn):
@@ -457,14 +481,136 @@ def evaluate_blocks(
 ) -> tuple[list[np.ndarray], list[CategoricalColumn]]:
     """The exact (noise-free) grid units of every block, per cell: ⌊clamp(total/γ, ±2^44) + ½⌋."""
     aggregation, positions, columns = measures_plan(p, ctx, plans)
-    answer = aggregate(table, aggregation)
+    return _block_units(plans, positions, aggregation, aggregate(table, aggregation)), columns
+
+
+def _block_units(
+    plans: list[BlockPlan], positions: list[tuple[int, ...]], aggregation: Aggregation, answer: Answer
+) -> list[np.ndarray]:
+    """Per block, ⌊clamp(total/γ, ±2^44) + ½⌋ of each cell's exact total (``block_total``)."""
     units = []
     for plan, where in zip(plans, positions, strict=True):
         terms = tuple(aggregation.sums[i] for i in where)
         per_cell = zip(*(answer[i] for i in where), strict=True)
         totals = [block_total(terms, values) for values in per_cell]
         units.append(np.array([clamped_units(t, plan.grid) for t in totals], dtype=np.int64))
-    return units, columns
+    return units
+
+
+# ----- individual accounting (docs/privacy/individual.md#individual-measures-proof) ---------------------
+BlockCharge = Callable[[int, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+"""(block index, per-unit ℓ1, per-unit ℓ2² of that block's shift in grid units) → the block's (pure, slope)
+charge per unit, in ledger units."""
+
+
+@dataclass(frozen=True)
+class MeasuresUnitStep:
+    """One release's per-unit outcome: every block's grid units per cell over the admitted units, the
+    group-by columns, the admitted units' charges and how many units were left out (secret)."""
+
+    blocks: list[np.ndarray]
+    columns: list[CategoricalColumn]
+    charges: UnitCharges
+    excluded: int
+
+
+def block_unit_shifts(plan: BlockPlan, terms: tuple[Sum, ...], values: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Per (unit, cell) row an integer bound m on how far removing the unit moves the cell's grid units.
+
+    Integer blocks (count, distinct units, int sum): Δ is the unit's integer sum; m = ⌈|Δ|/γ⌉, which is
+    |Δ|/γ (the exact change) on an exact grid (γ ≤ 1) and bounds ⌊a + ½⌋ − ⌊b + ½⌋ on a coarser one. Real
+    blocks: Δ = c·n + 2^e·U computed in doubles with an absolute error ≤ 2^-50·(|c·n| + |2^e·U|),
+    m = ⌊(|Δ| + error)/γ⌋ + 1 (rounding to the grid moves by at most one unit more; clamping at ±2^44 units
+    only shrinks changes). Capped at the block's public ℓ1 bound, which bounds every cell's change too."""
+    if len(terms) == 1 and terms[0].kind != "grid_sum":
+        return integer_unit_shifts(values[0], plan.grid.exponent, plan.l1_units)
+    counts = values[0] if terms[0].kind == "count" else 0.0
+    return real_unit_shifts(counts, values[-1], terms[-1], plan.grid.exponent, plan.l1_units)
+
+
+def measures_unit_step(
+    p: _MeasuresBase,
+    ctx: PublicContext,
+    table: IndividualTable,
+    plans: list[BlockPlan],
+    block_charge: BlockCharge,
+    ceiling: int,
+) -> MeasuresUnitStep:
+    """Every unit's own shift per block (``aggregate_units``: its kept rows per cell), its charge summed over
+    the blocks (pure capped at ``ceiling``, the request's ε), the Feldman–Zrnic exclusion, then the blocks
+    over the admitted units' rows only: the release on the data without the excluded units."""
+    aggregation, positions, columns = measures_plan(p, ctx, plans)
+    answer = aggregate_units(table.table, aggregation)
+    units, first = np.unique(answer.units, return_index=True)
+    pure = np.zeros(units.size, dtype=np.int64)
+    slope = np.zeros(units.size, dtype=np.int64)
+    for index, (plan, where) in enumerate(zip(plans, positions, strict=True)):
+        if units.size == 0:
+            break
+        terms = tuple(aggregation.sums[i] for i in where)
+        rows = block_unit_shifts(plan, terms, tuple(answer.sums[i] for i in where))
+        l1 = np.minimum(np.add.reduceat(rows, first), plan.l1_units)
+        squares = np.minimum(np.add.reduceat(rows.astype(np.float64) ** 2, first), float(plan.l2_units) ** 2)
+        block_pure, block_slope = block_charge(index, l1, squares)
+        pure, slope = pure + block_pure, slope + block_slope
+    step = UnitCharges(units, np.minimum(pure, ceiling), slope)
+    admitted = table.filter.admits(step)
+    keep = np.repeat(admitted, np.diff(np.append(first, answer.units.size)))
+    kept = UnitAnswer(answer.units[keep], answer.cells[keep], tuple(values[keep] for values in answer.sums))
+    n_cells = math.prod(len(c.values) for c in columns)
+    blocks_units = _block_units(plans, positions, aggregation, kept.cell_totals(n_cells))
+    excluded = int(units.size - int(admitted.sum()))
+    return MeasuresUnitStep(blocks_units, columns, step.subset(admitted), excluded)
+
+
+def laplace_block_charge(planned: tuple[tuple[BlockPlan, Fraction | None], ...]) -> BlockCharge:
+    """Block b: pure ‖m_{u,b}‖₁/t_b (discrete Laplace at integer shifts, every outcome), at most the block's
+    own L1_b/t_b; a block released exactly (None) costs nothing."""
+
+    def charge(index: int, l1: np.ndarray, squares: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        plan, scale = planned[index]
+        zeros = np.zeros(l1.size, dtype=np.int64)
+        if scale is None:
+            return zeros, zeros
+        per_shift = float_up(Fraction(UNITS_PER_EPSILON) / scale)
+        cap = units_up(float_up(Fraction(plan.l1_units) / scale)) or 0
+        return np.minimum(pure_units(l1, per_shift), cap), zeros
+
+    return charge
+
+
+def gaussian_block_charge(
+    planned: tuple[tuple[BlockPlan, float, Fraction] | tuple[BlockPlan, None, None], ...],
+) -> BlockCharge:
+    """Block b: α·‖m_{u,b}‖²/(2σ_b²) (CKS 2020 at the unit's own integer shift; the noise's s² ≥ σ_b²), kept
+    as its slope, at most the block's own L2_b²/(2σ_b²)."""
+
+    def charge(index: int, l1: np.ndarray, squares: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        plan, sigma, _ = planned[index]
+        zeros = np.zeros(l1.size, dtype=np.int64)
+        if sigma is None:
+            return zeros, zeros
+        two_s2 = 2 * Fraction(sigma) ** 2
+        per_square = float_up(Fraction(UNITS_PER_EPSILON) / two_s2)
+        cap = units_up(float_up(Fraction(plan.l2_units) ** 2 / two_s2)) or 0
+        return zeros, np.minimum(slope_units(squares, per_square), cap)
+
+    return charge
+
+
+UnitStepFn = Callable[[IndividualTable], MeasuresUnitStep]
+
+
+def _evaluate(
+    p: _MeasuresBase, ctx: PublicContext, table: Table, plans: list[BlockPlan], unit_step: UnitStepFn
+) -> tuple[list[np.ndarray], list[CategoricalColumn], UnitCharges | None]:
+    """The blocks' exact grid units (over the admitted units on an individual dataset, with their charges)."""
+    if individual_filter(ctx, table) is None:
+        units, columns = evaluate_blocks(p, ctx, table, plans)
+        return units, columns, None
+    assert isinstance(table, IndividualTable)
+    step = unit_step(table)
+    return step.blocks, step.columns, step.charges
 
 
 def _derive(
@@ -483,7 +629,7 @@ def _derive(
         if measure.kind == "sum":
             out[measure.label] = released[f"sum({measure.column})"]
             continue
-        column = _numeric(ctx, measure.column, "measures")
+        column = numeric_column(ctx, measure.column, "measures")
         c, h = center(column)
         n = np.full(n_cells, float(size)) if size is not None else np.maximum(released["count"], 1.0)
         centered_mean = np.clip(released[f"csum({measure.column})"] / n, -float(h), float(h))
@@ -535,9 +681,10 @@ def _release(
     plans: list[BlockPlan],
     block_noise: list[BlockNoise | None],
     worst: RdpCurve,
+    unit_step: UnitStepFn,
 ) -> Release:
     """Evaluate the blocks, add each block's noise in block order (None: a public block, released exactly)."""
-    units, columns = evaluate_blocks(p, ctx, table, plans)
+    units, columns, charges = _evaluate(p, ctx, table, plans, unit_step)
     noisy: list[np.ndarray] = []
     specs: list[dict[str, Any]] = []
     for draw, exact in zip(block_noise, units, strict=True):
@@ -548,7 +695,7 @@ def _release(
         draws, spec = draw(exact.size)
         noisy.append(exact.astype(object) + draws)
         specs.append(spec)
-    return Release(output=_output(p, ctx, plans, noisy, columns, specs), realized=worst)
+    return Release(output=_output(p, ctx, plans, noisy, columns, specs), realized=worst, units=charges)
 
 
 def _laplace_noise(noise: Noise, plan: BlockPlan, scale: Fraction) -> BlockNoise:
@@ -582,7 +729,18 @@ class MeasuresLaplace(ParamsChecked):
         block_noise = [
             None if scale is None else _laplace_noise(noise, plan, scale) for plan, scale in planned
         ]
-        return _release(p, ctx, table, [plan for plan, _ in planned], block_noise, worst)
+        unit_step = functools.partial(self.unit_step, p, ctx)
+        return _release(p, ctx, table, [plan for plan, _ in planned], block_noise, worst, unit_step)
+
+    def unit_step(
+        self, p: MeasuresLaplaceParams, ctx: PublicContext, table: IndividualTable
+    ) -> MeasuresUnitStep:
+        """The blocks over the units that can afford their own charge, and those charges (deterministic: no
+        noise; ``expost ledger verify`` replays it)."""
+        planned = laplace_plans(p, ctx)
+        plans = [plan for plan, _ in planned]
+        ceiling = units_up(p.epsilon) or 0
+        return measures_unit_step(p, ctx, table, plans, laplace_block_charge(planned), ceiling)
 
 
 class MeasuresGaussian(ParamsChecked):
@@ -607,4 +765,14 @@ class MeasuresGaussian(ParamsChecked):
             None if sigma is None or variance is None else _gaussian_noise(noise, plan, sigma, variance)
             for plan, sigma, variance in planned
         ]
-        return _release(p, ctx, table, [entry[0] for entry in planned], block_noise, worst)
+        unit_step = functools.partial(self.unit_step, p, ctx)
+        return _release(p, ctx, table, [entry[0] for entry in planned], block_noise, worst, unit_step)
+
+    def unit_step(
+        self, p: MeasuresGaussianParams, ctx: PublicContext, table: IndividualTable
+    ) -> MeasuresUnitStep:
+        """The blocks over the units that can afford their own charge, and those charges (deterministic: no
+        noise; ``expost ledger verify`` replays it)."""
+        planned = gaussian_plans(p, ctx)
+        plans = [entry[0] for entry in planned]
+        return measures_unit_step(p, ctx, table, plans, gaussian_block_charge(planned), 2**60)

@@ -267,10 +267,14 @@ class Quantile(ParamsChecked):
         worst = quantile_curve(p, ctx.orders)
         candidates, counts, selected = selected_rank_counts(p, ctx, table)
         rate = noise_rate(p, ctx.schema.unit_rows)
-        released: dict[str, float | int] = {}
-        for q in p.quantiles:
-            chosen = int(noisy_max_select(noise, counts, selected, q, rate)[0])
-            released[repr(q)] = candidates[chosen].item()
+        chosen = {q: int(noisy_max_select(noise, counts, selected, q, rate)[0]) for q in p.quantiles}
+        # Monotone in the level: the selections sorted (candidates ascend), a post-processing of them
+        # (docs/mechanisms/analytics.md): a higher level never gets a smaller value.
+        ordered = sorted(chosen.values())
+        released = {
+            repr(q): candidates[index].item() for q, index in zip(sorted(chosen), ordered, strict=True)
+        }
+        released = {repr(q): released[repr(q)] for q in p.quantiles}
         rank_error = rank_error_bound(p, int(candidates.size), unit_rows=ctx.schema.unit_rows)
         output: dict[str, object] = {
             "values": released,

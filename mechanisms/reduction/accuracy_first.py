@@ -58,8 +58,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any, ClassVar
 
@@ -67,10 +67,18 @@ import numpy as np
 from pydantic import BaseModel
 from scipy import special
 
-from mechanisms.accounting import RdpCurve, pad_up
+from mechanisms.accounting import UNITS_PER_EPSILON, RdpCurve, pad_up, units_up
+from mechanisms.accounting.individual import UnitCharges, pure_units, slope_units
 from mechanisms.base import ParamsChecked, ParamsError, PublicContext, Release, StepResult, Table
 from mechanisms.data.schema import CategoricalColumn, IntColumn
-from mechanisms.noise import Grid, Noise
+from mechanisms.noise import Grid, Noise, float_up
+from mechanisms.queries.individual import (
+    IndividualTable,
+    UnitStep,
+    check_individual_query,
+    individual_filter,
+    unit_step,
+)
 from mechanisms.queries.language import (
     MAX_SCALE_BITS,
     AnyQuery,
@@ -104,12 +112,15 @@ from mechanisms.reduction.accuracy_first_params import (
 from mechanisms.reduction.noise_reduction import (
     LazyBrownianNR,
     LazyLaplaceNR,
+    brownian_cumulative_costs,
     brownian_grid,
     brownian_nr_charge,
     brownian_step,
+    brownian_unit_coefficients,
     laplace_nr_charge,
     laplace_nr_path,
     laplace_nr_scales,
+    laplace_nr_unit_rate,
     units_to_values,
 )
 from mechanisms.threshold.interactive import (
@@ -150,6 +161,19 @@ class _Plan:
     """The σ of each level that the relative check uses, in value units (Laplace γ·scale, Gaussian √t)."""
 
 
+@dataclass(frozen=True)
+class UnitShifts:
+    """Per unit (sorted ids) its own shift of the grid answer, in grid units: ℓ1 and ℓ2² bounds, each capped
+    at the public bound (``mechanisms.queries.individual.unit_step``). Secret: a function of its rows."""
+
+    units: np.ndarray
+    l1: np.ndarray
+    squares: np.ndarray
+
+    def subset(self, mask: np.ndarray) -> UnitShifts:
+        return UnitShifts(self.units[mask], self.l1[mask], self.squares[mask])
+
+
 class _Family(ABC):
     """What differs between Laplace and Brownian noise reduction: grid, sampler, scales and charges."""
 
@@ -166,6 +190,11 @@ class _Family(ABC):
 
     @abstractmethod
     def charge(self, plan: _Plan, level: int, orders: Sequence[float]) -> RdpCurve: ...
+
+    @abstractmethod
+    def unit_charges(self, plan: _Plan, level: int, shifts: UnitShifts) -> UnitCharges:
+        """Each unit's own charge of a release stopped at ``level``, from its own shift: never above the
+        level's dataset charge (docs/privacy/individual.md#individual-noise-reduction-proof)."""
 
     @abstractmethod
     def walk(self, plan: _Plan, units: np.ndarray, noise: Noise) -> Iterator[np.ndarray]:
@@ -226,6 +255,13 @@ class _LaplaceFamily(_Family):
 
     def charge(self, plan: _Plan, level: int, orders: Sequence[float]) -> RdpCurve:
         return laplace_nr_charge(plan.grid_values, level, orders)
+
+    def unit_charges(self, plan: _Plan, level: int, shifts: UnitShifts) -> UnitCharges:
+        # pure x_t·‖δ_u‖₁ (Theorem D-2 at the unit's own shift), ≤ x_t·Δ_g ≤ ε_t: capped at the level's ε
+        rate = laplace_nr_unit_rate(plan.sensitivity, plan.grid_values, level)
+        pure = pure_units(shifts.l1, float_up(rate * UNITS_PER_EPSILON))
+        ceiling = units_up(float(plan.grid_values[level])) or 0
+        return UnitCharges(shifts.units, np.minimum(pure, ceiling), np.zeros(shifts.units.size, np.int64))
 
     def walk(self, plan: _Plan, units: np.ndarray, noise: Noise) -> Iterator[np.ndarray]:
         path = laplace_nr_path(plan.sensitivity, plan.grid_values, plan.dim, noise)
@@ -307,6 +343,20 @@ class _GaussianFamily(_Family):
 
     def charge(self, plan: _Plan, level: int, orders: Sequence[float]) -> RdpCurve:
         return brownian_nr_charge(plan.sensitivity, plan.grid_values, plan.dim, plan.grid, level, orders)
+
+    def unit_charges(self, plan: _Plan, level: int, shifts: UnitShifts) -> UnitCharges:
+        # α·(P_S‖δ‖₂² + Q_S‖δ‖₁ + R_S·#cells) (Theorem B-1 at the unit's own shift δ; the unit moves at most
+        # min(‖δ‖₁, d) cells), ≤ the dataset's α·C_S: capped there
+        squares, linear, cells = brownian_unit_coefficients(plan.grid_values, plan.grid, level)
+        moved = np.minimum(shifts.l1, plan.dim)
+        slope = (
+            slope_units(shifts.squares, float_up(squares * UNITS_PER_EPSILON))
+            + slope_units(shifts.l1, float_up(linear * UNITS_PER_EPSILON))
+            + slope_units(moved, float_up(cells * UNITS_PER_EPSILON))
+        )
+        costs = brownian_cumulative_costs(plan.sensitivity, plan.grid_values, plan.dim, plan.grid)
+        ceiling = units_up(costs[level]) or 0
+        return UnitCharges(shifts.units, np.zeros(shifts.units.size, np.int64), np.minimum(slope, ceiling))
 
     def walk(self, plan: _Plan, units: np.ndarray, noise: Noise) -> Iterator[np.ndarray]:
         previous: list[int] | None = None
@@ -427,6 +477,8 @@ class AccuracyFirst(ParamsChecked):
 
     def check(self, p: OneShotParams, ctx: PublicContext) -> None:
         check_query(p.query, ctx)
+        if ctx.schema.accounting == "individual":
+            check_individual_query(p.query)
         levels = len(self.family.grid(p))
         if levels * output_dim(p.query, ctx) > MAX_PATH_ENTRIES:
             reason = f"levels × output size must be ≤ {MAX_PATH_ENTRIES} (use a noise_reduction session)"
@@ -456,14 +508,21 @@ class AccuracyFirst(ParamsChecked):
         self.check(p, ctx)
         worst = self.worst_case(p, ctx)
         plan = self._plan(p, ctx)
-        units, labels = evaluate_units(p.query, ctx, table, plan.grid_plan)
+        shifts: UnitShifts | None = None
+        if individual_filter(ctx, table) is None:
+            units, labels = evaluate_units(p.query, ctx, table, plan.grid_plan)
+        else:
+            assert isinstance(table, IndividualTable)
+            step, shifts = self._admitted(p, ctx, table, plan)
+            units, labels = step.answer_units, step.labels
         if isinstance(p.target, AbsoluteTarget) and p.check == "released":
             # The level is fixed by public parameters: a single release at that level.
             level = self._fixed_level(p, plan)
             assert level is not None
             noisy = self.family.release_at(plan, level, units, noise)
             realized = self.family.charge(plan, level, ctx.orders)
-            return self._release(plan, level, noisy, labels, True, p.check, realized, worst)
+            charges = None if shifts is None else self._unit_charges(p, plan, level, shifts)
+            return self._release(plan, level, noisy, labels, True, p.check, realized, worst, charges)
         last = len(plan.grid_values) - 1
         walk = self.family.walk(plan, units, noise)
         if p.private is None:
@@ -492,7 +551,68 @@ class AccuracyFirst(ParamsChecked):
             reached = iat.halted
             level_charge = self.family.charge(plan, level, ctx.orders)
             realized = _plus_pure(level_charge, calibration.epsilon_a)
-        return self._release(plan, level, noisy, labels, reached, p.check, realized, worst)
+        charges = None if shifts is None else self._unit_charges(p, plan, level, shifts)
+        return self._release(plan, level, noisy, labels, reached, p.check, realized, worst, charges)
+
+    # ----- individual accounting (docs/privacy/individual.md#individual-noise-reduction-proof) -----
+    def _worst_level(self, p: OneShotParams, plan: _Plan) -> int:
+        """The level a unit may pay at most (public): the absolute released check's fixed level, else the
+        last (least noisy) level of the grid."""
+        if isinstance(p.target, AbsoluteTarget) and p.check == "released":
+            level = self._fixed_level(p, plan)
+            if level is None:
+                raise ParamsError("target", NOT_REACHABLE)
+            return level
+        return len(plan.grid_values) - 1
+
+    def _unit_charges(self, p: OneShotParams, plan: _Plan, level: int, shifts: UnitShifts) -> UnitCharges:
+        """The family's per-unit charge at ``level``, plus the private check's pure ε_A for every unit whose
+        removal moves the grid answer (InteractiveAboveThreshold reads it; a unit that moves nothing leaves
+        every f_t unchanged)."""
+        charges = self.family.unit_charges(plan, level, shifts)
+        if p.private is None:
+            return charges
+        calibration = p.private.resolve(_private_query_sensitivity(plan, p.target), len(plan.grid_values))
+        extra = np.where(shifts.l1 > 0, units_up(calibration.epsilon_a) or 0, 0).astype(np.int64)
+        return UnitCharges(charges.units, charges.pure + extra, charges.slope)
+
+    def _admitted(
+        self, p: OneShotParams, ctx: PublicContext, table: IndividualTable, plan: _Plan
+    ) -> tuple[UnitStep, UnitShifts]:
+        """The answer over the units that can afford their worst case (their charge at the worst level,
+        decided before anything is computed or released) and those units' shifts."""
+        worst_level = self._worst_level(p, plan)
+        seen: list[UnitShifts] = []
+
+        def charge(units: np.ndarray, l1: np.ndarray, squares: np.ndarray) -> UnitCharges:
+            seen.append(UnitShifts(units, l1, squares))
+            return self._unit_charges(p, plan, worst_level, seen[-1])
+
+        step = unit_step(p.query, ctx, table, plan.grid_plan, charge)
+        shifts = seen[-1]
+        return step, shifts.subset(np.isin(shifts.units, step.charges.units))
+
+    def unit_step(
+        self, p: OneShotParams, ctx: PublicContext, table: IndividualTable, level: int | None = None
+    ) -> UnitStep:
+        """The answer over the admitted units and their charges at the released ``level`` (read from the
+        release's output; None: the worst level, the admission charge). Deterministic (no noise): ``expost
+        ledger verify`` replays it to rebuild the units' filters."""
+        plan = self._plan(p, ctx)
+        step, shifts = self._admitted(p, ctx, table, plan)
+        if level is None:
+            return step
+        return replace(step, charges=self._unit_charges(p, plan, level, shifts))
+
+    def released_unit_step(
+        self, p: OneShotParams, ctx: PublicContext, table: IndividualTable, output: Mapping[str, Any]
+    ) -> UnitStep:
+        """``unit_step`` at the level the stored release stopped at (``output["level"]``, public): what the
+        run charged its units (``ReleaseDependentUnits``, for the ledger's replay)."""
+        level = output.get("level")
+        if isinstance(level, bool) or not isinstance(level, int):
+            raise ValueError("the release has no level")
+        return self.unit_step(p, ctx, table, level)
 
     def _release(
         self,
@@ -504,6 +624,7 @@ class AccuracyFirst(ParamsChecked):
         check: str,
         realized: RdpCurve,
         worst: RdpCurve,
+        units: UnitCharges | None = None,
     ) -> Release:
         assert realized <= worst
         info = self.family.level_info(plan, level)
@@ -512,7 +633,7 @@ class AccuracyFirst(ParamsChecked):
         output.update({"reached": reached, "level": level, "levels": len(plan.grid_values), "check": check})
         if not reached:
             output["reason"] = NOT_REACHABLE
-        return Release(output=output, realized=realized)
+        return Release(output=output, realized=realized, units=units)
 
 
 class AccuracyFirstLaplace(AccuracyFirst):

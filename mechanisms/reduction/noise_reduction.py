@@ -411,3 +411,31 @@ def brownian_nr_charge(
     level = _level_index(stopped_level, var.size)
     cost = brownian_cumulative_costs(unit_l2, variances, dim, grid)[level]
     return RdpCurve(tuple(orders), brownian_rdp_values(cost, orders))
+
+
+# ----- per-unit charges (individual accounting) ------------------------------------------------------------
+def laplace_nr_unit_rate(grid_sensitivity: float, epsilons: Sequence[float], stopped_level: int) -> Fraction:
+    """x_t = n_t/D of the level: a unit whose removal moves the grid answer by δ (integers) has prefix loss
+    x_t·‖δ‖₁ ≤ x_t·Δ_g ≤ ε_t at every outcome (Theorem D-2 at the unit's own shift;
+    docs/privacy/individual.md#individual-noise-reduction-proof)."""
+    rates = laplace_nr_rates(grid_sensitivity, epsilons)
+    return Fraction(rates[_level_index(stopped_level, len(rates))], RATE_DENOMINATOR)
+
+
+def brownian_unit_coefficients(
+    variances: Sequence[float], grid: Grid, stopped_level: int
+) -> tuple[Fraction, Fraction, Fraction]:
+    """(P_S, Q_S, R_S), exact, with C_S(δ) ≤ P_S·‖δ‖₂² + Q_S·‖δ‖₁ + R_S·#{δ_i ≠ 0} for a unit whose removal
+    moves the grid answer by the integer vector δ: step j's mean moves by ≤ (1 − r_j)|δ_i| + 1[δ_i ≠ 0] per
+    coordinate (and by δ itself at j = 0), so its squared shift is ≤ (1 − r_j)²‖δ‖₂² + 2(1 − r_j)‖δ‖₁ +
+    #{δ_i ≠ 0}; P_S = Σ_{j≤S} (1 − r_j)²/(2σ_j²), Q_S = Σ_{1≤j≤S} 2(1 − r_j)/(2σ_j²), R_S = Σ_{1≤j≤S}
+    1/(2σ_j²) (docs/privacy/individual.md#individual-noise-reduction-proof)."""
+    step_variances = brownian_step_variances(variances, grid)
+    level = _level_index(stopped_level, len(step_variances))
+    squares, linear, cells = Fraction(0), Fraction(0), Fraction(0)
+    for j, (r, s2) in enumerate(zip(_ratios(variances), step_variances[: level + 1], strict=False)):
+        squares += (1 - r) ** 2 / (2 * s2)
+        if j > 0:
+            linear += (1 - r) / s2
+            cells += 1 / (2 * s2)
+    return squares, linear, cells

@@ -209,6 +209,20 @@ class RegisterIn(StrictModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
 
+Accounting = Annotated[
+    Literal["dataset", "individual"],
+    Field(
+        description='"dataset": one privacy filter for the whole dataset; "individual": each privacy unit '
+        "has its own budget (the dataset's), a release leaves out the units that cannot afford it, and the "
+        "dataset's totals are a public record of worst cases, not a budget"
+    ),
+]
+AccountingMeaning = Annotated[
+    str | None,
+    Field(description="on an individual-accounting dataset, what that means in words; null otherwise"),
+]
+
+
 class DatasetOut(BaseModel):
     id: str
     name: str
@@ -227,6 +241,8 @@ class DatasetOut(BaseModel):
     archived_at: datetime | None = Field(
         None, description="when it was archived (no new requests or sessions since); null while active"
     )
+    accounting: Accounting = "dataset"
+    accounting_meaning: AccountingMeaning = None
     model_config = ConfigDict(populate_by_name=True)
 
 
@@ -424,6 +440,15 @@ class BudgetOut(ViewModel):
     delta_spent: float | None = None
     delta_reserved: float | None = None
     delta_remaining: float | None = None
+    accounting: Accounting = "dataset"
+    binding: bool = Field(
+        True,
+        description="whether this filter's spent, reserved and remaining amounts limit what is admitted: "
+        "false for the dataset's filter under individual accounting, where each unit's own budget decides "
+        "who takes part in a release and these totals (which may exceed the capacity) are a public record "
+        "of worst cases; a request is still refused there if its worst case exceeds the capacity itself",
+    )
+    accounting_meaning: AccountingMeaning = None
 
 
 class LedgerEntryOut(ViewModel):
@@ -497,7 +522,9 @@ class RefusalOut(ViewModel):
     )
     problem_type: str = Field(examples=["/problems/budget-exhausted"])
     filter: str | None = Field(description='"dataset" or "analyst:<name>": the filter that refused')
-    binding_alpha: Slot | None
+    binding_alpha: Slot | Literal["delta"] | None = Field(
+        description='the closest order, "pure", or "delta" when an approximate-DP request\'s δ share refused'
+    )
     requested_pure: Loss | None
     shortfall: Amount | None = Field(description="how much ε was missing at the closest slot")
     detail: str
@@ -523,6 +550,8 @@ class EstimateOut(ViewModel):
         description="on a dataset with a privacy unit: who ε protects (the unit column, each unit with all "
         "its rows) and the bound in force (at most max_rows rows of a unit per release)",
     )
+    accounting: Accounting = "dataset"
+    accounting_meaning: AccountingMeaning = None
 
 
 class PrivacyReportOut(ViewModel):
@@ -555,4 +584,9 @@ class MechanismOut(BaseModel):
         False,
         description="runs on a dataset that declares a privacy unit (ε then protects each unit with all its "
         "rows, each release bounded to the unit's max_rows rows); else refused there with a 422",
+    )
+    individual_accounting: bool = Field(
+        False,
+        description='runs on a dataset with "accounting": "individual" (each unit charged its own loss, the '
+        "units that cannot afford it left out of the release); else refused there with a 422",
     )

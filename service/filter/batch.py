@@ -31,10 +31,11 @@ from sqlalchemy.orm import Session
 
 from mechanisms.accounting import UnitsVector
 from service.errors import NoBudget
+from service.filter.individual import UnitUpdate
 from service.filter.ledger import Entry, LedgerEvent, entry_values
 from service.filter.state import FilterLike, FilterSnapshot, FilterState, read
 from service.store.models import DATASET_SCOPE
-from service.store.repositories import FilterRepository, LedgerRepository
+from service.store.repositories import FilterRepository, LedgerRepository, UnitFilterRepository
 
 
 class Refused(Exception):
@@ -46,18 +47,38 @@ class Refused(Exception):
         self.blocked, self.filters = blocked, filters
 
 
-def admits(flt: FilterLike, charge: UnitsVector, delta: int = 0) -> bool:
+def admits(
+    flt: FilterLike,
+    charge: UnitsVector,
+    delta: int = 0,
+    individual: bool = False,
+    unit_charge: UnitsVector | None = None,
+) -> bool:
     """Dataset filters need a budget; an analyst filter without a sub-budget only tracks spending (its
     δ-ledger too: without a sub-budget there is no sub-share to exhaust)."""
-    return admits_state(flt.scope, read(flt), charge, delta)
+    return admits_state(flt.scope, read(flt), charge, delta, individual, unit_charge)
 
 
-def admits_state(scope: str, state: FilterState, charge: UnitsVector, delta: int = 0) -> bool:
-    """:func:`admits` on a state already read (a batch keeps its filters' states in memory)."""
+def admits_state(
+    scope: str,
+    state: FilterState,
+    charge: UnitsVector,
+    delta: int = 0,
+    individual: bool = False,
+    unit_charge: UnitsVector | None = None,
+) -> bool:
+    """:func:`admits` on a state already read (a batch keeps its filters' states in memory). On an
+    ``individual`` dataset the dataset filter only asks whether a unit with nothing spent could afford the
+    request — or ``unit_charge`` when given: the most one unit pays before its filter can leave it out
+    (one step of ``dp_gd``, docs/privacy/individual.md#individual-dp-gd): its totals are a public record
+    there, and each unit's own filter decides whether the unit takes part
+    (docs/privacy/individual.md#theorem-individual)."""
     if not state.has_budget:
         if scope == DATASET_SCOPE:
             raise NoBudget("this dataset has no privacy budget yet; an admin must PUT one first")
         return True
+    if individual and scope == DATASET_SCOPE:
+        return state.ever_admits(charge if unit_charge is None else unit_charge, delta)
     return state.admits(charge, delta)
 
 
@@ -137,12 +158,34 @@ class FilterBatch:
 
     # ----- the transitions ---------------------------------------------------------------------------------
 
-    def check(self, filters: list[FilterRow], charge: UnitsVector, delta: int = 0) -> None:
+    def check(
+        self,
+        filters: list[FilterRow],
+        charge: UnitsVector,
+        delta: int = 0,
+        individual: bool = False,
+        unit_charge: UnitsVector | None = None,
+    ) -> None:
         """Raise :class:`Refused` unless every filter admits ``charge`` and δ units ``delta`` (writes
-        nothing)."""
-        blocked = next((f for f in filters if not admits_state(f.scope, f.state, charge, delta)), None)
+        nothing; ``individual``, ``unit_charge``: :func:`admits_state`)."""
+
+        def admitted(f: FilterRow) -> bool:
+            return admits_state(f.scope, f.state, charge, delta, individual, unit_charge)
+
+        blocked = next((f for f in filters if not admitted(f)), None)
         if blocked is not None:
             raise Refused(blocked.snapshot(), [f.snapshot() for f in filters])
+
+    def units_current(self, update: UnitUpdate) -> bool:
+        """Whether the unit state a release was computed on is still the stored one (the caller holds the
+        dataset's filter lock, so it stays so until :meth:`write_units`)."""
+        return UnitFilterRepository(self.session).version(update.dataset_id) == update.expected
+
+    def write_units(self, update: UnitUpdate) -> None:
+        """Store a release's new unit filters (after :meth:`units_current`), in the batch's transaction."""
+        UnitFilterRepository(self.session).append(
+            update.dataset_id, update.expected, update.base, update.block, datetime.now(UTC)
+        )
 
     def reserve(self, filters: list[FilterRow], charge: UnitsVector, delta: int, entry: Entry) -> None:
         """Add ``charge`` (and δ units ``delta``) to every filter's reservations and append the ``reserve``

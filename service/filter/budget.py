@@ -169,7 +169,9 @@ def set_budget(
     split = DeltaSplit.of(delta, delta_share)
     check_share_change(session, target, split)
     capacity = list(capacity_units(epsilon, split.rdp, dataset.orders))
-    if not confirm_below_spent:
+    # an individual dataset's own totals are a public record, not a budget: each unit's filter binds
+    record_only = scope == DATASET_SCOPE and dataset.schema_json.get("accounting") == "individual"
+    if not confirm_below_spent and not record_only:
         check_not_below_spent(target, capacity)
     delta_capacity = None if delta_share is None else split.share_units
     target.epsilon, target.delta, target.capacity = epsilon, delta, capacity
@@ -255,11 +257,15 @@ def _delta(units: int) -> float:
 
 
 def refusal_details(
-    flt: FilterLike, orders: list[float], charge: UnitsVector, delta: int = 0
+    flt: FilterLike, orders: list[float], charge: UnitsVector, delta: int = 0, unspent: bool = False
 ) -> dict[str, Any]:
     """Requested vs spent vs reserved vs capacity per slot, and the slot closest to fitting; for an
-    approximate-DP request also its δ against the δ-ledger."""
+    approximate-DP request also its δ against the δ-ledger. ``unspent``: against the filter with nothing
+    spent or reserved (an individual dataset's filter, which refuses only what a fresh unit could not
+    afford; its totals are a record, not a budget)."""
     spent, reserved = totals(flt)
+    if unspent:
+        spent, reserved = UnitsVector.zeros(len(charge)), UnitsVector.zeros(len(charge))
     capacity = flt.capacity or [None] * len(charge)
     rows, best = [], None
     for j, alpha in enumerate(slot_names(orders)):
@@ -273,11 +279,21 @@ def refusal_details(
             if best is None or row["shortfall"] < best["shortfall"]:
                 best = row
         rows.append(row)
-    return {
+    epsilon_fits = best is not None and best["shortfall"] <= 0
+    delta_binds = bool(delta) and epsilon_fits and not read(flt).delta_fits(delta)
+    details: dict[str, Any] = {
         "filter": "dataset" if flt.scope == DATASET_SCOPE else f"analyst:{flt.scope}",
         "orders": rows[:-1],
         "pure": rows[-1],
-        "binding_alpha": best["alpha"] if best else None,
-        "shortfall": best["shortfall"] if best else None,
-        **({"delta": {"requested": _delta(delta), **delta_view(flt)}} if delta else {}),
+        # what refuses: the Rényi/pure slots (ε) or, for an approximate-DP request whose ε fits, its δ share
+        "binding": "delta" if delta_binds else "epsilon",
+        "binding_alpha": None if delta_binds or best is None else best["alpha"],
+        "shortfall": None if delta_binds or best is None else best["shortfall"],
     }
+    if delta:
+        view = delta_view(flt)
+        details["delta"] = {"requested": _delta(delta), **view}
+        if delta_binds:
+            left = view["delta_remaining"] or 0.0
+            details["delta"]["shortfall"] = _delta(delta) - left
+    return details

@@ -52,7 +52,7 @@ def refusal_row(
 ) -> Refusal:
     body = problem.problem()
     requested = body.get("requested")
-    binding = body.get("binding_alpha")
+    binding = "delta" if body.get("binding") == "delta" else body.get("binding_alpha")  # δ share, or an order
     return Refusal(
         dataset_id=dataset_id,
         analyst=principal.name,
@@ -89,7 +89,7 @@ def record_refusal(
 
 def refusal_out(row: Refusal) -> dict[str, Any]:
     binding: float | str | None = row.binding_alpha
-    if binding is not None and binding != "pure":
+    if binding is not None and binding not in ("pure", "delta"):
         try:
             binding = float(binding)
         except ValueError:

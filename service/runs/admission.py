@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import IntegrityError
@@ -31,9 +31,10 @@ from mechanisms.base import (
     cost_knob,
 )
 from mechanisms.catalog import MECHANISMS
+from mechanisms.data.schema import DatasetSchema
 from mechanisms.ptr.protocol import ApproximateMechanism, is_approximate
 from service.auth import Principal, Role, check_key_active
-from service.datasets import check_admissible, public_context, visible_dataset
+from service.datasets import check_admissible, check_individual, public_context, visible_dataset
 from service.errors import (
     BudgetExhausted,
     IdempotencyKeyReused,
@@ -93,6 +94,19 @@ class Validated:
     queue: str | None = None  # whose workers may claim it (EXPOST_QUEUE_NAME); None: only claimed by id
     # δ units on the δ-ledger (approximate-DP mechanisms only, docs/privacy/approximate.md#approximate-dp)
     delta: int = 0
+    # individual datasets: the most one unit pays before its filter can leave it out, when less than the
+    # worst case (``SteppedIndividually``: one step of dp_gd); the dataset filter's admission test
+    unit_charge: UnitsVector | None = None
+
+
+@runtime_checkable
+class SteppedIndividually(Protocol):
+    """A mechanism whose units' filters are checked step by step within one run (``dp_gd``): a unit stops
+    taking part once it cannot afford a step, so the run may have more steps than one unit can pay for.
+    ``individual_worst_case`` is the most one unit pays at a step
+    (docs/privacy/individual.md#individual-dp-gd)."""
+
+    def individual_worst_case(self, params: Any, ctx: PublicContext) -> RdpCurve: ...
 
 
 def validate(session: Session, principal: Principal, dataset_id: str, name: str, raw: Any) -> Validated:
@@ -115,6 +129,7 @@ def validated_for(
     except ValidationError as exc:
         raise InvalidInput.from_validation("params", exc) from None
     context = public_context(dataset)
+    check_individual(context, mechanism.name, kind)
     delta = 0
     try:
         mechanism.check(params, context)
@@ -124,6 +139,9 @@ def validated_for(
             worst, delta = approximate.curve, approximate.delta_units
         else:
             worst = mechanism.worst_case(params, context)
+        step = None
+        if context.schema.accounting == "individual" and isinstance(mechanism, SteppedIndividually):
+            step = mechanism.individual_worst_case(params, context)
     except ParamsError as exc:
         raise InvalidInput(f"params.{exc.field}", exc.reason) from None
     except ValueError as exc:
@@ -132,7 +150,10 @@ def validated_for(
         reason = "the parameters are numerically out of range (a computation overflowed); use milder values"
         raise InvalidInput("params", reason) from None
     charge, fp = UnitsVector.charge(worst), fingerprint(dataset.id, mechanism.name, params)
-    return Validated(dataset, mechanism, params, context, worst, charge, fp, kind, delta=delta)
+    unit_charge = None if step is None else UnitsVector.charge(step)
+    return Validated(
+        dataset, mechanism, params, context, worst, charge, fp, kind, delta=delta, unit_charge=unit_charge
+    )
 
 
 def fingerprint(dataset_id: str, mechanism: str, params: BaseModel) -> str:
@@ -161,14 +182,33 @@ def unit_description(column: str, max_rows: int) -> dict[str, Any]:
     }
 
 
+def accounting_description(schema: DatasetSchema) -> dict[str, Any]:
+    """How a dataset is accounted, as its views, estimates and refusals show it: ``accounting``
+    ("dataset" or "individual") and ``accounting_meaning`` (null under dataset accounting). Public: the
+    declaration only, never a unit's state."""
+    unit = schema.privacy_unit
+    if schema.accounting != "individual" or unit is None:
+        return {"accounting": schema.accounting, "accounting_meaning": None}
+    column = unit.column
+    meaning = (
+        f"individual accounting: each {column} has its own privacy budget, the dataset's (ε, δ), spent only "
+        f"by the releases it takes part in; a release leaves out every {column} that cannot afford it; the "
+        "dataset's spent and remaining totals are a public record of worst cases, not a budget"
+    )
+    return {"accounting": "individual", "accounting_meaning": meaning}
+
+
 def refusal(v: Validated, refused: Refused) -> BudgetExhausted:
     """The 409 body: requested vs spent, reserved and capacity per order, what is affordable, and on a
     dataset with a privacy unit, what ε protects there."""
-    details = budget.refusal_details(refused.blocked, v.dataset.orders, v.charge, v.delta)
+    individual = v.context.schema.accounting == "individual" and refused.blocked.scope == DATASET_SCOPE
+    details = budget.refusal_details(refused.blocked, v.dataset.orders, v.charge, v.delta, individual)
     details["requested"] = v.worst_case.as_dict()
     unit = v.context.schema.privacy_unit
     if unit is not None:
         details["privacy_unit"] = unit_description(unit.column, unit.max_rows)
+    if v.context.schema.accounting == "individual":
+        details |= accounting_description(v.context.schema)
     searchable = isinstance(v.mechanism, Mechanism) and not v.delta  # the search prices curves only
     details["affordable"] = affordable(v, refused) if searchable else None
     found = details["affordable"]
@@ -183,7 +223,19 @@ def refusal(v: Validated, refused: Refused) -> BudgetExhausted:
             f"the {details['filter']} filter can never admit this request, even unspent ({reason}){hint}",
             **details,
         )
-    return BudgetExhausted(f"the {details['filter']} filter cannot afford this request{hint}", **details)
+    if details["binding"] == "delta":
+        view = details["delta"]
+        return BudgetExhausted(
+            f"the {details['filter']} filter's δ share cannot afford this request: it needs δ = "
+            f"{view['requested']:g} and {view['delta_remaining'] or 0:g} is left of the share "
+            f"{view['delta_share'] or 0:g} (its ε fits){hint}",
+            **details,
+        )
+    short = details["shortfall"]
+    binds = "" if short is None else f": ε binds at order {details['binding_alpha']} (short by {short:.3g})"
+    return BudgetExhausted(
+        f"the {details['filter']} filter cannot afford this request{binds}{hint}", **details
+    )
 
 
 def _never_reason(refused: Refused, v: Validated) -> str:
@@ -213,8 +265,10 @@ def affordable(v: Validated, refused: Refused) -> dict[str, Any] | None:
     as an alternative. Each value, resubmitted alone, is admitted while the budget is unchanged."""
     assert isinstance(v.mechanism, Mechanism)
 
+    individual = v.context.schema.accounting == "individual"
+
     def admissible(curve: RdpCurve) -> bool:
-        return all(admits(f, UnitsVector.charge(curve)) for f in refused.filters)
+        return all(admits(f, UnitsVector.charge(curve), individual=individual) for f in refused.filters)
 
     name, _ = cost_knob(v.mechanism, v.params)
     value = best_affordable_cost(v.mechanism, v.params, v.context, admissible, iterations=32)
@@ -263,7 +317,10 @@ def admission_check(session: Session, principal: Principal, v: Validated) -> dic
     filters = FilterRepository(session)
     checked = [f for f in (filters.get(v.dataset.id), filters.get(v.dataset.id, principal.name)) if f]
     try:
-        blocked = next((f for f in checked if not admits(f, v.charge, v.delta)), None)
+        individual = v.context.schema.accounting == "individual"
+        blocked = next(
+            (f for f in checked if not admits(f, v.charge, v.delta, individual, v.unit_charge)), None
+        )
     except NoBudget as exc:
         return {"admitted": False, "reason": exc.detail, "worst_case": v.worst_case.as_dict()}
     result: dict[str, Any] = {"admitted": blocked is None, "worst_case": v.worst_case.as_dict()}
@@ -483,7 +540,8 @@ def admit_batched(
     if v.limits is not None and not (v.kind == "request" and v.inline):
         batch.write()  # the counts below must see the rows admitted earlier in this batch
         check_limits(batch.session, principal.name, v)
-    batch.filters.check(filters, v.charge, v.delta)
+    individual = v.context.schema.accounting == "individual"
+    batch.filters.check(filters, v.charge, v.delta, individual, v.unit_charge)
     request = batch.add(new_request(principal, v, fp, key, lease))
     details = {"scopes": request.scopes, "mechanism": request.mechanism, "params": request.params}
     entry = Entry(request.id, principal.name, details, request.created_at)

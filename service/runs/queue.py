@@ -42,10 +42,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from mechanisms.accounting import RdpCurve
 from service.config import Settings
 from service.datasets import build_tables
+from service.filter.individual import UnitUpdate
 from service.logs import failure_fields
 from service.runs import settlement
 from service.runs.executor import FairRunner
-from service.runs.settlement import RequestRef
+from service.runs.settlement import RequestRef, SettleFn
 from service.runs.worker import SHUTDOWN_REASON, run_next, stop_runs
 from service.store.engine import make_engine, make_sessionmaker
 
@@ -107,7 +108,7 @@ class QueueExecutor:
         return 0  # the API process only sends wake-ups: its workers run elsewhere
 
 
-def settle_with_retry(sessions: sessionmaker[Session], patience: float = 30.0) -> Any:
+def settle_with_retry(sessions: sessionmaker[Session], patience: float = 30.0) -> SettleFn:
     """A settlement that survives a short database outage (restart, failover): retried with backoff for
     up to ``patience`` seconds. Settling is idempotent (a no-op once the request is no longer running),
     so a retry after a commit whose acknowledgement was lost charges nothing twice."""
@@ -117,12 +118,13 @@ def settle_with_retry(sessions: sessionmaker[Session], patience: float = 30.0) -
         realized: RdpCurve | None,
         release: dict[str, Any] | None,
         error: str | None,
+        units: UnitUpdate | None,
     ) -> object:
         deadline, pause = time.monotonic() + patience, 0.2
         while True:
             try:
                 with sessions() as session:
-                    return settlement.settle(session, ref, realized, release, error)
+                    return settlement.settle(session, ref, realized, release, error, units)
             except SQLAlchemyError as exc:
                 if time.monotonic() > deadline:
                     raise

@@ -43,6 +43,7 @@ from service.filter.refusals import record_refusal
 from service.runs.admission import (
     RequestBatch,
     Validated,
+    accounting_description,
     admission_check,
     unit_description,
     validate,
@@ -167,7 +168,7 @@ async def submit_one_transaction(runtime: Runtime, s: Submission) -> AnalysisReq
     principal, dataset_id, mechanism, key = s.principal, s.dataset_id, s.mechanism, s.key
     started = time.monotonic()
     v = _cached_validation(runtime, principal, dataset_id, mechanism, s.params)
-    if v is None or not runtime.tables.loaded(v.dataset):  # loading a table is for a worker thread
+    if v is None or not v.inline or not runtime.tables.loaded(v.dataset):  # loading is for a worker thread
         return None
     try:
         request, created = await runtime.writer.admit_and_run_async(
@@ -274,7 +275,8 @@ def dry_run(
 ) -> dict[str, Any]:
     """Would the request be admitted now? Validates, refuses what ``tables.check_fits`` refuses on a real
     submission (a learner's row limit, a mechanism without a unit analysis), checks the filters; takes no
-    lock, writes nothing. On a privacy-unit dataset the result says what a unit is and the bound in force."""
+    lock, writes nothing. On a privacy-unit dataset the result says what a unit is and the bound in force;
+    on every dataset, how it is accounted (``accounting``, and what individual accounting means)."""
     v = validate(session, principal, dataset_id, mechanism, params)
     if tables is not None:
         tables.check_fits(v.dataset, v.mechanism.name)
@@ -282,7 +284,7 @@ def dry_run(
     unit = v.context.schema.privacy_unit
     if unit is not None:
         result["privacy_unit"] = unit_description(unit.column, unit.max_rows)
-    return result
+    return result | accounting_description(v.context.schema)
 
 
 def cancel(sessions: sessionmaker[Session], principal: Principal, request_id: str) -> AnalysisRequest:

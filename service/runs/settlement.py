@@ -22,7 +22,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import RdpCurve, UnitsVector
 from service import metrics
+from service.datasets import dataset_by_id, public_context
 from service.filter.batch import FilterRow
+from service.filter.individual import UnitUpdate
 from service.filter.ledger import Entry
 from service.runs.admission import BatchReads, RequestBatch, curve_record, filters_of, transact
 from service.store.models import AnalysisRequest, RequestState
@@ -98,14 +100,42 @@ def settle_batched(
     realized: RdpCurve | None,
     release: dict[str, Any] | None,
     error: str | None,
+    units: UnitUpdate | None = None,
 ) -> None:
     """Replace the reservation by the realized charge (or the worst case on error) and store the release,
-    in ``batch`` (the request's row is written with the batch)."""
+    in ``batch`` (the request's row is written with the batch). ``units``: the release's new unit filters
+    (individual datasets), stored with it, or the release is discarded when they were computed on a state
+    that is no longer the stored one (``service.filter.individual``)."""
+    if units is not None and error is None and not batch.filters.units_current(units):
+        log.warning("unit filters changed during the run; the release is discarded", request_id=request.id)
+        realized, release, error = None, None, UNIT_CONFLICT
+    if units is None and error is None and _individual(batch, request):  # never a release its units skip
+        log.error("an individual dataset's release came without its units' charges", request_id=request.id)
+        realized, release, error = None, None, "internal accounting error"
     record, charge, _, release, error = settlement_of(request, realized, release, error)
-    outcome = {"realized": charge.to_json(), "outcome": "released" if error is None else "failed"}
+    outcome: dict[str, Any] = {
+        "realized": charge.to_json(),
+        "outcome": "released" if error is None else "failed",
+    }
+    if units is not None and error is None:
+        outcome["unit_filters_version"] = units.expected + 1
     state = RequestState.COMMITTED if error is None else RequestState.FAILED_CHARGED
     columns = {"state": state, "realized": record, "release": release, "error": error}
     end_batched(batch, filters, request, charge, outcome, columns)
+    if units is not None and error is None:
+        batch.filters.write_units(units)
+
+
+def _individual(batch: RequestBatch, request: AnalysisRequest) -> bool:
+    """Whether the request's dataset keeps individual filters (its immutable row is cached)."""
+    dataset = dataset_by_id(batch.session, request.dataset_id)
+    return dataset is not None and public_context(dataset).schema.accounting == "individual"
+
+
+UNIT_CONFLICT = (
+    "another release changed the units' filters while this one ran; it was discarded (nothing reached any "
+    "unit's filter) and its worst case was charged to the dataset's record"
+)
 
 
 def end_batched(
@@ -170,6 +200,7 @@ def settle(
     realized: RdpCurve | None,
     release: dict[str, Any] | None,
     error: str | None,
+    units: UnitUpdate | None = None,
 ) -> AnalysisRequest | None:
     """Commit the realized charge and store the release, or commit the worst case with an error.
 
@@ -177,7 +208,7 @@ def settle(
     """
 
     def change(batch: RequestBatch, filters: list[FilterRow], request: AnalysisRequest) -> bool:
-        settle_batched(batch, filters, request, realized, release, error)
+        settle_batched(batch, filters, request, realized, release, error, units)
         return True
 
     return transition(session, ref, change)
@@ -209,7 +240,9 @@ def abort(
     return transition(session, ref, change) is not None
 
 
-SettleFn = Callable[["RequestRef", RdpCurve | None, dict[str, Any] | None, str | None], object]
+SettleFn = Callable[
+    ["RequestRef", RdpCurve | None, dict[str, Any] | None, str | None, UnitUpdate | None], object
+]
 
 _SETTLED = threading.Condition()
 

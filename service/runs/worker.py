@@ -27,11 +27,22 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from mechanisms.accounting import RdpCurve
-from mechanisms.base import Mechanism, ProgressFn, PublicContext, has_public_progress, is_long_running
+from mechanisms.accounting.individual import UnitFilter
+from mechanisms.base import (
+    Mechanism,
+    ProgressFn,
+    PublicContext,
+    Release,
+    Table,
+    has_public_progress,
+    is_long_running,
+)
 from mechanisms.catalog import MECHANISMS
 from mechanisms.noise import Noise
+from mechanisms.queries.individual import IndividualTable
 from service.datasets import TableCache, dataset_by_id, public_context
 from service.filter.batch import FilterRow
+from service.filter.individual import UNIT_FILTERS, UnitUpdate
 from service.logs import failure_fields
 from service.runs.admission import RequestBatch
 from service.runs.leases import worker_id
@@ -116,9 +127,27 @@ def execute(
     A long-running mechanism (``mechanisms.base.LongRunningMechanism``) gets ``progress``, normally a
     :class:`Heartbeat`. Any failure after this point is charged the worst case: the data may have been read.
     """
+    release, error = run_release(dataset, mechanism, params, context, tables, worst, progress)
+    return (None, None, error) if release is None else (release.realized, release.output, None)
+
+
+def run_release(
+    dataset: Dataset,
+    mechanism: Mechanism[Any],
+    params: BaseModel,
+    context: PublicContext,
+    tables: TableCache,
+    worst: RdpCurve | None = None,
+    progress: ProgressFn | None = None,
+    unit_filter: UnitFilter | None = None,
+) -> tuple[Release | None, str | None]:
+    """:func:`execute` returning the whole :class:`Release` (with its units' charges when ``unit_filter``,
+    an individual dataset's filters, is given): (release, None) or (None, error)."""
     try:
         worst = worst or mechanism.worst_case(params, context)
-        table = tables.get(dataset, context.schema)
+        table: Table = tables.get(dataset, context.schema)
+        if unit_filter is not None:
+            table = IndividualTable(table, unit_filter)
         noise = Noise.system()
         if is_long_running(mechanism) and progress is not None:
             result = mechanism.run(params, context, table, noise, progress=progress)  # type: ignore[call-arg]
@@ -126,17 +155,56 @@ def execute(
             result = mechanism.run(params, context, table, noise)
         if not result.realized <= worst:
             raise AssertionError("realized charge exceeds the worst case")
+        if (unit_filter is None) != (result.units is None):
+            raise AssertionError("an individual dataset's release must carry its units' charges")
     except LeaseLost:
         log.warning("lease lost during the run; its settlement is discarded", dataset_id=dataset.id)
-        return None, None, "the worker lost its lease; its worst case was charged"
+        return None, "the worker lost its lease; its worst case was charged"
     except Exception as exc:
         log.error(
             "mechanism failed after reading data; charging the worst case",
             dataset_id=dataset.id,
             **failure_fields(exc),
         )
-        return None, None, "the mechanism failed; its worst case was charged"
-    return result.realized, result.output, None
+        return None, "the mechanism failed; its worst case was charged"
+    return result, None
+
+
+def load_unit_filters(
+    sessions: sessionmaker[Session], dataset: Dataset, attempts: int = 3
+) -> tuple[int, UnitFilter]:
+    """(stored version, the dataset's unit filters); retried when another process replaced the base block
+    between two reads (``read_state`` then finds the chain broken)."""
+    orders = public_context(dataset).orders
+    for attempt in range(attempts):
+        try:
+            with sessions() as session:
+                return UNIT_FILTERS.load(session, dataset.id, orders)
+        except ValueError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def run_individual(
+    dataset: Dataset,
+    mechanism: Mechanism[Any],
+    params: BaseModel,
+    tables: TableCache,
+    progress: ProgressFn | None,
+    version: int,
+    unit_filter: UnitFilter,
+) -> tuple[RdpCurve | None, dict[str, Any] | None, str | None, UnitUpdate | None]:
+    """Run a release on an individual dataset on its unit filters at ``version`` (under the caller's unit
+    lock): (realized, output, error, the units' new state for the settlement)."""
+    context = public_context(dataset)
+    release, error = run_release(
+        dataset, mechanism, params, context, tables, progress=progress, unit_filter=unit_filter
+    )
+    if release is None or release.units is None:
+        return None, None, error, None
+    update = UnitUpdate.of(dataset.id, version, unit_filter.ledger, release.units)
+    return release.realized, release.output, None, update
 
 
 def claim(sessions: sessionmaker[Session], request_id: str, owner: str, lease_seconds: float) -> bool:
@@ -234,16 +302,55 @@ def run_claimed(
     if is_long_running(mechanism):
         public = has_public_progress(mechanism)
         heartbeat = Heartbeat(sessions, request_id, lease_seconds, owner, public, heartbeat_seconds)
-    realized, output, error = execute(
-        dataset, mechanism, params, public_context(dataset), tables, progress=heartbeat
-    )
-    if settle_fn is not None:
-        settled = settle_fn(ref, realized, output, error)
+    if public_context(dataset).schema.accounting == "individual":
+        waiting = heartbeat or Heartbeat(sessions, request_id, lease_seconds, owner, False, heartbeat_seconds)
+        lock = UNIT_FILTERS.lock(dataset.id)  # each release's exclusions depend on the previous charges
+        try:
+            while not lock.acquire(timeout=heartbeat_seconds):
+                waiting.beat()  # renew the lease while another release of the dataset runs
+        except LeaseLost:  # cancelled or reaped while waiting (its worst case charged): nothing read
+            return "lost"
+        try:
+            try:
+                version, unit_filter = load_unit_filters(sessions, dataset)
+            except (ValueError, SQLAlchemyError) as exc:  # nothing of the data was read: no charge
+                log.error("unit filters could not be read", request_id=request_id, **failure_fields(exc))
+                with sessions() as session:
+                    abort(
+                        session, ref, "the units' filters could not be read; nothing was charged", owner=owner
+                    )
+                notify_settled()
+                return "unrunnable"
+            realized, output, error, units = run_individual(
+                dataset, mechanism, params, tables, heartbeat, version, unit_filter
+            )
+            settled = _settle(sessions, settle_fn, ref, realized, output, error, units)
+            if units is not None and getattr(settled, "state", None) == RequestState.COMMITTED:
+                UNIT_FILTERS.remember(dataset.id, units.expected + 1, units.ledger)  # stored: current now
+        finally:
+            lock.release()
     else:
-        with sessions() as session:
-            settled = settle(session, ref, realized, output, error)
+        realized, output, error = execute(
+            dataset, mechanism, params, public_context(dataset), tables, progress=heartbeat
+        )
+        settled = _settle(sessions, settle_fn, ref, realized, output, error, None)
     notify_settled()
     return "lost" if settled is None else "settled"
+
+
+def _settle(
+    sessions: sessionmaker[Session],
+    settle_fn: SettleFn | None,
+    ref: RequestRef,
+    realized: RdpCurve | None,
+    output: dict[str, Any] | None,
+    error: str | None,
+    units: UnitUpdate | None,
+) -> object:
+    if settle_fn is not None:
+        return settle_fn(ref, realized, output, error, units)
+    with sessions() as session:
+        return settle(session, ref, realized, output, error, units)
 
 
 def run_request(

@@ -41,6 +41,7 @@ from service import metrics
 from service.auth import Principal, Role
 from service.errors import ServiceError, ServiceUnavailable
 from service.filter.batch import FilterRow, Refused
+from service.filter.individual import UnitUpdate
 from service.logs import failure_fields
 from service.runs import admission, settlement
 from service.runs.admission import RequestBatch
@@ -178,17 +179,18 @@ class WriteBatcher:
         realized: RdpCurve | None,
         release: dict[str, Any] | None,
         error: str | None,
+        units: UnitUpdate | None = None,
     ) -> AnalysisRequest | None:
         def apply(batch: RequestBatch, filters: list[FilterRow]) -> Any:
             request = batch.fresh.get(ref.id)
             if request is None or request.state != RequestState.RUNNING:
                 return None  # already settled (e.g. reaped): never charge twice
-            settlement.settle_batched(batch, filters, request, realized, release, error)
+            settlement.settle_batched(batch, filters, request, realized, release, error, units)
             return request
 
         def alone() -> Any:
             with self.sessions() as session:
-                return settlement.settle(session, ref, realized, release, error)
+                return settlement.settle(session, ref, realized, release, error, units)
 
         result: AnalysisRequest | None = self._run(Job(ref.dataset_id, ref.analyst, apply, alone, ref.id))
         return result

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -245,6 +246,27 @@ class SecretState(Base):
     request_id: Mapped[str] = mapped_column(ForeignKey("requests.id"), primary_key=True)
     state: Mapped[bytes] = mapped_column(LargeBinary)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class UnitFilterState(Base):
+    """The head of an individually accounted dataset's per-unit filters: ``version`` counts the releases
+    that charged units (public; docs/privacy/individual.md#unit-state)."""
+
+    __tablename__ = "unit_filters"
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class UnitFilterBlock(Base):
+    """One block of the per-unit filters: a release's charges, or (``base``) the whole state at that version.
+    Secret like ``SecretState``."""
+
+    __tablename__ = "unit_filter_blocks"
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    base: Mapped[bool] = mapped_column(Boolean)
+    state: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class Refusal(Base):

@@ -328,3 +328,41 @@ def test_the_dashboard_says_whom_epsilon_protects(live_server: LiveServer, tmp_p
         )
         shown = page.text_content("#privacy-unit") or ""
         assert shown == "each user_id with all its rows (at most 3 per release)"
+
+
+def test_the_dashboard_marks_individual_accounting(live_server: LiveServer, tmp_path: Path) -> None:
+    """A dataset with individual accounting shows the badge and says its totals are a public record, not a
+    budget (even once they pass the capacity); an ordinary dataset shows neither."""
+    from tests.integration.test_individual_display import COUNT as UNIT_COUNT
+    from tests.integration.test_individual_display import thread_count
+    from tests.integration.test_individual_http import SCHEMA as INDIVIDUAL_SCHEMA
+    from tests.integration.test_individual_http import threads_csv
+
+    world = make_world(live_server, budget=RDP_BUDGET)
+    individual = add_dataset(world, threads_csv(), INDIVIDUAL_SCHEMA, {"epsilon": 1.0, "delta": 0.0})
+    for thread in (1, 2):  # the totals pass the capacity: each thread's users are fresh
+        params = {**UNIT_COUNT, "query": thread_count(thread)}
+        body = {"mechanism": "laplace", "params": params}
+        released = world.analyst.post(f"/v1/datasets/{individual}/requests", json=body)
+        assert released.status_code == 200, released.text
+    with chromium_page(tmp_path / "profile") as (page, log):
+        log_in(page, world.server.base_url, key_of(world.admin), world.dataset_id)
+        assert page.is_hidden("#accounting-badge")
+        page.select_option("#dataset-select", individual)
+        page.wait_for_function("() => !document.getElementById('accounting-badge').hidden")
+        assert page.text_content("#accounting-badge") == "individual accounting"
+        assert "each user_id has its own privacy budget" in (
+            page.get_attribute("#accounting-badge", "title") or ""
+        )
+        page.wait_for_function(
+            "() => document.getElementById('budget-note').textContent.startsWith('Individual accounting')"
+        )
+        note = page.text_content("#budget-note") or ""
+        assert "each user_id has its own budget" in note
+        assert "not a budget" in note
+        assert "Exhausted" not in note
+        assert "not a budget" in (page.text_content("#remaining-source") or "")
+        page.select_option("#dataset-select", world.dataset_id)
+        page.wait_for_function("() => document.getElementById('accounting-badge').hidden")
+        assert "not a budget" not in (page.text_content("#remaining-source") or "")
+        assert log.errors == [], log.errors

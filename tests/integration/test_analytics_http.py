@@ -133,6 +133,32 @@ class TestSql:
         again = self.sql(world, statement, epsilon=1.0)  # 1.5 + 1.0 > 2: the same filter refuses it
         assert_problem(again, 409)
 
+    def test_having_order_by_and_limit_post_process_the_release(self, live_server: LiveServer) -> None:
+        """Issue 35 item 9: free post-processing of the released cells; the stored release keeps them all."""
+        world = make_world(live_server, budget=BIG)
+        statement = (
+            "SELECT region, COUNT(*) AS n, AVG(income) FROM dataset GROUP BY region "
+            "HAVING n > -1000000 AND AVG(income) >= 0 ORDER BY n DESC, region LIMIT 3 OFFSET 1"
+        )
+        response = self.sql(world, statement, epsilon=5.0)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["columns"] == ["region", "n", "AVG(income)"]
+        cells = {g["key"]["region"]: g for g in body["release"]["groups"]}
+        assert len(cells) == 4  # the stored release keeps every cell
+        ranked = sorted(cells.values(), key=lambda g: (-g["count"], g["key"]["region"]))
+        expected = [
+            {"region": g["key"]["region"], "n": g["count"], "AVG(income)": g["mean(income)"]} for g in ranked
+        ][1:4]
+        assert body["rows"] == expected
+        stored = world.analyst.get(f"/v1/requests/{body['id']}").json()
+        assert len(stored["release"]["groups"]) == 4
+        few = self.sql(
+            world, "SELECT region, COUNT(*) FROM dataset GROUP BY region HAVING COUNT(*) > 1e9", epsilon=1.0
+        )
+        assert few.status_code == 200, few.text
+        assert few.json()["rows"] == []
+
     def test_median_statement(self, live_server: LiveServer) -> None:
         world = make_world(live_server, budget=BIG)
         response = self.sql(
@@ -149,9 +175,17 @@ class TestSql:
         ("statement", "field"),
         [
             ("SELECT COUNT(*) FROM dataset WHERE age > 30 OR age < 20", "sql.where"),
-            ("SELECT COUNT(*) FROM dataset GROUP BY region HAVING COUNT(*) > 3", "sql.having"),
-            ("SELECT COUNT(*) FROM dataset ORDER BY 1", "sql.order_by"),
-            ("SELECT COUNT(*) FROM dataset LIMIT 3", "sql.limit"),
+            # HAVING / ORDER BY / LIMIT post-process the release, but only over what the statement selects
+            ("SELECT COUNT(*) FROM dataset GROUP BY region HAVING SUM(age) > 3", "sql.having"),
+            (
+                "SELECT COUNT(*) FROM dataset GROUP BY region HAVING COUNT(*) > 3 OR COUNT(*) < 1",
+                "sql.having",
+            ),
+            ("SELECT region, COUNT(*) FROM dataset GROUP BY region HAVING region > 3", "sql.having"),
+            ("SELECT COUNT(*) FROM dataset ORDER BY age", "sql.order_by"),
+            ("SELECT COUNT(*) FROM dataset ORDER BY 2", "sql.order_by"),
+            ("SELECT COUNT(*) FROM dataset LIMIT -1", "sql.limit"),
+            ("SELECT MEDIAN(age) FROM dataset LIMIT 1", "sql.select"),
             ("SELECT COUNT(*) FROM dataset JOIN other ON a = b", "sql.join"),
             ("SELECT MAX(age) FROM dataset", "sql.select"),
             ("SELECT SUM(age * 2) FROM dataset", "sql.select"),
@@ -216,7 +250,7 @@ class TestClientAndCli:
             assert request.release is not None
             assert len(request.release["groups"]) == 4
             with pytest.raises(InvalidInputError) as refused:
-                client.sql(world.dataset_id, "SELECT COUNT(*) FROM dataset LIMIT 1", epsilon=0.5)
+                client.sql(world.dataset_id, "SELECT COUNT(*) FROM dataset LIMIT -1", epsilon=0.5)
             assert "sql.limit" in str(refused.value)
         env = {"EXPOST_URL": live_server.base_url, "EXPOST_KEY": key}
         result = CliRunner().invoke(

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from expost_client import BudgetExhaustedError
 from mechanisms.accounting.approximate import DELTA_UNITS, delta_units_down, delta_units_up
 from service.filter.ledger import verify
 from service.store.engine import make_engine, make_sessionmaker
@@ -120,6 +121,18 @@ class TestAdmission:
         assert refused["delta"]["delta_remaining"] == float(
             Fraction(delta_units_down(3.5e-7) - 3 * unit, DELTA_UNITS)
         )
+        # issue 35 item 5: the refusal says δ binds, not a misleading order with a negative shortfall
+        assert refused["binding"] == "delta"
+        assert refused["binding_alpha"] is None
+        assert refused["shortfall"] is None
+        assert refused["delta"]["shortfall"] > 0
+        assert "δ share cannot afford" in refused["detail"]
+        assert "its ε fits" in refused["detail"]
+        summary = BudgetExhaustedError(
+            409, refused["type"], refused["title"], refused["detail"], refused
+        ).summary()
+        assert "δ binds" in summary
+        assert "binding order" not in summary  # no unrelated order row (issue 35 item 5)
         # a request without δ is unaffected by the spent share
         assert world.request(world.analyst, {"query": {"kind": "count"}, "epsilon": 0.1}).status_code == 200
         budget = get_budget(world.admin, world.dataset_id)

@@ -38,6 +38,8 @@ class TestPureBudgetExhaustion:
         assert problem["pure"]["spent"] == 1.0
         assert problem["pure"]["capacity"] == 1.0
         assert problem["binding_alpha"] == "pure"
+        assert problem["binding"] == "epsilon"
+        assert "ε binds at order pure (short by 0.1)" in problem["detail"]
         assert problem["affordable"] is None  # nothing is left: no ε > 0 fits
         spent = spent_units(live_server, world.dataset_id)
         assert spent["finite"][-1] == 1 * UNITS_PER_EPSILON

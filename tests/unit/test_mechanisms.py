@@ -97,13 +97,22 @@ def test_check_raises_params_error(mechanism: Mechanism, ctx: PublicContext) -> 
 
 
 @pytest.mark.parametrize("mechanism", [LAPLACE, GAUSSIAN])
-def test_check_refuses_mean_under_add_remove(mechanism: Mechanism, add_remove_ctx: PublicContext) -> None:
+def test_a_mean_under_add_remove_is_a_sum_over_a_count(
+    mechanism: Mechanism, add_remove_ctx: PublicContext
+) -> None:
+    """Issue 35 item 9: no longer refused (tests/unit/test_ratio_mean.py has the details); a mean of a
+    categorical column still is, naming the column."""
     params = mechanism.params_model.model_validate(
         {"query": {"kind": "mean", "column": "age"}, mechanism.cost_parameter: 1.0}
     )
+    mechanism.check(params, add_remove_ctx)
+    assert mechanism.worst_case(params, add_remove_ctx).values[-1] > 0
+    region = mechanism.params_model.model_validate(
+        {"query": {"kind": "mean", "column": "region"}, mechanism.cost_parameter: 1.0}
+    )
     with pytest.raises(ParamsError) as caught:
-        mechanism.check(params, add_remove_ctx)
-    assert caught.value.field == "query.kind"
+        mechanism.check(region, add_remove_ctx)
+    assert caught.value.field == "query.column"
 
 
 def test_check_rejects_the_other_mechanisms_params(ctx: PublicContext) -> None:

@@ -29,6 +29,7 @@ from service.filter.budget import budget_view
 from service.filter.ledger import canonical_json
 from service.runs import admin as actions
 from service.runs import views
+from service.runs.admission import accounting_description
 from service.runs.views import DATASET_SCOPE, Dataset, LedgerEntry
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
@@ -47,7 +48,16 @@ def _out(dataset: Dataset, principal: Principal) -> DatasetOut:
         clipped=dataset.clipped if principal.is_admin else None,
         created_at=dataset.created_at,
         archived_at=dataset.archived_at,
+        **accounting_description(datasets.public_context(dataset).schema),
     )
+
+
+def _accounting(dataset: Dataset, scope: str) -> dict[str, Any]:
+    """A budget view's accounting members: under individual accounting the dataset's filter is not
+    ``binding`` (each unit's own budget decides; its totals are a public record), an analyst's still is."""
+    described = accounting_description(datasets.public_context(dataset).schema)
+    individual = described["accounting"] == "individual"
+    return described | {"binding": not (individual and scope == DATASET_SCOPE)}
 
 
 def _schema_text(schema: str | UploadFile, limit: int) -> str:
@@ -211,7 +221,9 @@ def _set_budget(
     runtime: RuntimeDep, admin: Principal, dataset_id: str, scope: str, body: BudgetIn
 ) -> dict[str, Any]:
     target = actions.BudgetTarget(body.epsilon, body.delta, body.delta_share, body.confirm_below_spent)
-    return actions.set_budget(runtime.sessions, admin, dataset_id, scope, target)
+    view = actions.set_budget(runtime.sessions, admin, dataset_id, scope, target)
+    with runtime.sessions() as session:
+        return view | _accounting(datasets.visible_dataset(session, admin, dataset_id), scope)
 
 
 @router.put(
@@ -243,7 +255,7 @@ def _budget_response(
     flt = views.filter_of(session, dataset_id, scope)
     if flt is None:
         raise NotFound(f"analyst {scope!r} has no grant on dataset {dataset_id}")
-    body = budget_view(flt, dataset.orders)
+    body = budget_view(flt, dataset.orders) | _accounting(dataset, scope)
     etag = '"' + hashlib.sha256(canonical_json(body).encode()).hexdigest()[:32] + '"'
     if request.headers.get("if-none-match") == etag:
         return Response(status_code=304, headers={"ETag": etag})

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from mechanisms.catalog import INTERACTIVE, MECHANISMS, WITH_UNITS
+from mechanisms.catalog import INTERACTIVE, MECHANISMS, WITH_INDIVIDUAL, WITH_UNITS
 from mechanisms.ptr.protocol import is_approximate
 from service.api.deps import AnyRole
 from service.api.openapi import json_safe_schema
@@ -25,6 +25,7 @@ def catalog(_who: AnyRole) -> list[MechanismOut]:
             "cost_parameter": mechanism.cost_parameter,
             "approximate": is_approximate(mechanism),
             "privacy_units": name in WITH_UNITS,
+            "individual_accounting": name in WITH_INDIVIDUAL,
             "params_schema": json_safe_schema(mechanism.params_model.model_json_schema()),
         }
         for name, mechanism in MECHANISMS.items()
@@ -37,6 +38,7 @@ def catalog(_who: AnyRole) -> list[MechanismOut]:
             "params_schema": json_safe_schema(mechanism.params_model.model_json_schema()),
             "query_schema": json_safe_schema(mechanism.query_model.model_json_schema()),
             "privacy_units": name in WITH_UNITS,
+            "individual_accounting": name in WITH_INDIVIDUAL,
         }
         for name, mechanism in INTERACTIVE.items()
     ]

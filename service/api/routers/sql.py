@@ -3,6 +3,7 @@
 Accepted (parsed with sqlglot; docs/mechanisms/analytics.md)::
 
     SELECT agg, … FROM <dataset id | dataset> [WHERE cond AND …] [GROUP BY col, …]
+        [HAVING ref op literal AND …] [ORDER BY ref [ASC|DESC], …] [LIMIT n [OFFSET m]]
 
 * aggregates: ``COUNT(*)``, ``COUNT(DISTINCT unit)`` (the number of privacy units, on a dataset that
   declares one; docs/privacy/units_learners.md#count-distinct-unit), ``SUM(col)``, ``AVG(col)``,
@@ -14,9 +15,14 @@ Accepted (parsed with sqlglot; docs/mechanisms/analytics.md)::
 * conditions: ``col op literal`` (=, <>, !=, <, <=, >, >=), ``col IN (literal, …)``, ``col BETWEEN a AND b``,
   joined by AND.
 
-Anything else (joins, OR, NOT, HAVING, ORDER BY, LIMIT, DISTINCT, subqueries, expressions over columns,
-other functions) cannot be bounded from the public schema and is refused with a 422 problem naming the
-clause (``sql.select``, ``sql.where``, …). The translated request goes through the same path as
+* ``HAVING``, ``ORDER BY``, ``LIMIT``/``OFFSET`` post-process the released cells (``service.api.sql_view``):
+  a ``ref`` is a selected column or aggregate (by its expression, its alias or, in ORDER BY, its position).
+  They are free and change no charge; the response's ``rows`` shows their result, the stored release keeps
+  every cell.
+
+Anything else (joins, OR, NOT, DISTINCT, subqueries, expressions over columns, other functions) cannot be
+bounded from the public schema and is refused with a 422 problem naming the clause (``sql.select``,
+``sql.where``, …). The translated request goes through the same path as
 ``POST /v1/datasets/{id}/requests`` (validation, admission by the filter, run, settlement): the charge is
 the mechanism's, nothing is charged for a refused statement.
 """
@@ -25,11 +31,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import sqlglot
 from fastapi import APIRouter, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictFloat, StrictInt, StrictStr
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 from starlette.concurrency import run_in_threadpool
@@ -39,6 +46,7 @@ from service.api.deps import AdminOrAnalyst, Analyst, RuntimeDep, SessionDep
 from service.api.routers import requests as requests_router
 from service.api.routers.requests import IdempotencyKey, Prefer
 from service.api.schemas import RequestIn, RequestOut, problem_doc
+from service.api.sql_view import Having, Order, Output, SqlView
 from service.errors import InvalidInput
 from service.runs import requests as lifecycle
 
@@ -69,6 +77,23 @@ class SqlIn(BaseModel):
 class SqlTranslation(BaseModel):
     mechanism: str
     params: dict[str, Any]
+    columns: list[str] = Field(description="the statement's output columns, in order (the rows' keys)")
+    _view: SqlView | None = PrivateAttr(default=None)
+
+    @property
+    def view(self) -> SqlView | None:
+        """The release as the statement's rows (HAVING, ORDER BY and LIMIT applied)."""
+        return self._view
+
+
+class SqlRequestOut(RequestOut):
+    """The request, plus the release as the statement's rows (HAVING, ORDER BY and LIMIT applied)."""
+
+    columns: list[str]
+    rows: list[dict[str, Any]] | None = Field(
+        description="the released cells as rows after HAVING, ORDER BY and LIMIT (free post-processing); "
+        "null until the release exists"
+    )
 
 
 _MEASURES: dict[type[exp.Expression], str] = {
@@ -90,10 +115,6 @@ _COMPARISONS: dict[type[exp.Expression], str] = {
 }
 _CLAUSES = {
     "joins": "join",
-    "having": "having",
-    "order": "order_by",
-    "limit": "limit",
-    "offset": "offset",
     "distinct": "select",
     "with_": "with",
     "with": "with",
@@ -104,7 +125,9 @@ _CLAUSES = {
     "kind": "select",
 }
 _INTEGER = re.compile(r"^[0-9]+$")
-_SELECT_ARGS = frozenset({"expressions", "from", "from_", "where", "group"})
+_SELECT_ARGS = frozenset(
+    {"expressions", "from", "from_", "where", "group", "having", "order", "limit", "offset"}
+)
 """The only arguments a translated SELECT may carry: every other clause sqlglot parses (INTO, FOR UPDATE,
 CLUSTER/DISTRIBUTE/SORT BY, CONNECT BY, a future one, …) is refused rather than silently ignored."""
 _TABLE_ARGS = frozenset({"this", "alias"})
@@ -272,33 +295,122 @@ def _translate(statements: Sequence[object], dataset_id: str, body: SqlIn) -> Sq
     group_by = [_column(g, "group_by") for g in group_node.expressions] if group_node is not None else []
     measures: list[dict[str, Any]] = []
     quantiles: list[tuple[str, float]] = []
+    outputs: list[Output] = []
     for item in tree.expressions:
         node = item.this if isinstance(item, exp.Alias) else item
+        name = item.alias if isinstance(item, exp.Alias) else node.sql()
         if isinstance(node, exp.Column):
             if _column(node, "select") not in group_by:
                 raise _refuse("select", f"column {node.name!r} outside an aggregate must be in GROUP BY")
+            outputs.append(Output(name, "key", node.name, node.sql()))
             continue
         quantile = _quantile(node)
         if quantile is not None:
             quantiles.append(quantile)
+            outputs.append(Output(name, "value", repr(quantile[1]), node.sql()))
             continue
         measure = _measure(node)
         if measure is None:
             raise _refuse("select", f"{node.sql()[:60]!r} is not a supported aggregate")
         if measure not in measures:
             measures.append(measure)
+        label = "count" if "column" not in measure else f"{measure['kind']}({measure['column']})"
+        outputs.append(Output(name, "value", label, node.sql()))
     if quantiles and measures:
         raise _refuse("select", "quantiles and other aggregates need two statements")
+    columns = [o.name for o in outputs]
     if quantiles:
-        return _quantile_params(quantiles, where, group_by, body)
-    if not measures:
+        if any(tree.args.get(arg) for arg in ("having", "order", "limit", "offset")):
+            raise _refuse(
+                "select", "a quantile statement is one row: HAVING, ORDER BY and LIMIT do not apply"
+            )
+        translated, view = _quantile_params(quantiles, where, group_by, body), SqlView(tuple(outputs))
+    elif not measures:
         raise _refuse("select", "no aggregate to release")
-    return _measures_params(measures, where, group_by, body)
+    else:
+        translated, view = _measures_params(measures, where, group_by, body), _view(tree, tuple(outputs))
+    translation = SqlTranslation(mechanism=translated.mechanism, params=translated.params, columns=columns)
+    translation._view = view
+    return translation
+
+
+def _view(tree: exp.Select, outputs: tuple[Output, ...]) -> SqlView:
+    """HAVING, ORDER BY and LIMIT/OFFSET of ``tree`` over the statement's ``outputs`` (free
+    post-processing of the release: ``service.api.sql_view``)."""
+    having_node = tree.args.get("having")
+    having = _having(having_node.this, outputs) if having_node is not None else ()
+    order_node = tree.args.get("order")
+    order: tuple[Order, ...] = ()
+    if order_node is not None:
+        if any(value and arg != "expressions" for arg, value in order_node.args.items()):
+            raise _refuse("order_by", "only ORDER BY selected columns, ASC or DESC")
+        order = tuple(_order(item, outputs) for item in order_node.expressions)
+    return SqlView(
+        outputs,
+        having,
+        order,
+        _count(tree.args.get("limit"), "limit"),
+        _count(tree.args.get("offset"), "offset") or 0,
+    )
+
+
+def _reference(node: exp.Expression, outputs: tuple[Output, ...], clause: str) -> int:
+    """The selected column ``node`` names: by its alias or expression (or, in ORDER BY, its position)."""
+    if clause == "order_by" and isinstance(node, exp.Literal) and not node.is_string:
+        position = int(node.this) if _INTEGER.match(str(node.this)) else 0
+        if not 1 <= position <= len(outputs):
+            raise _refuse(clause, f"position {node.this} is not a selected column (1 … {len(outputs)})")
+        return position - 1
+    text = node.sql()
+    for index, output in enumerate(outputs):
+        if text in (output.sql, output.name) or (isinstance(node, exp.Column) and node.name == output.name):
+            return index
+    raise _refuse(clause, f"{text[:60]!r} is not a selected column or aggregate of this statement")
+
+
+def _having(root: exp.Expression, outputs: tuple[Output, ...]) -> tuple[Having, ...]:
+    out: list[Having] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, exp.Paren):
+            stack.append(node.this)
+        elif isinstance(node, exp.And):
+            stack.extend((node.expression, node.this))
+        else:
+            op = _COMPARISONS.get(type(node))
+            if op is None:
+                raise _refuse("having", "HAVING takes selected-value op literal, joined by AND")
+            index = _reference(node.this, outputs, "having")
+            value = _literal(node.expression, "having")
+            if (outputs[index].source == "key") != isinstance(value, str):
+                kind = "a string" if outputs[index].source == "key" else "a number"
+                raise _refuse("having", f"{outputs[index].name!r} is compared with {kind}")
+            out.append(Having(index, op, float(value) if not isinstance(value, str) else value))
+        if len(out) > MAX_CONDITIONS:
+            raise _refuse("having", f"at most {MAX_CONDITIONS} conditions")
+    return tuple(out)
+
+
+def _order(item: exp.Expression, outputs: tuple[Output, ...]) -> Order:
+    if not isinstance(item, exp.Ordered) or item.args.get("with_fill"):
+        raise _refuse("order_by", "ORDER BY takes selected columns with ASC or DESC")
+    return Order(_reference(item.this, outputs, "order_by"), bool(item.args.get("desc")))
+
+
+def _count(node: exp.Expression | None, clause: str) -> int | None:
+    """A LIMIT or OFFSET: a non-negative integer literal."""
+    if node is None:
+        return None
+    value = _literal(node.expression if isinstance(node, exp.Limit | exp.Offset) else node, clause)
+    if not isinstance(value, int) or value < 0:
+        raise _refuse(clause, f"{clause.upper()} takes a non-negative integer")
+    return value
 
 
 def _quantile_params(
     quantiles: list[tuple[str, float]], where: list[dict[str, Any]], group_by: list[str], body: SqlIn
-) -> SqlTranslation:
+) -> _Translated:
     if group_by:
         raise _refuse("group_by", "quantiles per group are not supported")
     columns = {c for c, _ in quantiles}
@@ -313,24 +425,28 @@ def _quantile_params(
     params["where"] = where
     if body.candidates is not None:
         params["candidates"] = body.candidates
-    return SqlTranslation(mechanism="quantile", params=params)
+    return _Translated("quantile", params)
 
 
 def _measures_params(
     measures: list[dict[str, Any]], where: list[dict[str, Any]], group_by: list[str], body: SqlIn
-) -> SqlTranslation:
+) -> _Translated:
     params: dict[str, Any] = {"measures": measures, "group_by": group_by, "where": where}
     if body.candidates is not None:
         raise InvalidInput("candidates", "only for quantiles")
     if body.noise == "gaussian":
         if body.noise_multiplier is None:
             raise InvalidInput("noise_multiplier", "required with noise gaussian")
-        return SqlTranslation(
-            mechanism="measures.gaussian", params={**params, "noise_multiplier": float(body.noise_multiplier)}
-        )
+        return _Translated("measures.gaussian", {**params, "noise_multiplier": float(body.noise_multiplier)})
     if body.epsilon is None:
         raise InvalidInput("epsilon", "required")
-    return SqlTranslation(mechanism="measures.laplace", params={**params, "epsilon": float(body.epsilon)})
+    return _Translated("measures.laplace", {**params, "epsilon": float(body.epsilon)})
+
+
+@dataclass(frozen=True)
+class _Translated:
+    mechanism: str
+    params: dict[str, Any]
 
 
 @router.post(
@@ -364,9 +480,19 @@ async def submit_sql(
     response: Response,
     idempotency_key: IdempotencyKey = None,
     prefer: Prefer = None,
-) -> RequestOut:
+) -> SqlRequestOut:
     translation = await run_in_threadpool(translate, body.sql, dataset_id, body)  # parsing: off the loop
     request = RequestIn(mechanism=translation.mechanism, params=translation.params)
-    return await requests_router.submit_request(
+    out = await requests_router.submit_request(
         runtime, analyst, dataset_id, request, response, idempotency_key, prefer
     )
+    view, release = translation.view, out.release
+    rows = view.rows(release) if view is not None and release is not None else None
+    if rows is None and release is not None and "values" in release:  # a quantile statement: one row
+        rows = [
+            {
+                o: release["values"].get(v)
+                for o, v in zip(translation.columns, release["values"], strict=False)
+            }
+        ]
+    return SqlRequestOut(**out.model_dump(), columns=translation.columns, rows=rows)

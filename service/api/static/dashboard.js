@@ -89,6 +89,7 @@
 
   function fmtAlpha(alpha) {
     if (alpha === null || alpha === undefined) return "—";
+    if (alpha === "delta") return "δ share";  // an approximate-DP refusal whose ε fits
     return alpha === "pure" ? "∞ (pure)" : fmt(alpha, 6);
   }
 
@@ -272,6 +273,10 @@
     const dataset = state.datasets.find((d) => d.id === id);
     $("dataset-name").textContent = dataset ? `· ${dataset.name}` : "";
     $("privacy-unit").textContent = protects(dataset);
+    // Individual accounting: each unit has its own budget; the totals below are a public record, not a budget.
+    const individual = Boolean(dataset && dataset.accounting === "individual");
+    $("accounting-badge").hidden = !individual;
+    $("accounting-badge").title = individual ? dataset.accounting_meaning || "" : "";
     for (const id of ["eps-spent", "eps-remaining", "binding-alpha", "pure-capacity", "pure-spent", "pure-reserved", "pure-remaining"]) {
       setValue(id, null);
     }
@@ -446,6 +451,7 @@
     const usable = b.orders.filter((row) => row.capacity !== null).length;
     let note = "";
     if (!b.budget_set) note = "No budget is set on this dataset yet: an admin must PUT one.";
+    else if (b.binding === false) note = individualNote();
     else if (usable === 0) note = "δ = 0: a pure filter. Only the pure slot (α = ∞) has capacity.";
     else if (b.epsilon_remaining === 0) note = "Exhausted: no slot can admit any further request.";
     $("budget-note").textContent = note;
@@ -467,8 +473,21 @@
     canvas.dataset.renders = String(state.renders);
   }
 
-  /** A filter's remaining ε for comparison: no budget or no usable slot admits nothing. */
+  /** Under individual accounting the dataset's totals are a public record of worst cases, not a budget. */
+  function individualNote() {
+    const dataset = state.datasets.find((d) => d.id === state.datasetId);
+    const unit = dataset && dataset.schema && dataset.schema.privacy_unit;
+    const who = unit ? `each ${unit.column}` : "each unit";
+    return (
+      `Individual accounting: ${who} has its own budget (the target above) and releases leave out the ` +
+      "units that cannot afford them; these totals are a public record of worst cases, not a budget."
+    );
+  }
+
+  /** A filter's remaining ε for comparison: no budget or no usable slot admits nothing; a filter that is
+   * not binding (the dataset's, under individual accounting) limits nothing. */
   function remainingOf(view) {
+    if (view.binding === false) return Infinity;
     return view.budget_set ? num(view.epsilon_remaining) ?? 0 : 0;
   }
 
@@ -491,7 +510,7 @@
       setValue("eps-remaining", b.epsilon_remaining);
       setValue("binding-alpha", b.binding_alpha, fmtAlpha(b.binding_alpha));
       node.dataset.filter = "dataset";
-      $("remaining-source").textContent = "";
+      $("remaining-source").textContent = b.binding === false ? "(public record, not a budget)" : "";
       return;
     }
     const mine = remainingOf(own);

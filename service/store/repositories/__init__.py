@@ -12,6 +12,7 @@ from service.store.repositories.limits import LimitRepository
 from service.store.repositories.refusals import RefusalRepository
 from service.store.repositories.requests import RequestRepository
 from service.store.repositories.sessions import SessionRepository
+from service.store.repositories.unit_filters import UnitFilterRepository
 
 __all__ = [
     "ActivityRepository",
@@ -23,4 +24,5 @@ __all__ = [
     "RefusalRepository",
     "RequestRepository",
     "SessionRepository",
+    "UnitFilterRepository",
 ]

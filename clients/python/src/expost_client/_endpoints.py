@@ -351,10 +351,14 @@ class _Endpoints:
         *,
         filename: str | None = None,
         privacy_unit: Mapping[str, Any] | None = None,
+        accounting: Literal["dataset", "individual"] | None = None,
     ) -> _Op[Dataset]:
         """Upload a CSV (a path, or its bytes) with its public schema (admin). ``privacy_unit``
         (``{"column": …, "max_rows": k}``) declares who ε protects: each unit with all its rows, at most k
-        of them used per release (the schema's ``privacy_unit``; a bad declaration is a 422 naming it)."""
+        of them used per release (the schema's ``privacy_unit``; a bad declaration is a 422 naming it).
+        ``accounting="individual"`` gives each unit its own budget (the dataset's): a release leaves out the
+        units that cannot afford it (the schema's ``accounting``; it needs a privacy unit and ``add_remove``
+        neighbours, else a 422 naming ``schema``)."""
         if isinstance(file, bytes):
             content, default_name = file, "data.csv"
         else:
@@ -362,6 +366,8 @@ class _Endpoints:
         declared: Any = json.loads(schema) if isinstance(schema, str) else dict(schema)
         if privacy_unit is not None:
             declared = {**declared, "privacy_unit": dict(privacy_unit)}
+        if accounting is not None:
+            declared = {**declared, "accounting": accounting}
         data = {"schema": json.dumps(declared)}
         if name is not None:
             data["name"] = name

@@ -110,6 +110,20 @@ class BudgetExhaustedError(ConflictError):
         return value if isinstance(value, str) else None
 
     @property
+    def accounting(self) -> str:
+        """``"individual"`` when each privacy unit of the dataset has its own budget (the dataset's totals,
+        shown per slot, are then a public record, not a budget), else ``"dataset"``."""
+        value = self.body.get("accounting")
+        return value if isinstance(value, str) else "dataset"
+
+    @property
+    def binding(self) -> str:
+        """What refuses: ``"epsilon"`` (the Rényi/pure slots) or ``"delta"`` (an approximate-DP request's
+        δ share; its ε fits)."""
+        value = self.body.get("binding")
+        return value if isinstance(value, str) else "epsilon"
+
+    @property
     def binding_row(self) -> dict[str, Any] | None:
         """The per-slot row of the binding order (the one closest to fitting)."""
         rows = [*self.orders, *([self.pure] if self.pure else [])]
@@ -119,7 +133,13 @@ class BudgetExhaustedError(ConflictError):
         """One human line: requested vs remaining at the binding order, and what is affordable."""
         row = self.binding_row
         parts = [f"filter {self.filter or '?'}"]
-        if row is not None:
+        delta = self.body.get("delta")
+        if self.binding == "delta" and isinstance(delta, dict):
+            parts.append(
+                f"δ binds: requested δ {_num(delta.get('requested'))}, remaining "
+                f"{_num(delta.get('delta_remaining'))} of the share {_num(delta.get('delta_share'))} (ε fits)"
+            )
+        elif row is not None:
             alpha = "pure (α=∞)" if row.get("alpha") == "pure" else f"α={row.get('alpha')}"
             parts.append(
                 f"binding order {alpha}: requested {_num(row.get('requested'))}, "
@@ -132,6 +152,8 @@ class BudgetExhaustedError(ConflictError):
             parts.append("affordable: nothing now")
         else:
             parts.append(f"affordable: {affordable.get('parameter')} = {_num(affordable.get('value'))}")
+        if self.accounting == "individual":
+            parts.append(str(self.body.get("accounting_meaning") or "individual accounting"))
         return "; ".join(parts)
 
 

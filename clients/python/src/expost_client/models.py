@@ -86,6 +86,9 @@ class Dataset(ApiModel):
     clipped: dict[str, int] | None = None  # admins only: values clipped to the bounds, per column
     created_at: datetime
     archived_at: datetime | None = None  # set once archived (no new requests or sessions)
+    # Newer servers: "individual" when each privacy unit has its own budget (then said in words).
+    accounting: str = "dataset"
+    accounting_meaning: str | None = None
 
 
 class Grant(ApiModel):
@@ -126,6 +129,11 @@ class Budget(ApiModel):
     delta_spent: float = 0.0
     delta_reserved: float = 0.0
     delta_remaining: float | None = None
+    # Newer servers: under individual accounting the dataset's totals are a public record, not a budget
+    # (binding False): each unit's own budget decides who takes part in a release.
+    accounting: str = "dataset"
+    binding: bool = True
+    accounting_meaning: str | None = None
     etag: str | None = Field(default=None, exclude=True, description="the response's ETag")
 
 
@@ -168,6 +176,8 @@ class Estimate(ApiModel):
     refusal: dict[str, Any] | None = None
     reason: str | None = None
     privacy_unit: dict[str, Any] | None = None
+    accounting: str = "dataset"
+    accounting_meaning: str | None = None
 
     @property
     def refusal_error(self) -> BudgetExhaustedError | None:
@@ -213,6 +223,7 @@ class MechanismInfo(ApiModel):
     params_schema: dict[str, Any]
     query_schema: dict[str, Any] | None = None
     privacy_units: bool = False
+    individual_accounting: bool = False  # runs on a dataset with individual accounting
 
 
 class RecordBound(ApiModel):
