@@ -37,7 +37,7 @@ from mechanisms.queries.individual import (
     IndividualTable,
     UnitStep,
     check_individual_query,
-    individual_filter,
+    release_answer,
     unit_step,
 )
 from mechanisms.queries.intervals import ConfidenceLevel, discrete_gaussian_quantile, release_interval
@@ -47,7 +47,6 @@ from mechanisms.queries.language import (
     MeanQuery,
     Query,
     check_query,
-    evaluate_units,
     plan_grid,
     release_output,
 )
@@ -113,13 +112,9 @@ class Gaussian(ParamsChecked):
         plan, sigma_units, variance_units = gaussian_plan(p, ctx)  # the public plan of worst_case
         worst = RdpCurve.gaussian(plan.l2_units, sigma_units, ctx.orders)
         quantile = discrete_gaussian_quantile(variance_units, p.confidence)  # public (s², level)
-        charges = None
-        if individual_filter(ctx, table) is None:
-            units, labels = evaluate_units(p.query, ctx, table, plan)
-        else:
-            assert isinstance(table, IndividualTable)
-            step = self.unit_step(p, ctx, table)
-            units, labels, charges = step.answer_units, step.labels, step.charges
+        units, labels, charges = release_answer(
+            p.query, ctx, table, plan, lambda individual: self.unit_step(p, ctx, individual)
+        )
         draws = noise.discrete_gaussian(variance_units, units.size)
         noisy_units = units.astype(object) + draws
         noisy = plan.grid.from_units(noisy_units)

@@ -36,6 +36,7 @@ from mechanisms.queries.language import (
     HistogramQuery,
     MeanQuery,
     answer_units,
+    evaluate_units,
     query_plan,
     real_sum_value,
 )
@@ -132,6 +133,24 @@ def unit_step(
     values = _coordinates(query, aggregation, answer, rows, len(labels) if labels is not None else 1)
     excluded = int(units.size - int(admitted.sum()))
     return UnitStep(answer_units(values, plan.grid), labels, step.subset(admitted), excluded)
+
+
+def release_answer(
+    query: AnyQuery,
+    ctx: PublicContext,
+    table: Table,
+    plan: GridPlan,
+    step: Callable[[IndividualTable], UnitStep],
+) -> tuple[np.ndarray, list[str] | None, UnitCharges | None]:
+    """A query release's answer in grid units, its labels and, on an individual dataset, the admitted units'
+    charges (``step``: the mechanism's ``unit_step`` on the individual table); on any other dataset the
+    dataset-level answer and no charges."""
+    if individual_filter(ctx, table) is None:
+        units, labels = evaluate_units(query, ctx, table, plan)
+        return units, labels, None
+    assert isinstance(table, IndividualTable)
+    result = step(table)
+    return result.answer_units, result.labels, result.charges
 
 
 def _row_shifts(query: AnyQuery, aggregation: Aggregation, answer: UnitAnswer, plan: GridPlan) -> np.ndarray:

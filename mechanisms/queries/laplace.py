@@ -37,7 +37,7 @@ from mechanisms.queries.individual import (
     IndividualTable,
     UnitStep,
     check_individual_query,
-    individual_filter,
+    release_answer,
     unit_step,
 )
 from mechanisms.queries.intervals import ConfidenceLevel, discrete_laplace_quantile, release_interval
@@ -47,7 +47,6 @@ from mechanisms.queries.language import (
     MeanQuery,
     Query,
     check_query,
-    evaluate_units,
     laplace_plan,
     release_output,
 )
@@ -120,13 +119,9 @@ class Laplace(ParamsChecked):
         check_query(p.query, ctx)
         plan, scale, worst = _release_plan(p.query, ctx, p.epsilon)  # the plan of check and worst_case
         quantile = discrete_laplace_quantile(scale, p.confidence)  # public (scale, level): post-processing
-        charges = None
-        if individual_filter(ctx, table) is None:
-            units, labels = evaluate_units(p.query, ctx, table, plan)
-        else:
-            assert isinstance(table, IndividualTable)
-            step = self.unit_step(p, ctx, table)
-            units, labels, charges = step.answer_units, step.labels, step.charges
+        units, labels, charges = release_answer(
+            p.query, ctx, table, plan, lambda individual: self.unit_step(p, ctx, individual)
+        )
         noisy_units = units.astype(object) + noise.discrete_laplace(scale, units.size)
         noisy = plan.grid.from_units(noisy_units)
         realized = worst  # the loss bound holds for every outcome: nothing about the output lowers it

@@ -168,9 +168,10 @@ def _literal(node: exp.Expression | None, clause: str) -> int | float | str:
     return -value if negative else value
 
 
-def _conditions(root: exp.Expression) -> list[dict[str, Any]]:
-    """The AND-joined conditions, flattened without recursion (a long AND chain is a deep tree)."""
-    out: list[dict[str, Any]] = []
+def _and_terms(root: exp.Expression, clause: str) -> list[exp.Expression]:
+    """The AND-joined terms of a WHERE or HAVING, in the statement's order, flattened without recursion (a
+    long AND chain is a deep tree); at most ``MAX_CONDITIONS``."""
+    out: list[exp.Expression] = []
     stack = [root]
     while stack:
         node = stack.pop()
@@ -179,9 +180,17 @@ def _conditions(root: exp.Expression) -> list[dict[str, Any]]:
         elif isinstance(node, exp.And):
             stack.extend((node.expression, node.this))  # popped left first: the statement's order
         else:
-            out.extend(_condition(node))
+            out.append(node)
         if len(out) > MAX_CONDITIONS:
-            raise _refuse("where", f"at most {MAX_CONDITIONS} conditions")
+            raise _refuse(clause, f"at most {MAX_CONDITIONS} conditions")
+    return out
+
+
+def _conditions(root: exp.Expression) -> list[dict[str, Any]]:
+    """The WHERE's conditions (a BETWEEN is two)."""
+    out = [condition for node in _and_terms(root, "where") for condition in _condition(node)]
+    if len(out) > MAX_CONDITIONS:
+        raise _refuse("where", f"at most {MAX_CONDITIONS} conditions")
     return out
 
 
@@ -369,26 +378,18 @@ def _reference(node: exp.Expression, outputs: tuple[Output, ...], clause: str) -
 
 
 def _having(root: exp.Expression, outputs: tuple[Output, ...]) -> tuple[Having, ...]:
+    """The HAVING's conditions: a selected column or aggregate compared with a literal of its type."""
     out: list[Having] = []
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, exp.Paren):
-            stack.append(node.this)
-        elif isinstance(node, exp.And):
-            stack.extend((node.expression, node.this))
-        else:
-            op = _COMPARISONS.get(type(node))
-            if op is None:
-                raise _refuse("having", "HAVING takes selected-value op literal, joined by AND")
-            index = _reference(node.this, outputs, "having")
-            value = _literal(node.expression, "having")
-            if (outputs[index].source == "key") != isinstance(value, str):
-                kind = "a string" if outputs[index].source == "key" else "a number"
-                raise _refuse("having", f"{outputs[index].name!r} is compared with {kind}")
-            out.append(Having(index, op, float(value) if not isinstance(value, str) else value))
-        if len(out) > MAX_CONDITIONS:
-            raise _refuse("having", f"at most {MAX_CONDITIONS} conditions")
+    for node in _and_terms(root, "having"):
+        op = _COMPARISONS.get(type(node))
+        if op is None:
+            raise _refuse("having", "HAVING takes selected-value op literal, joined by AND")
+        index = _reference(node.this, outputs, "having")
+        value = _literal(node.expression, "having")
+        if (outputs[index].source == "key") != isinstance(value, str):
+            kind = "a string" if outputs[index].source == "key" else "a number"
+            raise _refuse("having", f"{outputs[index].name!r} is compared with {kind}")
+        out.append(Having(index, op, value if isinstance(value, str) else float(value)))
     return tuple(out)
 
 
