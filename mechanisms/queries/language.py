@@ -12,6 +12,7 @@ can only add noise.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_v
 from mechanisms.base import ParamsError, PublicContext, Table
 from mechanisms.data.plan import (
     Aggregation,
+    Bucket,
     Key,
     Predicate,
     Sum,
@@ -102,11 +104,16 @@ class MeanQuery(_Frozen):
 
 
 class HistogramQuery(_Frozen):
-    """Count of selected rows per category (categorical column) or per integer value (int column)."""
+    """Count of selected rows per category (categorical column), per integer value (int column), or per bin
+    of a float column: ``bins`` equal-width bins over the declared [min, max], [min, e₁], (e₁, e₂], …,
+    (e_{B−1}, max] (public edges, so binning is a function of the row alone)."""
 
     kind: Literal["histogram"]
     column: str = Field(min_length=1)
     where: Where = ()
+    bins: int | None = Field(
+        default=None, ge=2, le=MAX_INT_BINS, strict=True, description="float columns: the number of bins"
+    )
 
 
 AnyQuery = CountQuery | SumQuery | MeanQuery | HistogramQuery
@@ -141,9 +148,13 @@ def _check_condition(condition: Condition, ctx: PublicContext, field: str) -> No
 def _check_target(query: SumQuery | MeanQuery | HistogramQuery, ctx: PublicContext) -> None:
     column = _column(ctx, query.column, "query.column")
     if isinstance(query, HistogramQuery):
-        if isinstance(column, FloatColumn):
-            reason = f"a histogram needs a categorical or int column, {column.name!r} is float"
-            raise ParamsError("query.column", reason)
+        if isinstance(column, FloatColumn) and query.bins is None:
+            reason = f"a histogram of the float column {column.name!r} needs bins (the number of equal bins)"
+            raise ParamsError("query.bins", reason)
+        if not isinstance(column, FloatColumn) and query.bins is not None:
+            raise ParamsError("query.bins", f"bins is for float columns; {column.name!r} has its own values")
+        if isinstance(column, FloatColumn) and column.min == column.max:
+            raise ParamsError("query.bins", f"{column.name!r} has a single value (min = max): nothing to bin")
         if isinstance(column, IntColumn) and column.max - column.min + 1 > MAX_INT_BINS:
             raise ParamsError("query.column", f"{column.name!r} spans more than {MAX_INT_BINS} integer bins")
     elif isinstance(column, CategoricalColumn):
@@ -283,9 +294,25 @@ def _histogram_key(query: HistogramQuery, ctx: PublicContext) -> tuple[Key, list
     if isinstance(column, CategoricalColumn):
         return Key(column.name, len(column.values)), list(column.values)
     if isinstance(column, FloatColumn):
-        raise ParamsError("query.column", f"{column.name!r} is float")
+        if query.bins is None:
+            raise ParamsError("query.bins", f"a histogram of the float column {column.name!r} needs bins")
+        return float_bins(column, query.bins)
     size = column.max - column.min + 1
     return Key(column.name, size, offset=column.min), [str(v) for v in range(column.min, column.max + 1)]
+
+
+def float_bins(column: FloatColumn, bins: int) -> tuple[Key, list[str]]:
+    """The key of ``bins`` equal-width bins over [min, max]: a bucket over the interior edges
+    e_j = fl(min + j·(max − min)/bins), j = 1 … bins − 1 (``Bucket``: the number of edges strictly below the
+    value, so bin j is (e_j, e_{j+1}], the first closed at min), with the approximate index
+    ⌈(x − e₁)·bins/(max − min)⌉ that the exact corrections fix. Labels name the bins' edges."""
+    low, high = Fraction(column.min), Fraction(column.max)
+    edges = [float(low + (high - low) * Fraction(j, bins)) for j in range(bins + 1)]
+    inverse = float(Fraction(bins) / (high - low))
+    bucket = Bucket(edges[1], inverse, tuple(edges[1:-1]))
+    labels = [f"({a!r}, {b!r}]" for a, b in itertools.pairwise(edges)]
+    labels[0] = f"[{edges[0]!r}, {edges[1]!r}]"
+    return Key(column.name, bins, bucket=bucket), labels
 
 
 def center(column: FloatColumn | IntColumn) -> tuple[float, Fraction]:
