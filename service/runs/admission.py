@@ -266,13 +266,18 @@ def affordable(v: Validated, refused: Refused) -> dict[str, Any] | None:
     assert isinstance(v.mechanism, Mechanism)
 
     individual = v.context.schema.accounting == "individual"
+    priced = _StepPriced(v.mechanism) if individual and isinstance(v.mechanism, SteppedIndividually) else None
 
     def admissible(curve: RdpCurve) -> bool:
-        return all(admits(f, UnitsVector.charge(curve), individual=individual) for f in refused.filters)
+        unit = None if priced is None else priced.step_charge(v.context)  # the candidate's one step
+        charge = UnitsVector.charge(curve)
+        return all(admits(f, charge, individual=individual, unit_charge=unit) for f in refused.filters)
 
     name, _ = cost_knob(v.mechanism, v.params)
-    value = best_affordable_cost(v.mechanism, v.params, v.context, admissible, iterations=32)
-    steps = _affordable_steps(v, admissible) if name != "target_epsilon" else None
+    searched = v.mechanism if priced is None else cast(Mechanism[Any], priced)
+    value = best_affordable_cost(searched, v.params, v.context, admissible, iterations=32)
+    # on an individual dataset a stepped run's length does not decide admission (one step does): no steps hint
+    steps = _affordable_steps(v, admissible) if name != "target_epsilon" and priced is None else None
     if value is None and steps is None:
         return None
     found: dict[str, Any] = (
@@ -281,6 +286,27 @@ def affordable(v: Validated, refused: Refused) -> dict[str, Any] | None:
     if value is not None and steps is not None:
         found["alternatives"] = [{"parameter": "steps", "value": steps}]
     return found
+
+
+class _StepPriced:
+    """A stepped mechanism (``SteppedIndividually``) seen by the affordable search on an individual dataset:
+    it remembers the candidate whose worst case was asked last, so that the dataset filter is asked about
+    that candidate's one step (what admission asks) while analyst filters see the whole run."""
+
+    def __init__(self, mechanism: Any) -> None:
+        self.mechanism = mechanism
+        self.last: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.mechanism, name)
+
+    def worst_case(self, params: Any, ctx: PublicContext) -> RdpCurve:
+        self.last = params
+        curve: RdpCurve = self.mechanism.worst_case(params, ctx)
+        return curve
+
+    def step_charge(self, ctx: PublicContext) -> UnitsVector:
+        return UnitsVector.charge(self.mechanism.individual_worst_case(self.last, ctx))
 
 
 def _affordable_steps(v: Validated, admissible: Callable[[RdpCurve], bool]) -> int | None:

@@ -22,8 +22,9 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
+from mechanisms.accounting import DEFAULT_ORDERS
 from mechanisms.accounting.conversion import capacity_units
-from mechanisms.accounting.individual import UnitCharges
+from mechanisms.accounting.individual import UnitCharges, UnitFilter
 from mechanisms.catalog import MECHANISMS, WITH_INDIVIDUAL
 from service.auth import Principal, Role
 from service.cli import app
@@ -37,6 +38,7 @@ from service.store.migrate import upgrade
 from service.store.models import AnalysisRequest, UnitFilterBlock
 from service.store.repositories import UnitFilterRepository
 from tests.conftest import LiveServer, running_server, server_settings
+from tests.integration.test_learners_http import settled
 
 THREADS = 4
 SCHEMA: dict[str, Any] = {
@@ -440,3 +442,40 @@ def test_ledger_verify_rebuilds_the_unit_filters_and_finds_a_tampered_state(
             assert f"{dataset_id}: unit filters differ from the replay for 1 units" in out
         finally:
             engine.dispose()
+
+
+def test_dp_gd_runs_longer_than_one_unit_could_pay_and_keeps_every_unit_within_budget(
+    live_server: LiveServer, database_sessions: sessionmaker[Session]
+) -> None:
+    """dp_gd on an individual dataset (docs/privacy/individual.md#individual-dp-gd-proof): admitted when ONE
+    step fits a fresh unit, although the whole run's worst case is far above a unit's budget; each unit
+    stops taking part when its own filter runs out, so after two such runs every unit is still within
+    its budget, and the dataset's public record is the runs' full worst case."""
+    admin, analyst, dataset_id, _ = individual_world(live_server, 1.0, 1e-6)
+    params: dict[str, Any] = {
+        "model": "ridge",
+        "features": ["thread"],
+        "label": "score",
+        "steps": 600,
+        "noise_multiplier": 6.0,
+        "n_hint": 200,
+        "clip": 1.0,
+    }
+    capacity = capacity_units(1.0, 1e-6, DEFAULT_ORDERS)
+    for run in (1, 2):
+        submitted = analyst.post(
+            f"/v1/datasets/{dataset_id}/requests", json={"mechanism": "dp_gd", "params": params}
+        )
+        body = settled(analyst, submitted)
+        assert body["state"] == "committed", body
+        assert ledger_of(admin, dataset_id)[-1]["unit_filters_version"] == run
+        with database_sessions() as session:
+            _, ledger = read_state(session, dataset_id)
+        assert len(ledger) > 0
+        nothing = UnitCharges(
+            ledger.spent.units, np.zeros(len(ledger), np.int64), np.zeros(len(ledger), np.int64)
+        )
+        assert UnitFilter(DEFAULT_ORDERS, capacity, ledger).admits(nothing).all()  # every unit within budget
+    spent = admin.get(f"/v1/datasets/{dataset_id}/budget").json()
+    assert spent["binding"] is False
+    assert max(row["spent"] for row in spent["orders"] if isinstance(row["spent"], float)) > 1.0  # the record
