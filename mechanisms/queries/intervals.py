@@ -148,6 +148,21 @@ def discrete_gaussian_quantile(variance: Fraction, level: float) -> NoiseQuantil
     return _smallest(lambda k: _gaussian_em_tail(var, k), level, guess)
 
 
+def union_level(level: float, m: int) -> float:
+    """The level 1 − (1 − level)/m of each of m intervals that must hold together with probability ≥ level
+    (union bound), rounded up so that the m misses sum to ≤ 1 − level exactly. ValueError when that level
+    rounds to 1 (``level`` too close to 1 for m parts)."""
+    if m <= 1:
+        return level
+    target = 1 - (1 - Fraction(level)) / m
+    value = float(target)
+    if Fraction(value) < target:
+        value = math.nextafter(value, 2.0)
+    if not value < 1.0:
+        raise ValueError(f"the confidence level is too close to 1 for a union bound over {m} parts")
+    return value
+
+
 def _check_level(level: float) -> None:
     if not 0.0 < level < 1.0:
         raise ValueError("a confidence level must be in (0, 1)")

@@ -31,6 +31,10 @@ compose to ε. Gaussian (``measures.gaussian``): block b gets discrete Gaussian 
 replace-one table without where or group-by: the public n) is released exactly and charged nothing.
 Ex-post = worst case for every outcome.
 
+Intervals (``confidence``, default 0.95; ``mechanisms.queries.measure_intervals``,
+docs/mechanisms/analytics.md#measure-intervals): per cell and measure, from each block's public noise law and
+grid; means, variances and std by a union bound over their blocks (listed in ``union_bound``). Free.
+
 Individual accounting (``accounting: individual``; docs/privacy/individual.md#individual-measures-proof):
 every block is a per-cell sum of per-row values, so one unit moves each block's cells by its own
 per-(unit, cell) sums only; each unit is charged Σ_b ‖m_{u,b}‖₁/t_b (Laplace) or α·Σ_b ‖m_{u,b}‖²/(2σ_b²)
@@ -74,6 +78,12 @@ from mechanisms.queries.individual import (
     integer_unit_shifts,
     real_unit_shifts,
 )
+from mechanisms.queries.intervals import (
+    ConfidenceLevel,
+    discrete_gaussian_quantile,
+    discrete_laplace_quantile,
+    union_level,
+)
 from mechanisms.queries.language import (
     FLOAT_SLACK,
     MAX_SCALE_BITS,
@@ -91,6 +101,7 @@ from mechanisms.queries.language import (
     unit_shift,
     where_plan,
 )
+from mechanisms.queries.measure_intervals import BlockLaw, MeasureSpec, measure_intervals
 
 MAX_MEASURES = 16
 MAX_GROUP_COLUMNS = 4
@@ -128,6 +139,7 @@ class _MeasuresBase(_Frozen):
     measures: tuple[Measure, ...] = Field(min_length=1, max_length=MAX_MEASURES)
     group_by: tuple[str, ...] = Field(default=(), max_length=MAX_GROUP_COLUMNS)
     where: Where = ()
+    confidence: ConfidenceLevel = 0.95
 
     @model_validator(mode="after")
     def _distinct(self) -> Self:
@@ -649,6 +661,7 @@ def _output(
     noisy_units: list[np.ndarray],
     columns: list[CategoricalColumn],
     specs: list[dict[str, Any]],
+    laws: list[BlockLaw],
 ) -> dict[str, Any]:
     n_cells = math.prod(len(c.values) for c in columns)
     released = {
@@ -660,14 +673,79 @@ def _output(
         {"block": plan.block.label, **spec, **plan.grid.describe()}
         for plan, spec in zip(plans, specs, strict=True)
     ]
+    noisy = {plan.block.label: units for plan, units in zip(plans, noisy_units, strict=True)}
+    by_label = {plan.block.label: law for plan, law in zip(plans, laws, strict=True)}
+    bounds, union = measure_intervals(measure_specs(p, ctx), by_label, noisy, p.confidence, n_cells)
+    interval = {"level": p.confidence, "union_bound": union}
+
+    def cell_interval(g: int) -> dict[str, dict[str, float]]:
+        return {
+            "lower": {k: float(lo[g]) for k, (lo, _) in bounds.items()},
+            "upper": {k: float(hi[g]) for k, (_, hi) in bounds.items()},
+        }
+
     if not columns:
-        return {"values": {k: float(v[0]) for k, v in measures.items()}, "blocks": blocks_out}
+        values = {k: float(v[0]) for k, v in measures.items()}
+        return {"values": values, "interval": {**interval, **cell_interval(0)}, "blocks": blocks_out}
     keys = itertools.product(*(c.values for c in columns))
     groups = [
-        {"key": dict(zip(p.group_by, key, strict=True)), **{k: float(v[g]) for k, v in measures.items()}}
+        {
+            "key": dict(zip(p.group_by, key, strict=True)),
+            **{k: float(v[g]) for k, v in measures.items()},
+            "interval": cell_interval(g),
+        }
         for g, key in enumerate(keys)
     ]
-    return {"groups": groups, "blocks": blocks_out}
+    return {"groups": groups, "interval": interval, "blocks": blocks_out}
+
+
+def measure_specs(p: _MeasuresBase, ctx: PublicContext) -> list[MeasureSpec]:
+    """How each measure's interval is derived from the blocks' (``measure_intervals``)."""
+    size = public_size(p, ctx)
+    specs = []
+    for measure in p.measures:
+        if measure.column is None:
+            specs.append(MeasureSpec(measure.label, "count", ("count",)))
+            continue
+        if measure.kind == "count_distinct":
+            specs.append(MeasureSpec(measure.label, "count_distinct", (f"units({measure.column})",)))
+            continue
+        if measure.kind == "sum":
+            specs.append(MeasureSpec(measure.label, "sum", (f"sum({measure.column})",)))
+            continue
+        column = numeric_column(ctx, measure.column, "measures")
+        c, h = center(column)
+        count = None if size is not None else "count"
+        parts = [f"csum({measure.column})"]
+        if measure.kind in ("variance", "std"):
+            parts.append(f"csumsq({measure.column})")
+        blocks_read = tuple(([count] if count is not None else []) + parts)
+        spec = MeasureSpec(
+            measure.label,
+            measure.kind,
+            blocks_read,
+            count,
+            size,
+            c,
+            float(h),
+            float(column.min),
+            float(column.max),
+        )
+        specs.append(spec)
+    return specs
+
+
+def check_confidence(p: _MeasuresBase, ctx: PublicContext, laws: list[BlockLaw]) -> None:
+    """Every block level the intervals need is computable (a level too close to 1 is refused here)."""
+    moving = sum(1 for law in laws if law.quantile is not None)
+    for m in range(1, min(moving, 3) + 1):
+        try:
+            level = union_level(p.confidence, m)
+        except ValueError as exc:
+            raise ParamsError("confidence", str(exc)) from None
+        for law in laws:
+            if law.quantile is not None:
+                law.quantile(level)
 
 
 BlockNoise = Callable[[int], tuple[np.ndarray, dict[str, Any]]]
@@ -682,6 +760,7 @@ def _release(
     block_noise: list[BlockNoise | None],
     worst: RdpCurve,
     unit_step: UnitStepFn,
+    laws: list[BlockLaw],
 ) -> Release:
     """Evaluate the blocks, add each block's noise in block order (None: a public block, released exactly)."""
     units, columns, charges = _evaluate(p, ctx, table, plans, unit_step)
@@ -695,7 +774,8 @@ def _release(
         draws, spec = draw(exact.size)
         noisy.append(exact.astype(object) + draws)
         specs.append(spec)
-    return Release(output=_output(p, ctx, plans, noisy, columns, specs), realized=worst, units=charges)
+    output = _output(p, ctx, plans, noisy, columns, specs, laws)
+    return Release(output=output, realized=worst, units=charges)
 
 
 def _laplace_noise(noise: Noise, plan: BlockPlan, scale: Fraction) -> BlockNoise:
@@ -708,6 +788,28 @@ def _gaussian_noise(noise: Noise, plan: BlockPlan, sigma: float, variance: Fract
     return lambda size: (noise.discrete_gaussian(variance, size), spec)
 
 
+def laplace_laws(planned: tuple[tuple[BlockPlan, Fraction | None], ...]) -> list[BlockLaw]:
+    """Each block's interval law: its grid and the quantiles of its discrete Laplace (public)."""
+    return [
+        BlockLaw(
+            plan.grid, plan.exact, None if t is None else functools.partial(discrete_laplace_quantile, t)
+        )
+        for plan, t in planned
+    ]
+
+
+def gaussian_laws(
+    planned: tuple[tuple[BlockPlan, float, Fraction] | tuple[BlockPlan, None, None], ...],
+) -> list[BlockLaw]:
+    """Each block's interval law: its grid and the quantiles of its discrete Gaussian (public s²)."""
+    return [
+        BlockLaw(
+            plan.grid, plan.exact, None if s2 is None else functools.partial(discrete_gaussian_quantile, s2)
+        )
+        for plan, _, s2 in planned
+    ]
+
+
 class MeasuresLaplace(ParamsChecked):
     """Several measures (count, sum, mean, variance, std), optionally grouped; discrete Laplace, pure ε."""
 
@@ -718,7 +820,7 @@ class MeasuresLaplace(ParamsChecked):
     cost_increases_with_parameter: ClassVar[bool] = True
 
     def check(self, p: MeasuresLaplaceParams, ctx: PublicContext) -> None:
-        laplace_plans(p, ctx)
+        check_confidence(p, ctx, laplace_laws(laplace_plans(p, ctx)))
 
     def worst_case(self, p: MeasuresLaplaceParams, ctx: PublicContext) -> RdpCurve:
         return laplace_measures_curve(p, ctx)
@@ -730,7 +832,8 @@ class MeasuresLaplace(ParamsChecked):
             None if scale is None else _laplace_noise(noise, plan, scale) for plan, scale in planned
         ]
         unit_step = functools.partial(self.unit_step, p, ctx)
-        return _release(p, ctx, table, [plan for plan, _ in planned], block_noise, worst, unit_step)
+        plans = [plan for plan, _ in planned]
+        return _release(p, ctx, table, plans, block_noise, worst, unit_step, laplace_laws(planned))
 
     def unit_step(
         self, p: MeasuresLaplaceParams, ctx: PublicContext, table: IndividualTable
@@ -753,7 +856,7 @@ class MeasuresGaussian(ParamsChecked):
     cost_increases_with_parameter: ClassVar[bool] = False
 
     def check(self, p: MeasuresGaussianParams, ctx: PublicContext) -> None:
-        gaussian_plans(p, ctx)
+        check_confidence(p, ctx, gaussian_laws(gaussian_plans(p, ctx)))
 
     def worst_case(self, p: MeasuresGaussianParams, ctx: PublicContext) -> RdpCurve:
         return gaussian_measures_curve(p, ctx)
@@ -766,7 +869,8 @@ class MeasuresGaussian(ParamsChecked):
             for plan, sigma, variance in planned
         ]
         unit_step = functools.partial(self.unit_step, p, ctx)
-        return _release(p, ctx, table, [entry[0] for entry in planned], block_noise, worst, unit_step)
+        plans = [entry[0] for entry in planned]
+        return _release(p, ctx, table, plans, block_noise, worst, unit_step, gaussian_laws(planned))
 
     def unit_step(
         self, p: MeasuresGaussianParams, ctx: PublicContext, table: IndividualTable

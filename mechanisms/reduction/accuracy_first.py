@@ -123,6 +123,7 @@ from mechanisms.reduction.noise_reduction import (
     laplace_nr_unit_rate,
     units_to_values,
 )
+from mechanisms.reduction.nr_intervals import brownian_level_units, laplace_level_units, level_interval
 from mechanisms.threshold.interactive import (
     InteractiveAboveThreshold,
 )
@@ -225,6 +226,24 @@ class _Family(ABC):
     def level_info(self, plan: _Plan, level: int) -> dict[str, Any]:
         """Public description of one level (its grid value, noise parameter and release grid)."""
 
+    @abstractmethod
+    def interval_units(self, plan: _Plan, confidence: float, parts: int) -> list[int]:
+        """Per level, the half-width k_t (grid units) of its interval at 1 − (1 − confidence)/parts
+        (``mechanisms.reduction.nr_intervals``; public parameters only)."""
+
+    def interval(
+        self,
+        plan: _Plan,
+        level: int,
+        values: np.ndarray,
+        labels: list[str] | None,
+        confidence: float,
+        parts: int,
+    ) -> dict[str, Any]:
+        """The interval of the release at ``level``, valid at all ``parts`` levels at once."""
+        units = self.interval_units(plan, confidence, parts)[level]
+        return level_interval(values, plan.grid, plan.grid_plan.exact, units, confidence, parts, labels)
+
 
 def _values(plan: _Plan, units: np.ndarray) -> np.ndarray:
     return units_to_values([int(u) for u in units], plan.grid)
@@ -318,6 +337,9 @@ class _LaplaceFamily(_Family):
         }
         return {"epsilon": float(plan.grid_values[level]), "noise": noise}
 
+    def interval_units(self, plan: _Plan, confidence: float, parts: int) -> list[int]:
+        return laplace_level_units(plan.sensitivity, plan.grid_values, confidence, parts)
+
 
 class _GaussianFamily(_Family):
     distribution = "gaussian"
@@ -406,6 +428,9 @@ class _GaussianFamily(_Family):
         }
         return {"variance": float(plan.grid_values[level]), "noise": noise}
 
+    def interval_units(self, plan: _Plan, confidence: float, parts: int) -> list[int]:
+        return brownian_level_units(plan.grid_values, plan.grid, confidence, parts)
+
 
 def _checked_plan(
     family: _Family, query: AnyQuery, ctx: PublicContext, grid_values: Sequence[float]
@@ -416,6 +441,14 @@ def _checked_plan(
     if not (sensitivity > 0.0 and math.isfinite(sensitivity)):
         raise ParamsError("query", "the query has zero sensitivity under the declared bounds")
     return family.plan(query, ctx, grid_values)
+
+
+def _check_confidence(family: _Family, plan: _Plan, confidence: float) -> None:
+    """The interval's per-level confidence is computable (refused here when too close to 1)."""
+    try:
+        family.interval_units(plan, confidence, len(plan.grid_values))
+    except ValueError as exc:
+        raise ParamsError("confidence", str(exc)) from None
 
 
 def relative_pass(noisy: np.ndarray, sigma: np.ndarray, target: RelativeTarget) -> np.ndarray:
@@ -484,6 +517,7 @@ class AccuracyFirst(ParamsChecked):
             reason = f"levels × output size must be ≤ {MAX_PATH_ENTRIES} (use a noise_reduction session)"
             raise ParamsError(self.family.grid_field, reason)
         plan = self._plan(p, ctx)
+        _check_confidence(self.family, plan, p.confidence)
         if isinstance(p.target, AbsoluteTarget) and p.check == "released":
             if self._fixed_level(p, plan) is None:
                 raise ParamsError("target", f"{NOT_REACHABLE}: no level's noise meets the absolute target")
@@ -522,7 +556,10 @@ class AccuracyFirst(ParamsChecked):
             noisy = self.family.release_at(plan, level, units, noise)
             realized = self.family.charge(plan, level, ctx.orders)
             charges = None if shifts is None else self._unit_charges(p, plan, level, shifts)
-            return self._release(plan, level, noisy, labels, True, p.check, realized, worst, charges)
+            interval = self.family.interval(plan, level, noisy, labels, p.confidence, 1)  # no selection
+            return self._release(
+                plan, level, noisy, labels, True, p.check, realized, worst, interval, charges
+            )
         last = len(plan.grid_values) - 1
         walk = self.family.walk(plan, units, noise)
         if p.private is None:
@@ -552,7 +589,9 @@ class AccuracyFirst(ParamsChecked):
             level_charge = self.family.charge(plan, level, ctx.orders)
             realized = _plus_pure(level_charge, calibration.epsilon_a)
         charges = None if shifts is None else self._unit_charges(p, plan, level, shifts)
-        return self._release(plan, level, noisy, labels, reached, p.check, realized, worst, charges)
+        # the level depends on released values (or the data): the interval holds at every level at once
+        interval = self.family.interval(plan, level, noisy, labels, p.confidence, len(plan.grid_values))
+        return self._release(plan, level, noisy, labels, reached, p.check, realized, worst, interval, charges)
 
     # ----- individual accounting (docs/privacy/individual.md#individual-noise-reduction-proof) -----
     def _worst_level(self, p: OneShotParams, plan: _Plan) -> int:
@@ -624,11 +663,12 @@ class AccuracyFirst(ParamsChecked):
         check: str,
         realized: RdpCurve,
         worst: RdpCurve,
+        interval: dict[str, Any],
         units: UnitCharges | None = None,
     ) -> Release:
         assert realized <= worst
         info = self.family.level_info(plan, level)
-        output = release_output(noisy, labels, info.pop("noise"))
+        output = release_output(noisy, labels, info.pop("noise"), interval)
         output.update(info)
         output.update({"reached": reached, "level": level, "levels": len(plan.grid_values), "check": check})
         if not reached:
@@ -681,7 +721,7 @@ class NoiseReductionSession(ParamsChecked):
         return _checked_plan(self.family, p.query, ctx, self.family.grid(p))
 
     def check(self, p: SessionParams, ctx: PublicContext) -> None:
-        self._plan(p, ctx)
+        _check_confidence(self.family, self._plan(p, ctx), p.confidence)
 
     def worst_case(self, p: SessionParams, ctx: PublicContext) -> RdpCurve:
         plan = self._plan(p, ctx)
@@ -731,7 +771,9 @@ class NoiseReductionSession(ParamsChecked):
         if level != released or values.size != plan.dim:
             raise ValueError(f"not a {self.name} session state")
         info = self.family.level_info(plan, level)
-        answer = release_output(values, labels, info.pop("noise"))
+        # valid at every step of the session at once (a union bound over the grid's levels)
+        interval = self.family.interval(plan, level, values, labels, p.confidence, len(plan.grid_values))
+        answer = release_output(values, labels, info.pop("noise"), interval)
         answer.update(info)
         answer.update({"level": level, "levels": len(plan.grid_values)})
         halted = level == len(plan.grid_values) - 1

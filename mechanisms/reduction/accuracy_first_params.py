@@ -12,6 +12,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mechanisms.base import ParamsError
+from mechanisms.queries.intervals import ConfidenceLevel
 from mechanisms.queries.language import Query
 from mechanisms.reduction.noise_reduction import MAX_LEVELS
 from mechanisms.threshold.interactive import IatCalibration, iat_paper_calibration, iat_reference_calibration
@@ -110,6 +111,8 @@ class OneShotParams(_Frozen):
         default="released", description="released: free post-processing; private: InteractiveAboveThreshold"
     )
     private: PrivateCheck | None = Field(default=None, description="required iff check = private")
+    confidence: ConfidenceLevel = 0.95
+    """The released interval's level (``_GridParams``); not the absolute target's own ``confidence``."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -134,7 +137,11 @@ GRID_INCREASES = {"epsilons": True, "variances": False}
 
 
 class _GridParams(_Frozen):
-    """A noise-level grid: the subclass declares one of the fields of ``GRID_INCREASES``."""
+    """A noise-level grid: the subclass declares one of the fields of ``GRID_INCREASES``; ``confidence`` is
+    the level of the interval published with every release (``mechanisms.reduction.nr_intervals``: valid
+    at every level of the grid at once; post-processing, free)."""
+
+    confidence: ConfidenceLevel = 0.95
 
     @model_validator(mode="after")
     def _grid(self) -> Self:

@@ -57,7 +57,7 @@ class TestMechanisms:
         groups = response.json()["release"]["groups"]
         assert [g["key"]["region"] for g in groups] == ["north", "south", "east", "west"]
         for group in groups:
-            assert set(group) == {"key", "count", "mean(income)", "std(age)"}
+            assert set(group) == {"key", "count", "mean(income)", "std(age)", "interval"}
             assert 0.0 <= group["mean(income)"] <= 100000.0
         assert response.json()["realized"]["pure"] == 1.0
 

@@ -216,7 +216,8 @@ def test_relative_released_charges_the_stopped_level() -> None:
         else:
             assert out["reason"] == NOT_REACHABLE
             assert level == len(GRID) - 1
-        assert set(out) <= {"value", "noise", "epsilon", "reached", "level", "levels", "check", "reason"}
+        public = {"value", "noise", "epsilon", "reached", "level", "levels", "check", "reason", "interval"}
+        assert set(out) <= public
     assert any(r.output["reached"] for r in _runs(ACCURACY_FIRST_LAPLACE, params))
 
 
@@ -375,7 +376,8 @@ def test_session_releases_one_level_per_step(session: NoiseReductionSession, que
         assert answer["levels"] == 4
         assert result.halted == (level == 3)
         # The secret (the current noise) is never in the answer: it only has public fields.
-        assert set(answer) <= {"level", "levels", "epsilon", "variance", "value", "values", "noise"}
+        public = {"level", "levels", "epsilon", "variance", "value", "values", "noise", "interval"}
+        assert set(answer) <= public
         if session is NR_LAPLACE_SESSION:
             noise = result.state["sampler"]["noise"]
             if level < 3:  # (a coordinate's noise can be 0, which prints as a digit of anything)

@@ -93,7 +93,11 @@ def test_twenty_conditions_are_allowed() -> None:
     [
         ({"kind": "sum", "column": "zip"}, "query.column", "unknown column 'zip'"),
         ({"kind": "sum", "column": "group"}, "query.column", "categorical"),
-        ({"kind": "histogram", "column": "age"}, "query.column", "is float"),
+        (
+            {"kind": "histogram", "column": "age"},
+            "query.bins",
+            "needs bins",
+        ),  # float: equal-width bins (issue 35 item 9)
         ({"kind": "count", "where": where(("zip", "eq", 1))}, "query.where.0.column", "unknown column"),
         (
             {"kind": "count", "where": where(("age", "gt", 1), ("group", "lt", "b"))},

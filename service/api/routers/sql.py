@@ -72,6 +72,9 @@ class SqlIn(BaseModel):
         None, description="gaussian: σ/ℓ2-sensitivity per block"
     )
     candidates: StrictInt | None = Field(None, description="quantiles: size of the public candidate grid")
+    confidence: StrictFloat | None = Field(
+        None, description="level of the measures' intervals (default 0.95; post-processing, free)"
+    )
 
 
 class SqlTranslation(BaseModel):
@@ -93,6 +96,16 @@ class SqlRequestOut(RequestOut):
     rows: list[dict[str, Any]] | None = Field(
         description="the released cells as rows after HAVING, ORDER BY and LIMIT (free post-processing); "
         "null until the release exists"
+    )
+    intervals: list[dict[str, list[float]]] | None = Field(
+        None,
+        description="parallel to rows: {column: [lower, upper]} for each released measure of the row, at "
+        "level interval_level (covers the true value on the clipped data with probability ≥ that level; "
+        "means, variances and std: a conservative union bound)",
+    )
+    interval_level: float | None = Field(None, description="the level of every interval in intervals")
+    warnings: list[str] = Field(
+        default_factory=list, description="e.g. a count released below 0 (noise around a small count)"
     )
 
 
@@ -419,6 +432,10 @@ def _quantile_params(
         raise _refuse("select", "all quantiles of one statement must be of the same column")
     if body.noise != "laplace":
         raise InvalidInput("noise", "quantiles use report-noisy-max (pure ε): give epsilon")
+    if body.confidence is not None:
+        raise InvalidInput(
+            "confidence", "only for COUNT, SUM, AVG, VARIANCE and STDDEV (quantiles have no interval)"
+        )
     if body.epsilon is None:
         raise InvalidInput("epsilon", "required")
     levels = list(dict.fromkeys(q for _, q in quantiles))
@@ -433,6 +450,8 @@ def _measures_params(
     measures: list[dict[str, Any]], where: list[dict[str, Any]], group_by: list[str], body: SqlIn
 ) -> _Translated:
     params: dict[str, Any] = {"measures": measures, "group_by": group_by, "where": where}
+    if body.confidence is not None:
+        params["confidence"] = body.confidence
     if body.candidates is not None:
         raise InvalidInput("candidates", "only for quantiles")
     if body.noise == "gaussian":
@@ -488,7 +507,14 @@ async def submit_sql(
         runtime, analyst, dataset_id, request, response, idempotency_key, prefer
     )
     view, release = translation.view, out.release
-    rows = view.rows(release) if view is not None and release is not None else None
+    rows, intervals, level, warnings = None, None, None, []
+    if view is not None and release is not None:
+        rows, intervals = view.table(release)
+        warnings = view.warnings(release, rows)
+        interval = release.get("interval")
+        level = interval.get("level") if isinstance(interval, dict) else None
+        if level is None:
+            intervals = None
     if rows is None and release is not None and "values" in release:  # a quantile statement: one row
         rows = [
             {
@@ -496,4 +522,5 @@ async def submit_sql(
                 for o, v in zip(translation.columns, release["values"], strict=False)
             }
         ]
-    return SqlRequestOut(**out.model_dump(), columns=translation.columns, rows=rows)
+    extra = {"intervals": intervals, "interval_level": level, "warnings": warnings}
+    return SqlRequestOut(**out.model_dump(), columns=translation.columns, rows=rows, **extra)
