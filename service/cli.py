@@ -1,9 +1,12 @@
 """The ``expost`` command line.
 
-Local commands (they open the database named by ``EXPOST_DATABASE_URL``): serve, migrate, worker,
-keys create, datasets add, ledger verify, demo. Remote commands (they talk to a server over HTTP with
-:mod:`expost_client`, ``--url``/``EXPOST_URL`` and ``--key``/``EXPOST_KEY``): request
-submit/get/cancel/estimate, session open/ask/close/get, budget set/show, grant.
+Local commands (they open the database named by ``EXPOST_DATABASE_URL``; the default
+``sqlite:///./var/expost.db`` is relative to the current folder): serve, migrate, worker, keys
+create/list/revoke, datasets add/archive, ledger verify, demo. keys list/revoke, datasets archive and ledger
+verify never create a database: without a migrated one they exit 2 naming where they looked. Remote
+commands (they talk to a server over HTTP with :mod:`expost_client`, ``--url``/``EXPOST_URL`` and
+``--key``/``EXPOST_KEY``): request submit/get/cancel/estimate, session open/ask/close/get, budget set/show,
+grant, grants add/list/revoke.
 
 Remote commands print rich tables by default and the server's raw JSON with ``--json`` (with ``--json``
 a problem+json error body is printed on stdout too). Errors go to stderr with the problem's title and
@@ -18,7 +21,7 @@ import json
 import secrets
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -87,6 +90,86 @@ def _sessions() -> sessionmaker[Session]:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     return make_sessionmaker(engine)
+
+
+DEFAULT_DATABASE_HINT = "set EXPOST_DATABASE_URL or run from the service's folder"
+
+
+def _database_location(url: str) -> str:
+    """Where ``url`` points, for messages: a SQLite file as an absolute path (the default
+    ``sqlite:///./var/expost.db`` is relative to the current folder), any other URL without its password."""
+    from sqlalchemy.engine import make_url
+
+    from service.store.engine import is_sqlite
+
+    parsed = make_url(url)
+    if is_sqlite(url) and parsed.database and parsed.database != ":memory:":
+        return str(Path(parsed.database).resolve())
+    return parsed.render_as_string(hide_password=True)
+
+
+def _existing_sessions() -> sessionmaker[Session]:
+    """Sessions on the expost database named by ``EXPOST_DATABASE_URL``, which must already exist and be
+    migrated: unlike :func:`_sessions` nothing is created or changed (no SQLite file, no folder), so that a
+    command run from another folder refuses in one line (exit 2) instead of leaving an empty database
+    there."""
+    from sqlalchemy.engine import make_url
+
+    from service.store.engine import is_sqlite, make_engine, make_sessionmaker
+    from service.store.migrate import head_revision
+
+    url = get_settings().database_url
+    where = _database_location(url)
+    database = make_url(url).database
+    if is_sqlite(url):
+        if not (database and database != ":memory:" and Path(database).is_file()):
+            _fail(f"no expost database at {where}; {DEFAULT_DATABASE_HINT}", EXIT_INPUT)
+        current = _sqlite_revision(Path(database), where)
+    else:
+        current = _server_revision(url, where)
+    if current is None:
+        _fail(f"no expost database at {where} (no expost schema in it); {DEFAULT_DATABASE_HINT}", EXIT_INPUT)
+    head = head_revision(url)
+    if current != head:
+        _fail(
+            f"the expost database at {where} is at revision {current}, not {head}: run `expost migrate`",
+            EXIT_INPUT,
+        )
+    return make_sessionmaker(make_engine(url))
+
+
+def _sqlite_revision(path: Path, where: str) -> str | None:
+    """The Alembic revision of a SQLite file, read through a read-only connection (an empty or foreign file
+    is left exactly as it is: the engine's WAL pragma would rewrite it); None without one."""
+    import sqlite3
+
+    try:
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as connection:
+            tables = connection.execute("SELECT name FROM sqlite_master WHERE name = 'alembic_version'")
+            if tables.fetchone() is None:
+                return None
+            row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.Error as exc:
+        _fail(f"cannot read the expost database at {where} ({exc}); {DEFAULT_DATABASE_HINT}", EXIT_INPUT)
+    return None if row is None else str(row[0])
+
+
+def _server_revision(url: str, where: str) -> str | None:
+    """The Alembic revision of a database server's database (None without one); exit 2 if it cannot be
+    opened (no such database, server down, refused credentials)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from service.store.engine import make_engine
+    from service.store.migrate import current_revision
+
+    engine = make_engine(url, pool_size=1)
+    try:
+        return current_revision(engine)
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        _fail(f"cannot open the expost database at {where} ({reason}); {DEFAULT_DATABASE_HINT}", EXIT_INPUT)
+    finally:
+        engine.dispose()
 
 
 @app.command()
@@ -249,14 +332,67 @@ def keys_create(
     typer.echo(key)
 
 
+@keys_app.command("list")
+def keys_list(
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON (for scripts)")] = False,
+) -> None:
+    """List the API keys in the database (never the keys themselves): name, role, prefix, when created and
+    when revoked (– while the key works)."""
+    from service.runs import views
+
+    with _existing_sessions()() as session:
+        rows = [
+            {
+                "name": key.name,
+                "role": key.role,
+                "prefix": key.prefix,
+                "created_at": key.created_at.isoformat(),
+                "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
+            }
+            for key in views.keys(session)
+        ]
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table("name", "role", "prefix", "created (UTC)", "revoked (UTC)", title=f"{len(rows)} API keys")
+    for row in rows:
+        created, revoked = (_minute(row[column]) for column in ("created_at", "revoked_at"))
+        table.add_row(row["name"], row["role"], row["prefix"], created, revoked)
+    _show(table)
+
+
+def _minute(iso: str | None) -> str:
+    """An ISO time as ``YYYY-MM-DD HH:MM`` for a table (– for none)."""
+    return "–" if iso is None else iso[:16].replace("T", " ")
+
+
+def _key_name(sessions: sessionmaker[Session], name_or_prefix: str) -> str:
+    """The name of the key called ``name_or_prefix``, else of the one key whose prefix (``xp_…``, as `keys
+    list` shows it) it is; a prefix shared by several keys exits 2 asking for the name."""
+    from sqlalchemy import select
+
+    from service.store.models import ApiKey
+
+    with sessions() as session:
+        if session.scalar(select(ApiKey.id).where(ApiKey.name == name_or_prefix)) is not None:
+            return name_or_prefix
+        named = session.scalars(select(ApiKey.name).where(ApiKey.prefix == name_or_prefix).limit(2)).all()
+    if len(named) > 1:
+        _fail(f"several keys have the prefix {name_or_prefix!r}: give the key's name", EXIT_INPUT)
+    return named[0] if named else name_or_prefix  # unknown: revoke_key names it in its 404
+
+
 @keys_app.command("revoke")
-def keys_revoke(name: Annotated[str, typer.Argument(help="the key's name")]) -> None:
+def keys_revoke(
+    name: Annotated[str, typer.Argument(help="the key's name, or its prefix (xp_…) as `keys list` shows it")],
+) -> None:
     """Revoke an API key in the database and close its open sessions: every server refuses its new
     requests and sessions at once (other requests within EXPOST_AUTH_CACHE_SECONDS)."""
     from service.errors import ServiceError
     from service.runs.sessions import revoke_key
 
-    sessions = _sessions()
+    sessions = _existing_sessions()
+    name = _key_name(sessions, name)
     try:
         key, closed = revoke_key(sessions, name)
         revoked_at = key.revoked_at
@@ -340,15 +476,44 @@ def datasets_add(
     typer.echo(f"values clipped to the declared bounds, per column: {clipped or 'none'}", err=True)
 
 
+@datasets_app.command("archive")
+def datasets_archive(
+    dataset_id: Annotated[str, typer.Argument(help="dataset id (ds_…)")],
+    actor: Annotated[str, typer.Option(help="recorded as archived_by")] = "cli",
+) -> None:
+    """Archive a dataset in the database (idempotent): every server refuses its new requests and sessions
+    at once; running ones finish; nothing is deleted (history, budgets and the ledger stay readable)."""
+    from service import datasets
+    from service.errors import ServiceError
+    from service.store import unit
+    from service.store.repositories.datasets import DatasetRepository
+
+    sessions = _existing_sessions()
+    try:
+        with unit.transaction(sessions) as session:
+            before = DatasetRepository(session).get(dataset_id)
+            already = before is not None and before.archived_at is not None
+            row = datasets.archive(session, dataset_id, actor)
+            archived_at, archived_by = row.archived_at, row.archived_by
+    except ServiceError as exc:
+        typer.echo(f"error: {exc.detail}", err=True)
+        raise typer.Exit(1) from None
+    when = archived_at.isoformat() if archived_at else "?"
+    typer.echo(f"{'already archived' if already else 'archived'}: {dataset_id} (at {when}, by {archived_by})")
+
+
 @ledger_app.command("verify")
 def ledger_verify() -> None:
     """Check every hash chain and rebuild every filter's totals from the ledger, and the unit filters of
     individually accounted datasets from their data (EXPOST_DATA_DIR / EXPOST_STORAGE_URL); exit 1 on any
     mismatch. Problems name counts only, never a unit's budget. Unit filters that cannot be rebuilt (a
-    release of a mechanism without a replayable per-unit step) are listed as UNCHECKED."""
+    release of a mechanism without a replayable per-unit step) are listed as UNCHECKED. The database is
+    EXPOST_DATABASE_URL's (default: var/expost.db under the current folder); when there is no migrated
+    expost database there it exits 2 and creates nothing."""
     from service.datasets import build_tables, public_context
     from service.filter.ledger import verify
 
+    sessions = _existing_sessions()  # before anything else: a wrong folder creates nothing
     tables = build_tables(get_settings())
 
     def data(dataset: Dataset) -> tuple[PublicContext, DataTable]:
@@ -356,7 +521,7 @@ def ledger_verify() -> None:
         return context, tables.get(dataset, context.schema)
 
     try:
-        with _sessions()() as session:
+        with sessions() as session:
             report = verify(session, data)
     finally:
         tables.close()
@@ -1065,6 +1230,52 @@ def grant_command(
     else:
         state = "granted" if granted.created else "already granted"
         typer.echo(f"{state}: {granted.analyst} on {granted.dataset_id}")
+
+
+grants_app = typer.Typer(help="Grants of datasets to analysts on a server (admin)", no_args_is_help=True)
+app.add_typer(grants_app, name="grants")
+grants_app.command("add", help="Grant an analyst key access to a dataset (the same as `expost grant`).")(
+    grant_command
+)
+
+
+@grants_app.command("list")
+def grants_list(
+    dataset_id: Annotated[str, typer.Argument(help="dataset id (ds_…)")],
+    as_json: JsonOption = False,
+    url: UrlOption = DEFAULT_URL,
+    key: KeyOption = None,
+) -> None:
+    """List the analysts granted on a dataset (admin), one name a line."""
+    with _remote(url, key, as_json) as client:
+        analysts = client.grants(dataset_id)
+    if as_json:
+        _print_json(analysts)
+        return
+    for analyst in analysts:
+        typer.echo(analyst)
+    typer.echo(
+        f"{len(analysts)} analyst{'' if len(analysts) == 1 else 's'} granted on {dataset_id}", err=True
+    )
+
+
+@grants_app.command("revoke")
+def grants_revoke(
+    dataset_id: Annotated[str, typer.Argument(help="dataset id (ds_…)")],
+    analyst: Annotated[str, typer.Argument(help="name of an analyst key")],
+    as_json: JsonOption = False,
+    url: UrlOption = DEFAULT_URL,
+    key: KeyOption = None,
+) -> None:
+    """Revoke an analyst's grant on a dataset (admin; idempotent): no new request or session of theirs is
+    admitted; their history, sub-budget and the ledger stay (the ledger gets a `revoke` entry)."""
+    with _remote(url, key, as_json) as client:
+        revoked = client.revoke_grant(dataset_id, analyst)
+    if as_json:
+        _print_json(revoked)
+    else:
+        state = "revoked" if revoked.get("revoked") else "not granted (nothing to revoke)"
+        typer.echo(f"{state}: {analyst} on {dataset_id}")
 
 
 if __name__ == "__main__":

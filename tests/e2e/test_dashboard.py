@@ -366,3 +366,84 @@ def test_the_dashboard_marks_individual_accounting(live_server: LiveServer, tmp_
         page.wait_for_function("() => document.getElementById('accounting-badge').hidden")
         assert "not a budget" not in (page.text_content("#remaining-source") or "")
         assert log.errors == [], log.errors
+
+
+OVERFLOW = """() => {
+    const header = document.querySelector('header.topbar');
+    const outside = [...header.querySelectorAll('*')].filter((node) => {
+        const box = node.getBoundingClientRect();
+        return box.width > 0 && (box.right > window.innerWidth + 0.5 || box.left < -0.5);
+    }).map((node) => node.id || node.tagName);
+    return {
+        scrollWidth: header.scrollWidth,
+        clientWidth: header.clientWidth,
+        pageWidth: document.documentElement.scrollWidth,
+        outside,
+    };
+}"""
+
+
+def test_the_header_fits_a_narrow_screen(live_server: LiveServer, tmp_path: Path) -> None:
+    """At 360×740 (a small phone) the header wraps instead of overflowing: before login (the title) and
+    after (the dataset selector, the key hint, the log-out button), with a long dataset name."""
+    world = make_world(live_server, budget=RDP_BUDGET)
+    long_name = add_dataset(world, CSV, SCHEMA, RDP_BUDGET)
+    renamed = "quarterly incomes of every region, all years, synthetic"
+    with chromium_page(tmp_path / "profile") as (page, log):
+        page.set_viewport_size({"width": 360, "height": 740})
+        page.goto(f"{world.server.base_url}/dashboard")
+        page.wait_for_selector("#login-form", state="visible")
+        before = page.evaluate(OVERFLOW)
+        assert before["scrollWidth"] <= before["clientWidth"], before
+        log_in(page, world.server.base_url, key_of(world.admin), long_name)
+        page.evaluate(  # the longest label the selector may show
+            "([id, name]) => { document.querySelector(`#dataset-select option[value='${id}']`).textContent ="
+            " `${name} (${id}) · archived 2026-12-08`; }",
+            [long_name, renamed],
+        )
+        assert page.is_visible("#logout")
+        after = page.evaluate(OVERFLOW)
+        assert after["clientWidth"] <= 360, after
+        assert after["scrollWidth"] <= after["clientWidth"], after
+        assert after["outside"] == [], after
+        logout_box = page.locator("#logout").bounding_box()
+        assert logout_box is not None
+        assert logout_box["x"] + logout_box["width"] <= 360, logout_box
+        assert log.errors == [], log.errors
+
+
+def test_an_archived_dataset_is_marked(live_server: LiveServer, tmp_path: Path) -> None:
+    """An archived dataset says so in the selector (with its day) and on its page (a banner and a badge);
+    a dataset archived while the page is open is marked once the page re-reads the list."""
+    world = make_world(live_server, budget=RDP_BUDGET)
+    archived = add_dataset(world, CSV, SCHEMA, RDP_BUDGET)
+    later = add_dataset(world, CSV, SCHEMA, RDP_BUDGET)
+    done = world.admin.post(f"/v1/datasets/{archived}/archive")
+    assert done.status_code == 200, done.text
+    archived_at = done.json()["archived_at"]
+    with chromium_page(tmp_path / "profile") as (page, log):
+        log_in(page, world.server.base_url, key_of(world.viewer), world.dataset_id)
+        assert page.is_hidden("#archived-banner")
+        assert page.is_hidden("#archived-badge")
+        label = page.text_content(f"#dataset-select option[value='{archived}']") or ""
+        assert label.endswith(f"({archived}) · archived {archived_at[:10]}"), label
+        plain = page.text_content(f"#dataset-select option[value='{world.dataset_id}']") or ""
+        assert "archived" not in plain
+
+        page.select_option("#dataset-select", archived)
+        page.wait_for_selector("#archived-banner", state="visible")
+        assert page.get_attribute("#archived-banner", "data-archived-at") == archived_at
+        assert (page.text_content("#archived-banner") or "").startswith("Archived on ")
+        assert "no new requests or sessions" in (page.text_content("#archived-banner") or "")
+        assert page.is_visible("#archived-badge")
+        page.wait_for_function("() => document.getElementById('eps-remaining').dataset.value !== ''")
+
+        # Archived while the page is open: marked within a re-read of the list (every 15 polls, ~30 s).
+        page.select_option("#dataset-select", later)
+        page.wait_for_selector("#archived-banner", state="hidden")
+        now = world.admin.post(f"/v1/datasets/{later}/archive")
+        assert now.status_code == 200, now.text
+        page.wait_for_selector("#archived-banner", state="visible", timeout=60_000)
+        label = page.text_content(f"#dataset-select option[value='{later}']") or ""
+        assert label.endswith(f"· archived {now.json()['archived_at'][:10]}"), label
+        assert log.errors == [], log.errors

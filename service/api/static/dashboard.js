@@ -10,6 +10,7 @@
 (() => {
   const POLL_MS = 2000;
   const PAGE_SIZE = 25;
+  const DATASETS_EVERY = 15; // polls between two reads of the dataset list (archive marks): ~30 s
   const FETCH_PAGE = 1000;
   const UNITS_PER_EPSILON = 1e12;
   const KEY_STORAGE = "expost.apiKey";
@@ -222,12 +223,52 @@
       stopPolling();
       return;
     }
-    for (const d of datasets) select.append(el("option", { value: d.id }, `${d.name} (${d.id})`));
+    for (const d of datasets) {
+      select.append(el("option", { value: d.id, "data-archived-at": d.archived_at || null }, datasetLabel(d)));
+    }
     // The dataset in the URL's #fragment, else the one last used in this browser, else the first one.
     const wanted = [location.hash.slice(1), storedDataset()];
     const chosen = wanted.find((id) => id && datasets.some((d) => d.id === id)) || datasets[0].id;
     select.value = chosen;
     selectDataset(chosen);
+  }
+
+  /** A dataset in the selector: its name and id, and "archived" with the day (UTC) once archived. */
+  function datasetLabel(dataset) {
+    const archived = dataset.archived_at ? ` · archived ${String(dataset.archived_at).slice(0, 10)}` : "";
+    return `${dataset.name} (${dataset.id})${archived}`;
+  }
+
+  /** The archive mark of the dataset on show: a badge by its name and a banner above the panels. */
+  function renderArchived() {
+    const dataset = state.datasets.find((d) => d.id === state.datasetId);
+    const at = dataset && dataset.archived_at ? String(dataset.archived_at) : "";
+    const banner = $("archived-banner");
+    banner.hidden = !at;
+    banner.dataset.archivedAt = at;
+    banner.textContent = at
+      ? `Archived on ${dateTime(at)}: no new requests or sessions are admitted. Its history, budget and ` +
+        "ledger stay readable; nothing was deleted."
+      : "";
+    $("archived-badge").hidden = !at;
+    $("archived-badge").title = at ? `archived on ${dateTime(at)}` : "";
+  }
+
+  /** Re-read the dataset list now and then (an admin may archive a dataset while the page is open):
+   * the selector's labels and the archive mark follow; the choice of dataset is kept. */
+  async function refreshDatasets(generation) {
+    if (state.polls === 0 || state.polls % DATASETS_EVERY !== 0) return; // login has just read it
+    const fresh = await getJson("/v1/datasets");
+    checkFresh(generation);
+    const byId = new Map(fresh.map((d) => [d.id, d]));
+    state.datasets = state.datasets.map((d) => byId.get(d.id) || d);
+    for (const option of $("dataset-select").options) {
+      const dataset = byId.get(option.value);
+      if (!dataset) continue;
+      option.textContent = datasetLabel(dataset);
+      if (dataset.archived_at) option.dataset.archivedAt = dataset.archived_at;
+    }
+    renderArchived();
   }
 
   function storedDataset() {
@@ -277,6 +318,7 @@
     const individual = Boolean(dataset && dataset.accounting === "individual");
     $("accounting-badge").hidden = !individual;
     $("accounting-badge").title = individual ? dataset.accounting_meaning || "" : "";
+    renderArchived();
     for (const id of ["eps-spent", "eps-remaining", "binding-alpha", "pure-capacity", "pure-spent", "pure-reserved", "pure-remaining"]) {
       setValue(id, null);
     }
@@ -306,6 +348,7 @@
         const newRefusals = await pollRefusals(generation);
         await pollActivity(generation);
         const ownChanged = await pollOwn(generation);
+        await refreshDatasets(generation);
         state.polls += 1;
         if (newEntries || (changed && state.ledger.length)) renderSpend();
         if (newEntries) renderLedger();

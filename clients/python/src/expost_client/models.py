@@ -67,6 +67,7 @@ class ApiKey(ApiModel):
     role: str
     prefix: str
     key: str | None = None
+    revoked_at: datetime | None = None  # set once revoked (GET /v1/keys lists revoked keys too)
 
 
 class Me(ApiModel):
