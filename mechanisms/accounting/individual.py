@@ -83,12 +83,10 @@ class UnitLedger:
         return len(self.spent)
 
     def of(self, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(pure, slope) spent by each of ``units`` (0 for a unit never charged)."""
-        known = self.spent.units
-        position = np.searchsorted(known, units)
-        inside = position < known.size
-        hit = np.zeros(units.size, dtype=bool)
-        hit[inside] = known[position[inside]] == units[inside]
+        """(pure, slope) spent by each of ``units`` (sorted, unique; 0 for a unit never charged)."""
+        position, hit = _positions(self.spent.units, units)
+        if hit.all():
+            return self.spent.pure[position], self.spent.slope[position]
         pure = np.zeros(units.size, dtype=np.int64)
         slope = np.zeros(units.size, dtype=np.int64)
         pure[hit] = self.spent.pure[position[hit]]
@@ -100,13 +98,13 @@ class UnitLedger:
         lists are sorted: units new to the ledger are merged in with one stable (radix) sort."""
         if len(step) == 0:
             return self
-        known = self.spent.units
-        position = np.searchsorted(known, step.units)
-        hit = position < known.size
-        hit[hit] = known[position[hit]] == step.units[hit]
-        units = known
-        if not hit.all():
-            units = np.sort(np.concatenate([known, step.units[~hit]]), kind="stable")
+        position, hit = _positions(self.spent.units, step.units)
+        if hit.all():  # every unit charged before: add in place on copies
+            pure, slope = self.spent.pure.copy(), self.spent.slope.copy()
+            pure[position] = np.minimum(pure[position] + step.pure, MAX_UNITS_CHARGE)
+            slope[position] = np.minimum(slope[position] + step.slope, MAX_UNITS_CHARGE)
+            return UnitLedger(UnitCharges(self.spent.units, pure, slope))
+        units = np.sort(np.concatenate([self.spent.units, step.units[~hit]]), kind="stable")
         pure = np.zeros(units.size, dtype=np.int64)
         slope = np.zeros(units.size, dtype=np.int64)
         for part in (self.spent, step):
@@ -114,6 +112,18 @@ class UnitLedger:
             pure[where] = np.minimum(pure[where] + part.pure, MAX_UNITS_CHARGE)
             slope[where] = np.minimum(slope[where] + part.slope, MAX_UNITS_CHARGE)
         return UnitLedger(UnitCharges(units, pure, slope))
+
+
+def _positions(known: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of ``units`` sits in ``known`` (both sorted, unique) and whether it is there at all; the
+    same list (a query over every unit charged before) is recognised without a search."""
+    if units.size == known.size and np.array_equal(units, known):
+        return np.arange(units.size), np.ones(units.size, dtype=bool)
+    position = np.searchsorted(known, units)
+    inside = position < known.size
+    hit = np.zeros(units.size, dtype=bool)
+    hit[inside] = known[position[inside]] == units[inside]
+    return position, hit
 
 
 @dataclass(frozen=True)
@@ -130,19 +140,29 @@ class UnitFilter:
             raise ValueError("capacity has one slot per order plus the pure slot")
 
     def admits(self, step: UnitCharges) -> np.ndarray:
-        """Per unit of ``step``: may it take part (the Feldman–Zrnic rule, module docstring)?"""
+        """Per unit of ``step``: may it take part (the Feldman–Zrnic rule, module docstring)?
+
+        A unit whose total has no slope (only pure charges) has the same spent value at every slot, so it
+        fits some slot iff its pure total is ≤ the largest usable capacity: one exact integer comparison.
+        The others are compared order by order in padded doubles."""
         pure, slope = self.ledger.of(step.units)
-        total_pure = (pure + step.pure).astype(np.float64)
-        total_slope = (slope + step.slope).astype(np.float64)
-        fits = np.zeros(len(step), dtype=bool)
+        total_pure = pure + step.pure
+        total_slope = slope + step.slope
+        flat = total_slope == 0
+        usable = [c for c in self.capacity if c is not None and c >= 0]
+        fits: np.ndarray = flat & (total_pure <= max(usable, default=-1))
+        curved = np.flatnonzero(~flat)
+        if curved.size == 0:
+            return fits
+        curved_pure = total_pure[curved].astype(np.float64)
+        curved_slope = total_slope[curved].astype(np.float64)
+        curved_fits = np.zeros(curved.size, dtype=bool)
         for alpha, cap in zip(self.orders, self.capacity[:-1], strict=True):
             if cap is None or cap < 0:
                 continue
-            need = (total_pure + alpha * total_slope) * (1.0 + PAD)
-            fits |= need <= float(cap) * (1.0 - PAD)
-        pure_cap = self.capacity[-1]
-        if pure_cap is not None and pure_cap >= 0:  # exact in integers (both below 2^61)
-            fits |= (slope + step.slope == 0) & (pure + step.pure <= pure_cap)
+            need = (curved_pure + alpha * curved_slope) * (1.0 + PAD)
+            curved_fits |= need <= float(cap) * (1.0 - PAD)
+        fits[curved] = curved_fits
         return fits
 
     def after(self, step: UnitCharges) -> UnitFilter:
