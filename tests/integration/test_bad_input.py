@@ -138,7 +138,11 @@ REQUEST_CASES: list[tuple[str, str, str]] = [
     ),
     ("unknown column", laplace({"kind": "sum", "column": "height"}), "params.query.column"),
     ("sum on a categorical column", laplace({"kind": "sum", "column": "region"}), "params.query.column"),
-    ("histogram on a float column", laplace({"kind": "histogram", "column": "age"}), "params.query.column"),
+    (
+        "histogram on a float column without bins",
+        laplace({"kind": "histogram", "column": "age"}),
+        "params.query.bins",
+    ),
     (  # a mean with where is a noisy sum over a noisy count (issue 35 item 9); its column is still checked
         "mean with where of a categorical column",
         laplace({"kind": "mean", "column": "region", "where": [{"column": "age", "op": "gt", "value": 30}]}),
