@@ -325,7 +325,7 @@ def check_individual(context: PublicContext, mechanism: str, kind: str = "reques
     """Refuse (422, before anything is reserved) a mechanism without an individual analysis on a dataset
     that keeps one filter per unit, and every interactive session there: it would be charged per dataset,
     not per unit."""
-    if context.schema.accounting != "individual":
+    if not context.schema.individual:
         return
     if kind == "session":
         raise InvalidInput(

@@ -164,7 +164,7 @@ class DatasetSchema(_Frozen):
 
     @model_validator(mode="after")
     def _individual_needs_units(self) -> Self:
-        if self.accounting == "individual":
+        if self.individual:
             if self.privacy_unit is None:
                 raise ValueError(
                     "accounting: individual accounting keeps one filter per privacy unit; declare "
@@ -176,6 +176,11 @@ class DatasetSchema(_Frozen):
                     "set neighboring to add_remove"
                 )
         return self
+
+    @property
+    def individual(self) -> bool:
+        """Whether every privacy unit keeps its own filter (``accounting: individual``)."""
+        return self.accounting == "individual"
 
     @property
     def unit_rows(self) -> int:

@@ -120,7 +120,7 @@ from mechanisms.learners.features import (
 from mechanisms.learners.relative_gaussian import project_to_ball, ridge_theta_bound
 from mechanisms.noise import Noise, float_up
 from mechanisms.noise.learners import MAX_STD, discrete_gaussian_std
-from mechanisms.queries.individual import IndividualTable, individual_filter
+from mechanisms.queries.individual import individual_table
 
 Loss = Literal["logistic", "squared"]
 Neighboring = Literal["replace_one", "add_remove"]
@@ -1833,8 +1833,9 @@ class DpGdMechanism(ParamsChecked):
         d = dimension(p, ctx)
 
         unit = ctx.schema.privacy_unit
-        unit_filter = individual_filter(ctx, table)  # the units' filters on an individual dataset (secret)
-        source = table.table if isinstance(table, IndividualTable) else table
+        individual = individual_table(ctx, table)  # with the units' filters on an individual dataset (secret)
+        unit_filter = None if individual is None else individual.filter
+        source = table if individual is None else individual.table
         ids: list[np.ndarray] = []
         keys: list[np.ndarray] = []
 

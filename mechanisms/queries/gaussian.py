@@ -85,7 +85,7 @@ class Gaussian(ParamsChecked):
     cost_increases_with_parameter: ClassVar[bool] = False
 
     def check(self, p: GaussianParams, ctx: PublicContext) -> None:
-        if ctx.schema.accounting == "individual":
+        if ctx.schema.individual:
             check_individual_query(p.query)
         if needs_ratio(p.query, ctx):
             for part in self._ratio_parts(p, ctx):

@@ -62,14 +62,14 @@ class IndividualTable(Mapping[str, np.ndarray]):
         return len(self.table)
 
 
-def individual_filter(ctx: PublicContext, table: Table) -> UnitFilter | None:
-    """The dataset's individual filters when it keeps them (None on a dataset-level dataset). A run on an
-    individual dataset without them is a service bug: refused, never computed per dataset."""
-    if ctx.schema.accounting != "individual":
+def individual_table(ctx: PublicContext, table: Table) -> IndividualTable | None:
+    """The table with its units' filters on an individual dataset (None on a dataset-level one). A run on
+    an individual dataset without them is a service bug: refused, never computed per dataset."""
+    if not ctx.schema.individual:
         return None
     if not isinstance(table, IndividualTable):
         raise RuntimeError("an individual dataset must be run with its individual filters")
-    return table.filter
+    return table
 
 
 def check_individual_query(query: AnyQuery) -> None:
@@ -145,11 +145,11 @@ def release_answer(
     """A query release's answer in grid units, its labels and, on an individual dataset, the admitted units'
     charges (``step``: the mechanism's ``unit_step`` on the individual table); on any other dataset the
     dataset-level answer and no charges."""
-    if individual_filter(ctx, table) is None:
+    individual = individual_table(ctx, table)
+    if individual is None:
         units, labels = evaluate_units(query, ctx, table, plan)
         return units, labels, None
-    assert isinstance(table, IndividualTable)
-    result = step(table)
+    result = step(individual)
     return result.answer_units, result.labels, result.charges
 
 

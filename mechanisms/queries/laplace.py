@@ -94,7 +94,7 @@ class Laplace(ParamsChecked):
     cost_increases_with_parameter: ClassVar[bool] = True
 
     def check(self, p: LaplaceParams, ctx: PublicContext) -> None:
-        if ctx.schema.accounting == "individual":
+        if ctx.schema.individual:
             check_individual_query(p.query)
         if needs_ratio(p.query, ctx):
             for part in self._ratio_parts(p):

@@ -74,7 +74,7 @@ from mechanisms.data.schema import CategoricalColumn, FloatColumn, IntColumn
 from mechanisms.noise import Grid, Noise, dyadic_scale_up, float_up, laplace_grid
 from mechanisms.queries.individual import (
     IndividualTable,
-    individual_filter,
+    individual_table,
     integer_unit_shifts,
     real_unit_shifts,
 )
@@ -617,11 +617,11 @@ def _evaluate(
     p: _MeasuresBase, ctx: PublicContext, table: Table, plans: list[BlockPlan], unit_step: UnitStepFn
 ) -> tuple[list[np.ndarray], list[CategoricalColumn], UnitCharges | None]:
     """The blocks' exact grid units (over the admitted units on an individual dataset, with their charges)."""
-    if individual_filter(ctx, table) is None:
+    individual = individual_table(ctx, table)
+    if individual is None:
         units, columns = evaluate_blocks(p, ctx, table, plans)
         return units, columns, None
-    assert isinstance(table, IndividualTable)
-    step = unit_step(table)
+    step = unit_step(individual)
     return step.blocks, step.columns, step.charges
 
 

@@ -76,7 +76,7 @@ from mechanisms.queries.individual import (
     IndividualTable,
     UnitStep,
     check_individual_query,
-    individual_filter,
+    individual_table,
     unit_step,
 )
 from mechanisms.queries.language import (
@@ -510,7 +510,7 @@ class AccuracyFirst(ParamsChecked):
 
     def check(self, p: OneShotParams, ctx: PublicContext) -> None:
         check_query(p.query, ctx)
-        if ctx.schema.accounting == "individual":
+        if ctx.schema.individual:
             check_individual_query(p.query)
         levels = len(self.family.grid(p))
         if levels * output_dim(p.query, ctx) > MAX_PATH_ENTRIES:
@@ -543,11 +543,11 @@ class AccuracyFirst(ParamsChecked):
         worst = self.worst_case(p, ctx)
         plan = self._plan(p, ctx)
         shifts: UnitShifts | None = None
-        if individual_filter(ctx, table) is None:
+        individual = individual_table(ctx, table)
+        if individual is None:
             units, labels = evaluate_units(p.query, ctx, table, plan.grid_plan)
         else:
-            assert isinstance(table, IndividualTable)
-            step, shifts = self._admitted(p, ctx, table, plan)
+            step, shifts = self._admitted(p, ctx, individual, plan)
             units, labels = step.answer_units, step.labels
         if isinstance(p.target, AbsoluteTarget) and p.check == "released":
             # The level is fixed by public parameters: a single release at that level.

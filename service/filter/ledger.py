@@ -467,7 +467,7 @@ def differing_units(a: UnitLedger, b: UnitLedger) -> int:
 
 def unit_replay(session: Session, dataset: Dataset, data: UnitData | None) -> UnitReplay | None:
     """The unit filters' rebuild of ``dataset`` (None: it keeps no unit filters)."""
-    if DatasetSchema.model_validate(dataset.schema_json).accounting != "individual":
+    if not DatasetSchema.model_validate(dataset.schema_json).individual:
         return None
     orders = tuple(float(order) for order in dataset.orders)
     if data is None:

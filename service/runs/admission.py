@@ -140,7 +140,7 @@ def validated_for(
         else:
             worst = mechanism.worst_case(params, context)
         step = None
-        if context.schema.accounting == "individual" and isinstance(mechanism, SteppedIndividually):
+        if context.schema.individual and isinstance(mechanism, SteppedIndividually):
             step = mechanism.individual_worst_case(params, context)
     except ParamsError as exc:
         raise InvalidInput(f"params.{exc.field}", exc.reason) from None
@@ -187,7 +187,7 @@ def accounting_description(schema: DatasetSchema) -> dict[str, Any]:
     ("dataset" or "individual") and ``accounting_meaning`` (null under dataset accounting). Public: the
     declaration only, never a unit's state."""
     unit = schema.privacy_unit
-    if schema.accounting != "individual" or unit is None:
+    if not schema.individual or unit is None:
         return {"accounting": schema.accounting, "accounting_meaning": None}
     column = unit.column
     meaning = (
@@ -201,13 +201,13 @@ def accounting_description(schema: DatasetSchema) -> dict[str, Any]:
 def refusal(v: Validated, refused: Refused) -> BudgetExhausted:
     """The 409 body: requested vs spent, reserved and capacity per order, what is affordable, and on a
     dataset with a privacy unit, what ε protects there."""
-    individual = v.context.schema.accounting == "individual" and refused.blocked.scope == DATASET_SCOPE
+    individual = v.context.schema.individual and refused.blocked.scope == DATASET_SCOPE
     details = budget.refusal_details(refused.blocked, v.dataset.orders, v.charge, v.delta, individual)
     details["requested"] = v.worst_case.as_dict()
     unit = v.context.schema.privacy_unit
     if unit is not None:
         details["privacy_unit"] = unit_description(unit.column, unit.max_rows)
-    if v.context.schema.accounting == "individual":
+    if v.context.schema.individual:
         details |= accounting_description(v.context.schema)
     searchable = isinstance(v.mechanism, Mechanism) and not v.delta  # the search prices curves only
     details["affordable"] = affordable(v, refused) if searchable else None
@@ -265,7 +265,7 @@ def affordable(v: Validated, refused: Refused) -> dict[str, Any] | None:
     as an alternative. Each value, resubmitted alone, is admitted while the budget is unchanged."""
     assert isinstance(v.mechanism, Mechanism)
 
-    individual = v.context.schema.accounting == "individual"
+    individual = v.context.schema.individual
     priced = _StepPriced(v.mechanism) if individual and isinstance(v.mechanism, SteppedIndividually) else None
 
     def admissible(curve: RdpCurve) -> bool:
@@ -343,7 +343,7 @@ def admission_check(session: Session, principal: Principal, v: Validated) -> dic
     filters = FilterRepository(session)
     checked = [f for f in (filters.get(v.dataset.id), filters.get(v.dataset.id, principal.name)) if f]
     try:
-        individual = v.context.schema.accounting == "individual"
+        individual = v.context.schema.individual
         blocked = next(
             (f for f in checked if not admits(f, v.charge, v.delta, individual, v.unit_charge)), None
         )
@@ -566,7 +566,7 @@ def admit_batched(
     if v.limits is not None and not (v.kind == "request" and v.inline):
         batch.write()  # the counts below must see the rows admitted earlier in this batch
         check_limits(batch.session, principal.name, v)
-    individual = v.context.schema.accounting == "individual"
+    individual = v.context.schema.individual
     batch.filters.check(filters, v.charge, v.delta, individual, v.unit_charge)
     request = batch.add(new_request(principal, v, fp, key, lease))
     details = {"scopes": request.scopes, "mechanism": request.mechanism, "params": request.params}

@@ -129,7 +129,7 @@ def settle_batched(
 def _individual(batch: RequestBatch, request: AnalysisRequest) -> bool:
     """Whether the request's dataset keeps individual filters (its immutable row is cached)."""
     dataset = dataset_by_id(batch.session, request.dataset_id)
-    return dataset is not None and public_context(dataset).schema.accounting == "individual"
+    return dataset is not None and public_context(dataset).schema.individual
 
 
 UNIT_CONFLICT = (

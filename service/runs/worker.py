@@ -302,7 +302,7 @@ def run_claimed(
     if is_long_running(mechanism):
         public = has_public_progress(mechanism)
         heartbeat = Heartbeat(sessions, request_id, lease_seconds, owner, public, heartbeat_seconds)
-    if public_context(dataset).schema.accounting == "individual":
+    if public_context(dataset).schema.individual:
         waiting = heartbeat or Heartbeat(sessions, request_id, lease_seconds, owner, False, heartbeat_seconds)
         lock = UNIT_FILTERS.lock(dataset.id)  # each release's exclusions depend on the previous charges
         try:

@@ -5,7 +5,7 @@
 a double. Above 2^53 that conversion rounds: with int bounds [0, 2^53 − 1] and two rows per unit, Δ = 2^53 + 1
 becomes 2^53, so m = 2^53/γ while round-half-up can move the block by 2^53/γ + 1 grid units (the other
 units' total chosen just below a half grid unit). ``mechanisms.queries.individual._row_shifts`` takes an exact
-integer path above 2^52 for the same reason (tests/unit/test_review37_individual_shift.py); the measures
+integer path above 2^52 for the same reason (tests/unit/test_individual_big_shifts.py); the measures
 copy does not. The test removes the unit, recomputes the block on the dataset-level path and compares the
 move with the unit's charge in exact rationals, for both families."""
 
