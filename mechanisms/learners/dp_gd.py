@@ -1142,17 +1142,30 @@ def unit_clipped_sum_units(
     kept terms is clipped to norm < C exactly (``clip_unit_sums``), and the units' vectors are added as
     integers (int64 up to 2^24 units, else Python integers). So neighbours that differ by one unit differ
     by one vector of norm < C/ω (add/remove), or in one (replace: < 2C/ω). A non-finite θ gives 0."""
+    d = bounded.records.rows.shape[1]
+    results = _over_unit_blocks(theta, bounded, loss, _unit_block_pass, pool, spaces)
+    return np.zeros(d, dtype=np.int64) if results is None else _added(results, d, bounded.starts.size)
+
+
+def _over_unit_blocks(
+    theta: np.ndarray,
+    bounded: UnitRecords,
+    loss: Loss,
+    block_pass: Callable[[UnitRecords, _Probe, Workspaces, tuple[int, int, int, int]], _R],
+    pool: ThreadPoolExecutor | None,
+    spaces: Workspaces | None,
+) -> Iterator[_R] | None:
+    """``block_pass`` over the blocks of whole units at θ (the public probe of θ), in block order, on
+    ``pool`` when there is more than one block; None for a non-finite θ (every W_u is then 0)."""
     records = bounded.records
-    n, d = records.rows.shape
     if not np.all(np.isfinite(theta)):
-        return np.zeros(d, dtype=np.int64)
+        return None
     probe = _probe(np.asarray(theta, dtype=float), records, loss)
-    spans = _unit_spans(bounded.starts, n)
+    spans = _unit_spans(bounded.starts, records.rows.shape[0])
     work = {} if spaces is None else spaces
-    results = _ordered_map(
-        lambda span: _unit_block_pass(bounded, probe, work, span), spans, pool if len(spans) > 1 else None
+    return _ordered_map(
+        lambda span: block_pass(bounded, probe, work, span), spans, pool if len(spans) > 1 else None
     )
-    return _added(results, d, bounded.starts.size)
 
 
 def _added(block_sums: Iterable[np.ndarray], d: int, units: int) -> np.ndarray:
@@ -1266,22 +1279,19 @@ def individual_clipped_sum_units(
     """(Σ_{u admitted} W_u exact in term units, the admitted units' charges): ``unit_clipped_sum_units``
     over the units whose filter affords α‖W_u‖²/(2t²) at this θ (``_individual_block_pass``). A non-finite
     θ gives the zero sum and charges nobody (every W_u is then 0)."""
-    records = bounded.records
-    n, d = records.rows.shape
-    if not np.all(np.isfinite(theta)):
+    d = bounded.records.rows.shape[1]
+
+    def block_pass(
+        bounded: UnitRecords, probe: _Probe, work: Workspaces, span: tuple[int, int, int, int]
+    ) -> tuple[np.ndarray, UnitCharges]:
+        return _individual_block_pass(bounded, probe, work, span, step)
+
+    results = _over_unit_blocks(theta, bounded, loss, block_pass, pool, spaces)
+    if results is None:
         return np.zeros(d, dtype=np.int64), UnitCharges.empty()
-    probe = _probe(np.asarray(theta, dtype=float), records, loss)
-    spans = _unit_spans(bounded.starts, n)
-    work = {} if spaces is None else spaces
-    results = list(
-        _ordered_map(
-            lambda span: _individual_block_pass(bounded, probe, work, span, step),
-            spans,
-            pool if len(spans) > 1 else None,
-        )
-    )
-    total = _added((block_sum for block_sum, _ in results), d, bounded.starts.size)
-    return total, _joined([charges for _, charges in results])
+    found = list(results)
+    total = _added((block_sum for block_sum, _ in found), d, bounded.starts.size)
+    return total, _joined([charges for _, charges in found])
 
 
 def _individual_run(
