@@ -11,13 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
-from typer.testing import CliRunner
 
 from service.auth import Role
-from service.cli import app
-from service.config import get_settings
 from service.store.migrate import upgrade
 from tests.conftest import LiveServer, running_server, server_settings
+from tests.integration.test_individual_http import ledger_verify
 
 THREADS = ("t1", "t2", "t3", "t4")
 USERS_PER_THREAD = 50
@@ -103,16 +101,6 @@ def test_grouped_measures_leave_out_the_units_that_spent_their_budget(
     small = release(analyst, dataset_id, "measures.laplace", {**params, "epsilon": 0.3, "where": where})
     counts = {group["key"]["thread"]: group["count"] for group in small["groups"]}
     assert abs(counts["t1"] - USERS_PER_THREAD) < 40  # 0.6 + 0.3 ≤ 1: t1's users fit once more
-
-
-def ledger_verify(database: str, data_dir: Path) -> tuple[int, str]:
-    env = {"EXPOST_DATABASE_URL": database, "EXPOST_DATA_DIR": str(data_dir), "EXPOST_STORAGE_URL": ""}
-    get_settings.cache_clear()  # the command reads its settings from this environment
-    try:
-        result = CliRunner().invoke(app, ["ledger", "verify"], env=env)
-    finally:
-        get_settings.cache_clear()
-    return result.exit_code, result.stdout
 
 
 def test_ledger_verify_replays_the_families_units(database: str, tmp_path: Path) -> None:
